@@ -1,0 +1,262 @@
+"""The only module that imports llama_cpp.
+
+A `Model` is one GGUF loaded with one llama context (one sequence, batch 1). It knows which tokens are in
+its KV cache (`tokens`), decodes a batch at the end of that cache and returns logits only for the rows asked
+for, and rewinds the cache to any earlier length. Nothing here knows about drafting or sampling.
+
+Invariant: `len(self.tokens)` is the KV cache length `n_past`, and `self.tokens[i]` sits at position i.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp
+from llama_cpp import _internals, _logger
+
+from .errors import ContextOverflow, ModelLoadError
+
+_GGUF_MAGIC = b"GGUF"
+_backend_ready = False
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready
+    _logger.set_verbose(verbose)
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model: the knobs llama.cpp exposes per model (target and drafter separately)."""
+
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_batch: int = 512
+    n_gpu_layers: int = 0  # -1 = all
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] | None = None
+    flash_attn: bool | None = None  # None = llama.cpp decides
+    type_k: int | None = None
+    type_v: int | None = None
+    verbose: bool = False
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """Refuse a missing, non-GGUF or truncated file with a one-line reason, before llama.cpp sees it."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelLoadError(f"not a file: {p}")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(f"{p} is not a GGUF file (magic {magic!r}, expected b'GGUF'); "
+                             "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf")
+    return p
+
+
+def _check_not_truncated(p: Path) -> None:
+    """Read the header with the gguf package; it fails fast when tensor data runs past the end of the file."""
+    from gguf import GGUFReader
+
+    try:
+        r = GGUFReader(str(p))
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in r.tensors), default=0)
+        if end > p.stat().st_size:
+            raise ValueError(f"tensor data ends at byte {end}, file has {p.stat().st_size}")
+    except Exception as e:  # gguf raises ValueError/IndexError/struct errors on damaged files
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelLoadError(f"{p} is a damaged or truncated GGUF ({msg}); download it again") from None
+
+
+@dataclass
+class Model:
+    """A loaded GGUF with its KV cache; see the module docstring for the `tokens` invariant."""
+
+    path: Path
+    options: LoadOptions
+    _model: _internals.LlamaModel = field(repr=False)
+    _ctx: _internals.LlamaContext = field(repr=False)
+    _batch: ctypes.Structure = field(repr=False)
+    tokens: list[int] = field(default_factory=list)
+    _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
+        p = check_gguf_file(path)
+        _init_backend(options.verbose)
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0x7FFFFFFF if options.n_gpu_layers < 0 else options.n_gpu_layers
+        mparams.main_gpu = options.main_gpu
+        split = None
+        if options.tensor_split:
+            split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
+            mparams.tensor_split = split
+        try:
+            model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
+        except ValueError:
+            _check_not_truncated(p)  # a precise reason when the header or data is damaged
+            raise ModelLoadError(f"llama.cpp could not load {p}: unsupported architecture or damaged file "
+                                 "(rerun with --verbose to see llama.cpp's log)") from None
+        threads = options.n_threads or max(1, os.cpu_count() or 1)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = options.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        cparams.swa_full = True  # we rewind the cache every round; a pruned sliding window could not be restored
+        if options.flash_attn is not None:
+            cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attn
+                                       else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        if options.type_k is not None:
+            cparams.type_k = options.type_k
+        if options.type_v is not None:
+            cparams.type_v = options.type_v
+        try:
+            ctx = _internals.LlamaContext(model=model, params=cparams, verbose=options.verbose)
+        except ValueError as e:
+            raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
+        batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
+        m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch)
+        m._keep = split  # the C side holds a pointer to it
+        return m
+
+    # -- vocabulary facts -------------------------------------------------------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab()
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx()
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def bos(self) -> int:
+        return self._model.token_bos()
+
+    @property
+    def eos(self) -> int:
+        return self._model.token_eos()
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._model.add_bos_token())
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation: EOS, EOT and friends (llama.cpp's own list)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+
+    def token_text(self, token: int) -> str:
+        return self._model.token_get_text(token)
+
+    def metadata(self) -> dict[str, str]:
+        return self._model.metadata()
+
+    def describe(self) -> str:
+        return self._model.desc()
+
+    # -- text <-> tokens --------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self._model.tokenize(text.encode("utf-8"), add_special, parse_special)
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of one token (special tokens render empty); cached, since the hot loop asks per token."""
+        b = self._pieces.get(token)
+        if b is None:
+            buf = ctypes.create_string_buffer(256)
+            n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buf, 256, 0, False)
+            b = buf.raw[:max(n, 0)]
+            self._pieces[token] = b
+        return b
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    # -- the KV cache -----------------------------------------------------------------------------------------
+
+    def rewind(self, n_past: int) -> None:
+        """Drop every cached position >= n_past."""
+        if n_past >= len(self.tokens):
+            return
+        mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+        ok = llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
+        if not ok:  # recurrent models cannot drop a suffix: start over
+            llama_cpp.llama_memory_clear(mem, True)
+            n_past = 0
+        del self.tokens[n_past:]
+
+    def decode(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
+        """Append `tokens` to the cache; return float32 logits [logits_rows, n_vocab] of the LAST rows.
+
+        Only those rows are computed by the output layer (never logits_all). The returned array is a copy:
+        llama.cpp reuses its buffer on the next decode.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode() needs at least one token")
+        if not 0 <= logits_rows <= min(n, self.options.n_batch):
+            raise ValueError(f"asked for {logits_rows} logit rows from {n} tokens (n_batch {self.options.n_batch})")
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflow(f"context full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}; "
+                                  "raise --ctx or shorten the prompt")
+        step = self.options.n_batch
+        for start in range(0, n, step):
+            chunk = tokens[start:start + step]
+            first_out = n - logits_rows - start  # index in this chunk of the first row we want
+            self._decode_chunk(chunk, first_out)
+        if logits_rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._ctx.ctx)
+        rows = np.ctypeslib.as_array(ptr, shape=(logits_rows, self.n_vocab))
+        return rows.copy()
+
+    def _decode_chunk(self, chunk: Sequence[int], first_out: int) -> None:
+        b = self._batch
+        n_past = self.n_past
+        for i, t in enumerate(chunk):
+            b.token[i] = t
+            b.pos[i] = n_past + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = i >= first_out
+        b.n_tokens = len(chunk)
+        rc = llama_cpp.llama_decode(self._ctx.ctx, b)
+        if rc == 1:
+            raise ContextOverflow(f"no room in the KV cache at position {n_past} (n_ctx {self.n_ctx})")
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        self.tokens.extend(chunk)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        self._ctx.close()
+        self._model.close()

@@ -1,0 +1,1 @@
+"""One module per `localspec` subcommand; each only parses options and calls the library."""

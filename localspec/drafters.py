@@ -1,0 +1,121 @@
+"""Drafters: cheap guesses at the next k tokens, behind one small protocol.
+
+A drafter sees the whole accepted context (prompt + emitted tokens) and returns up to k tokens, with the
+distributions q they were drawn from, or None when the choice was deterministic (point mass).
+A new drafter is a new class, not a new branch in the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .backend import Model
+from .sampling import SamplingParams, sample, warp
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: tuple[int, ...]
+    probs: np.ndarray | None = None  # q rows [len(tokens), V]; None = point mass on each token
+    source: str = ""  # which drafter produced it ("lookup", "model"), for per-source stats
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY = Draft(())
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft: ...
+
+    def close(self) -> None: ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (vectorised: contexts are thousands of tokens)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class PromptLookup:
+    """Prompt lookup decoding (Saxena 2023): find the most recent earlier occurrence of the context's last
+    n-gram (longest n first) and propose the tokens that followed it. Free, and strong on edits and RAG."""
+
+    name = "lookup"
+
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, max_draft: int = 16) -> None:
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}..{ngram_max}")
+        self.ngram_max, self.ngram_min, self.max_draft = ngram_max, ngram_min, max_draft
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        k = min(k, self.max_draft)
+        if k <= 0:
+            return EMPTY
+        ctx = np.asarray(context)
+        L = len(ctx)
+        for n in range(self.ngram_max, self.ngram_min - 1, -1):
+            if L <= n:
+                continue
+            # windows starting at 0..L-n-1 (the final n-gram itself is excluded)
+            hit = ctx[: L - n] == ctx[L - n]
+            for j in range(1, n):
+                hit &= ctx[j: L - n + j] == ctx[L - n + j]
+            starts = np.flatnonzero(hit)
+            if starts.size:
+                s = int(starts[-1]) + n
+                return Draft(tuple(int(t) for t in ctx[s: s + k]), None, self.name)
+        return EMPTY
+
+    def close(self) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small model with the target's tokenizer. Its KV cache follows the accepted context by common
+    prefix: each round decodes only what it has not seen (the tokens accepted since), never the prompt again."""
+
+    name = "model"
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        if k <= 0:
+            return EMPTY
+        m = self.model
+        keep = min(common_prefix(m.tokens, context), len(context) - 1)
+        m.rewind(keep)
+        room = m.n_ctx - (len(context) - keep) - m.n_past
+        k = min(k, room + 1)
+        if k <= 0:
+            return EMPTY
+        logits = m.decode(context[keep:], 1)[0]
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        for i in range(k):
+            if params.greedy:
+                t = int(logits.argmax())
+            else:
+                q = warp(logits, params)[0]
+                t = sample(q, rng)
+                qs.append(q)
+            tokens.append(t)
+            if i < k - 1:
+                logits = m.decode([t], 1)[0]
+        return Draft(tuple(tokens), np.stack(qs) if qs else None, self.name)
+
+    def close(self) -> None:
+        self.model.close()

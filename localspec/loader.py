@@ -1,0 +1,66 @@
+"""From command-line choices to a ready `Engine`: resolve names, check the pair, load both models.
+
+Shared by `run`, `chat`, `serve` and `bench`, so every front end refuses a bad pair the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .backend import LoadOptions, Model
+from .compat import check_pair
+from .controller import Controller
+from .drafters import Drafter, ModelDrafter, PromptLookup
+from .errors import IncompatibleDrafter
+from .registry import load_registry, resolve_model
+from .session import Engine
+
+LOOKUP = "lookup"
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to load. `draft` is a model name/path, "lookup", "none", or None for the registry's pairing."""
+
+    model: str | None = None
+    draft: str | None = None
+    k: int | None = None
+    n_ctx: int | None = None
+    threads: int | None = None
+    ngl: int = 0
+    ngl_draft: int | None = None
+    verbose: bool = False
+    load: LoadOptions = LoadOptions()
+
+
+def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
+    """(drafter, k): explicit choice first, else what models.toml pairs with the model, else prompt lookup."""
+    pair = load_registry().pair_for(model_name)
+    draft = spec.draft or (pair.drafter if pair else LOOKUP)
+    k = spec.k if spec.k is not None else (pair.k if pair else 4)
+    return draft, k
+
+
+def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
+    target_ref = resolve_model(spec.model, log=log)
+    draft, k = choose_drafter(spec, target_ref.name)
+    n_ctx = spec.n_ctx or (target_ref.entry.n_ctx if target_ref.entry and target_ref.entry.n_ctx else 4096)
+    opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl, verbose=spec.verbose)
+    drafter: Drafter | None = None
+    draft_model: Model | None = None
+    if draft not in (LOOKUP, NONE):
+        draft_ref = resolve_model(draft, log=log)
+        reasons = check_pair(target_ref.path, draft_ref.path)
+        if reasons:
+            raise IncompatibleDrafter(f"drafter {draft_ref.name} cannot draft for {target_ref.name}: "
+                                      + "; ".join(reasons) + " (pick a drafter with the same tokenizer, or --lookup)")
+        ngl_d = spec.ngl if spec.ngl_draft is None else spec.ngl_draft
+        draft_model = Model.load(draft_ref.path, replace(opts, n_gpu_layers=ngl_d))
+        drafter = ModelDrafter(draft_model)
+        draft = draft_ref.name
+    elif draft == LOOKUP:
+        drafter = PromptLookup()
+    target = Model.load(target_ref.path, opts)
+    return Engine(target, drafter, k=k, controller=controller, name=target_ref.name,
+                  drafter_name=draft if drafter else NONE)

