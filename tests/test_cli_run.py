@@ -1,0 +1,72 @@
+"""`localspec run` as a user runs it: a real subprocess, real exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localspec", "run", *args], capture_output=True, text=True,
+                          input=input, timeout=300)
+
+
+def _one_line_error(r: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert r.returncode == code, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for n in needles:
+        assert n in lines[0]
+
+
+def test_default_model_json(smollm2_path):
+    r = _run("--json", "-n", "8", "--prompt", "The capital of France is")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("text", "tokens", "mode", "k", "draft_n", "draft_n_accepted", "acceptance_rate",
+                "mean_acceptance_length", "tokens_per_second", "ttft_ms"):
+        assert key in out
+    assert out["tokens"] == 8 and out["text"]
+
+
+def test_streams_text_and_stats_line_from_stdin(smollm2_path):
+    r = _run("--no-spec", "-n", "6", input="Hello, my name is")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "tok/s" in r.stderr
+
+
+def test_incompatible_drafter_refused(smollm2_path, gemma_path):
+    r = _run("--draft", str(gemma_path), "-n", "4", "hi")
+    _one_line_error(r, 2, "cannot draft", "vocab")
+
+
+def test_missing_model_path(tmp_path):
+    _one_line_error(_run("--model", str(tmp_path / "nope.gguf"), "hi"), 2, "not found")
+
+
+def test_text_file_named_gguf(tmp_path):
+    f = tmp_path / "notes.gguf"
+    f.write_text("this is not a model\n")
+    _one_line_error(_run("--model", str(f), "hi"), 2, "not a GGUF")
+
+
+def test_truncated_gguf(tmp_path, smollm2_path):
+    f = tmp_path / "half.gguf"
+    with open(smollm2_path, "rb") as src:
+        f.write_bytes(src.read(20_000_000))
+    _one_line_error(_run("--model", str(f), "hi"), 2, "truncated")
+
+
+def test_prompt_longer_than_context(smollm2_path):
+    _one_line_error(_run("--ctx", "32", "--prompt", "word " * 100), 2, "context")
+
+
+@pytest.mark.parametrize("args", [["--no-spec", "--lookup"], ["--top-p", "0"]])
+def test_bad_options_are_usage_errors(args):
+    r = _run(*args, "hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -1,0 +1,155 @@
+"""The engine on the real SmolLM2-135M: losslessness invariants, lookup, spec-on vs spec-off agreement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.backend import LoadOptions, Model
+from localspec.drafters import ModelDrafter, PromptLookup
+from localspec.sampling import SamplingParams
+from localspec.session import Engine
+from localspec.speculative import generate
+
+OPTS = LoadOptions(n_ctx=1024)
+
+CODE = """def fib(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def main():
+    for i in range(10):
+        print(i, fib(i))
+"""
+CODE_PROMPT = ("<|im_start|>user\nCopy this code:\n```python\n" + CODE + "```<|im_end|>\n"
+               "<|im_start|>assistant\n```python\ndef fib(n):")
+
+PROMPTS = [
+    "The capital of France is",
+    "def quicksort(xs):\n",
+    "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, in a small village,",
+]
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_path):
+    m = Model.load(smollm2_path, OPTS)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def self_drafter(smollm2_path):
+    d = ModelDrafter(Model.load(smollm2_path, OPTS))
+    yield d
+    d.close()
+
+
+def _record_logits(model: Model) -> list[np.ndarray]:
+    """Wrap model.decode to keep every logits block it returns (verify rounds after prefill)."""
+    seen: list[np.ndarray] = []
+    inner = model.decode
+
+    def decode(tokens, logits_rows=1):
+        out = inner(tokens, logits_rows)
+        if logits_rows:
+            seen.append(out)
+        return out
+
+    model.decode = decode
+    return seen
+
+
+def test_self_drafting_greedy_accepts_and_every_token_is_target_argmax(target, self_drafter):
+    seen = _record_logits(target)
+    try:
+        toks = target.tokenize(PROMPTS[3])
+        steps = list(generate(target, toks, drafter=self_drafter, k=4, max_tokens=64))
+    finally:
+        del target.decode
+    assert len(seen) == len(steps)
+    for step, rows in zip(steps, seen):  # row j of the round's logits chose emitted token j
+        for j, t in enumerate(step.tokens):
+            assert t == int(rows[j].argmax())
+    drafted = sum(s.drafted for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    print(f"\nself-drafting greedy: accepted {accepted}/{drafted} = {accepted / drafted:.3f}")
+    assert accepted / drafted >= 0.9
+
+
+def test_prompt_lookup_accepts_on_code_repeat(target):
+    toks = target.tokenize(CODE_PROMPT, parse_special=True)
+    steps = list(generate(target, toks, drafter=PromptLookup(), k=6, max_tokens=48))
+    drafted = sum(s.drafted for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    emitted = sum(len(s.tokens) for s in steps)
+    print(f"\nlookup on code repeat: accepted {accepted}/{drafted}, {emitted} tokens in {len(steps)} passes")
+    assert accepted >= 15
+    assert emitted / len(steps) > 1.3  # more than one token per target pass
+
+
+def test_spec_on_vs_off_agreement_report(target, self_drafter):
+    """Reported, not asserted to be identical: batched verify logits differ slightly from single-token ones on
+    CPU (design.md, Numerics), so greedy text may diverge at near-ties. The invariant is tested above."""
+    plain = Engine(target, None)
+    spec = Engine(target, self_drafter, k=4)
+    agree = 0
+    for p in PROMPTS:
+        a = "".join(c.text for c in plain.generate(p, max_tokens=40))
+        b = "".join(c.text for c in spec.generate(p, max_tokens=40))
+        same = a == b
+        agree += same
+        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        print(f"\n{p[:30]!r}: {'identical' if same else f'diverges at char {prefix}'}")
+    print(f"spec-on vs spec-off greedy: {agree}/{len(PROMPTS)} prompts identical")
+    assert agree >= 1
+
+
+def test_sampling_with_model_drafter_runs_and_is_seeded(target, self_drafter):
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    eng = Engine(target, self_drafter, k=3)
+    a = "".join(c.text for c in eng.generate(PROMPTS[3], params=params, max_tokens=24))
+    b = "".join(c.text for c in eng.generate(PROMPTS[3], params=params, max_tokens=24))
+    assert a and a == b
+
+
+def test_sampling_first_token_distribution_matches_plain(target, self_drafter):
+    """On the real model: the first sampled token with speculation follows the target's own distribution."""
+    from localspec.sampling import warp
+    from scipy import stats as sstats
+
+    params = SamplingParams(temperature=1.0, top_k=5)
+    toks = target.tokenize("My favourite colour is")
+    target.rewind(0)
+    p = warp(target.decode(toks, 1), params)[0]
+    target.rewind(0)
+    support = np.flatnonzero(p)
+    counts = dict.fromkeys(support.tolist(), 0)
+    rng = np.random.default_rng(11)
+    n = 300
+    for _ in range(n):
+        step = next(iter(generate(target, toks, drafter=self_drafter, params=params, k=2, max_tokens=1, rng=rng)))
+        counts[step.tokens[0]] += 1
+    chi2 = sstats.chisquare([counts[t] for t in support], p[support] * n)
+    assert chi2.pvalue > 0.01
+
+
+def test_f16_target_with_q4_drafter_pair(smollm2_f16_path, smollm2_path):
+    """A same-tokenizer pair with a real cost gap: the model drafter runs and is accepted most of the time."""
+    t = Model.load(smollm2_f16_path, LoadOptions(n_ctx=512))
+    d = ModelDrafter(Model.load(smollm2_path, LoadOptions(n_ctx=512)))
+    try:
+        eng = Engine(t, d, k=4)
+        last = None
+        for last in eng.generate(PROMPTS[0], max_tokens=32):
+            pass
+        assert last.stats.draft_n > 0
+        print(f"\nF16 target + Q4_1 drafter: acceptance {last.stats.acceptance_rate:.2f}")
+        assert last.stats.acceptance_rate > 0.5
+    finally:
+        d.close()
+        t.close()

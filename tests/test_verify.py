@@ -1,0 +1,139 @@
+"""verify() against exact synthetic distributions: the emitted token is distributed as p (χ² test).
+
+The first emitted token of a round is d_0 if accepted, else the residual draw; its marginal must be p_0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as sstats
+
+from localspec.sampling import SamplingParams, sample, warp
+from localspec.verify import residual, verify, verify_greedy
+
+V = 12
+N = 40_000
+
+
+def _dist(rng: np.random.Generator, sharp: float = 1.0) -> np.ndarray:
+    x = rng.gamma(sharp, size=V)
+    return x / x.sum()
+
+
+def _first_token_counts(p: np.ndarray, q: np.ndarray | None, rng: np.random.Generator,
+                        k: int = 3) -> tuple[np.ndarray, float]:
+    """Run N rounds with drafts drawn from q (or the point mass argmax q); count the first emitted token."""
+    counts = np.zeros(V)
+    accepted0 = 0
+    P = np.stack([p] * (k + 1))
+    Q = None if q is None else np.stack([q] * k)
+    point = int(np.argmax(q)) if q is None else None
+    for _ in range(N):
+        if Q is None:
+            draft = [point] * k
+        else:
+            draft = [sample(q, rng) for _ in range(k)]
+        n_acc, nxt = verify(P, draft, Q, rng)
+        first = draft[0] if n_acc > 0 else nxt
+        counts[first] += 1
+        accepted0 += n_acc > 0
+    return counts, accepted0 / N
+
+
+def _assert_matches(counts: np.ndarray, p: np.ndarray) -> None:
+    keep = p > 0
+    assert counts[~keep].sum() == 0, "emitted a token the target gives probability 0"
+    expected = p[keep] * counts.sum()
+    chi2 = sstats.chisquare(counts[keep], expected)
+    assert chi2.pvalue > 0.01, f"χ² p-value {chi2.pvalue:.4f}: emitted distribution differs from p"
+
+
+def test_model_drafter_distribution_matches_target():
+    rng = np.random.default_rng(0)
+    p, q = _dist(rng), _dist(rng, 0.5)
+    counts, acc = _first_token_counts(p, q, rng)
+    _assert_matches(counts, p)
+    assert acc == pytest.approx(np.minimum(p, q).sum(), abs=0.015)  # acceptance = Σ min(p, q)
+
+
+def test_point_mass_drafter_distribution_matches_target():
+    rng = np.random.default_rng(1)
+    p = _dist(rng)
+    q_point = np.zeros(V)
+    q_point[3] = 1.0
+    counts = np.zeros(V)
+    acc = 0
+    P = np.stack([p] * 3)
+    for _ in range(N):
+        n_acc, nxt = verify(P, [3, 3], None, rng)
+        first = 3 if n_acc > 0 else nxt
+        counts[first] += 1
+        acc += n_acc > 0
+    _assert_matches(counts, p)
+    assert acc / N == pytest.approx(np.minimum(p, q_point).sum(), abs=0.015)  # = p(3)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7, top_k=6),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05),
+])
+def test_warped_distributions_are_preserved(params: SamplingParams):
+    """Temperature/top-k/top-p/min-p applied identically to target and drafter logits; output ~ warped p."""
+    rng = np.random.default_rng(2)
+    p = warp(rng.normal(size=V) * 2, params)[0]
+    q = warp(rng.normal(size=V) * 2, params)[0]
+    counts, acc = _first_token_counts(p, q, rng)
+    _assert_matches(counts, p)
+    assert acc == pytest.approx(np.minimum(p, q).sum(), abs=0.015)
+
+
+def test_later_positions_also_follow_p():
+    """Second emitted token, conditioned on the first draft being accepted, is distributed as p_1."""
+    rng = np.random.default_rng(3)
+    p0, p1, q0, q1 = _dist(rng), _dist(rng), _dist(rng), _dist(rng, 0.3)
+    P, Q = np.stack([p0, p1, _dist(rng)]), np.stack([q0, q1])
+    counts = np.zeros(V)
+    for _ in range(N):
+        draft = [sample(q0, rng), sample(q1, rng)]
+        n_acc, nxt = verify(P, draft, Q, rng)
+        if n_acc >= 1:
+            counts[draft[1] if n_acc == 2 else nxt] += 1
+    _assert_matches(counts, p1)
+
+
+def test_bonus_token_when_all_accepted():
+    p = np.eye(V)[[1, 2, 7]]  # target certain of 1, 2, then 7
+    n, nxt = verify(p, [1, 2], None, np.random.default_rng(0))
+    assert (n, nxt) == (2, 7)
+
+
+def test_residual_is_over_the_whole_vocabulary():
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    q = np.array([0.6, 0.1, 0.0, 0.3])
+    assert residual(p, 0, q).tolist() == pytest.approx([0.0, 0.2, 0.2, 0.0])
+    assert residual(p, 1, None).tolist() == pytest.approx([0.5, 0.0, 0.2, 0.0])
+
+
+def test_greedy_verify():
+    assert verify_greedy([5, 6, 7, 8], [5, 6, 9]) == (2, 7)
+    assert verify_greedy([5, 6, 7, 8], [5, 6, 7]) == (3, 8)
+    assert verify_greedy([4], []) == (0, 4)
+
+
+def test_warp_top_p_matches_full_sort():
+    """The probe-then-fallback nucleus equals the textbook definition (sorted cumulative mass)."""
+    rng = np.random.default_rng(4)
+    for V_ in (50, 5000):
+        logits = rng.normal(size=V_) * 3
+        for top_p in (0.1, 0.5, 0.95, 0.999):
+            got = warp(logits, SamplingParams(temperature=1.0, top_p=top_p))[0]
+            z = np.exp(logits - logits.max())
+            z /= z.sum()
+            order = np.argsort(-z)
+            keep = order[: np.searchsorted(np.cumsum(z[order]), top_p) + 1]
+            want = np.zeros_like(z)
+            want[keep] = z[keep] / z[keep].sum()
+            assert np.allclose(got, want)
