@@ -37,7 +37,8 @@ CODE = '''def parse_config(path):
         result[key.strip()] = value.strip()
     return result
 '''
-REWRITE = f"Rename the variable `result` to `config` in this function and return the whole function:\n\n{CODE}"
+REWRITE = f"Rename the variable `result` to `config` in this function:\n```python\n{CODE}```"
+REWRITE_START = "```python\ndef parse_config(path):"  # the answer's first line, as an editor's rewrite request sends it
 
 
 def chat(engine: Engine, text: str) -> list[int]:
@@ -105,7 +106,7 @@ def main() -> None:
     look = Engine(q4_model, PromptLookup(), k=6)
     rows = {"plain": [], "lookup k=6": []}
     acc = []
-    prompt = chat(look, REWRITE)
+    prompt = look.tokenize(look.chat_prompt([{"role": "user", "content": REWRITE}]) + REWRITE_START)
     for _ in range(a.repeats):
         rows["plain"].append(timed(look, prompt, a.tokens, spec=False)[0])
         tps, ac, _ = timed(look, prompt, a.tokens, spec=True)

