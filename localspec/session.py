@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 from .backend import Model
 from .controller import Controller, FixedK
 from .drafters import Drafter
+from .errors import LocalspecError
 from .sampling import SamplingParams
 from .speculative import Step, generate
 from .stats import Stats, StatsCounter
@@ -34,8 +35,8 @@ class Chunk:
     mode: str = "plain"  # "spec" or "plain" for this round
 
 
-class ChatTemplateError(ValueError):
-    pass
+class ChatTemplateError(LocalspecError):
+    exit_code = 2
 
 
 def render_chat(template: str, messages: Sequence[dict], *, bos: str = "", eos: str = "",
