@@ -1,12 +1,27 @@
-"""Choosing the draft length γ (k) each round.
+"""Choosing the draft length γ (k) each round, and switching speculation off when it does not pay.
 
 The loop asks `choose_k()` before drafting (0 = decode plainly this round) and reports every round to
-`observe(step)`. `FixedK` is the plain policy; adaptive policies live beside it.
+`observe(step)`. `FixedK` is the plain policy. `Adaptive` keeps online estimates and picks the γ that
+maximises expected tokens per unit of target time (Leviathan et al. 2023, §3.4, per-position form):
+
+    E(γ) = 1 + Σ_{i=1..γ} Π_{j≤i} α_j          tokens per round (accepted drafts + the target's own)
+    T(γ) = γ·c + v(γ)                          round cost in target single-token steps
+    rate(γ) = E(γ) / T(γ)                      plain decoding: rate(0) = 1 / v(0) = 1
+
+α_j is the acceptance at draft position j given positions < j were accepted (Beta counts with decay, so
+it follows a change of content); c is drafter time per drafted token ÷ target single-token time; v(γ)
+is target time for γ+1 rows ÷ one row (calibrated at load, refined from `Step.t_verify`).
+Estimates are kept per draft source ("lookup", "model"), so a hybrid drafter can keep the free lookup
+on while the model drafter is off. A source switches off when its best rate falls below `off_below`,
+back on above `on_above` (hysteresis); while off it is re-probed with a short draft now and then, with
+the interval doubling while the probes keep failing.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, TYPE_CHECKING
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .speculative import Step
@@ -25,9 +40,236 @@ class FixedK:
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         self.k = k
+        self.k_hist: Counter[int] = Counter()
 
     def choose_k(self) -> int:
+        self.k_hist[self.k] += 1
         return self.k
 
     def observe(self, step: "Step") -> None:
         pass
+
+
+# -- the closed form ------------------------------------------------------------------------------------------
+
+def expected_tokens(alphas: Sequence[float], k: int) -> float:
+    """E(γ=k) = 1 + Σ_{i≤k} Π_{j≤i} α_j; α beyond the given positions repeats the last one."""
+    e, run = 1.0, 1.0
+    for i in range(k):
+        run *= alphas[min(i, len(alphas) - 1)] if alphas else 0.0
+        e += run
+    return e
+
+
+def round_rate(alphas: Sequence[float], c: float, v: Sequence[float], k: int) -> float:
+    """Tokens per target single-token time for draft length k (plain decoding: k = 0 -> 1 / v(0))."""
+    return expected_tokens(alphas, k) / (k * c + _v_at(v, k))
+
+
+def best_k(alphas: Sequence[float], c: float, v: Sequence[float], k_min: int, k_max: int) -> tuple[int, float]:
+    """(γ, rate) maximising rate(γ) over k_min..k_max (ties go to the shorter draft)."""
+    if not 1 <= k_min <= k_max:
+        raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
+    best = (k_min, round_rate(alphas, c, v, k_min))
+    for k in range(k_min + 1, k_max + 1):
+        r = round_rate(alphas, c, v, k)
+        if r > best[1] + 1e-12:
+            best = (k, r)
+    return best
+
+
+def _v_at(v: Sequence[float], k: int) -> float:
+    """v(k), extrapolating linearly past the last measured point."""
+    if k < len(v):
+        return v[k]
+    if len(v) >= 2:
+        return v[-1] + (k - len(v) + 1) * max(v[-1] - v[-2], 0.0)
+    return 1.0 + k
+
+
+def queue_gate(waiting: int, max_queue: int | None) -> str | None:
+    """The server's load rule: a reason to decode plainly when more than `max_queue` requests wait."""
+    if max_queue is not None and waiting > max_queue:
+        return f"load: {waiting} requests waiting > --spec-max-queue {max_queue}"
+    return None
+
+
+# -- online estimates -----------------------------------------------------------------------------------------
+
+@dataclass
+class SourceEstimate:
+    """What one draft source has shown: per-position acceptance (decayed Beta counts) and its cost c."""
+
+    alpha_prior: float = 0.7
+    c: float = 0.0
+    n: list[float] = field(default_factory=list)  # decayed observations per position (position reached)
+    a: list[float] = field(default_factory=list)  # ... accepted
+    rounds: int = 0
+    on: bool = True
+    since_probe: int = 0
+    probe_every: int = 0
+    rate: float = 1.0
+    k: int = 0
+    reason: str | None = None
+
+    def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
+        """α_1..α_k; an unobserved position leans on the one before it."""
+        out: list[float] = []
+        prev = self.alpha_prior
+        for i in range(k):
+            n = self.n[i] if i < len(self.n) else 0.0
+            a = self.a[i] if i < len(self.a) else 0.0
+            prev = (a + prior_n * prev) / (n + prior_n)
+            out.append(prev)
+        return out
+
+    def update(self, drafted: int, accepted: int, decay: float) -> None:
+        self.rounds += 1
+        # position i is reached iff all before it were accepted: i <= accepted; accepted iff i < accepted
+        for i in range(min(drafted, accepted + 1)):
+            while len(self.n) <= i:
+                self.n.append(0.0)
+                self.a.append(0.0)
+            self.n[i] = decay * self.n[i] + 1.0
+            self.a[i] = decay * self.a[i] + (1.0 if i < accepted else 0.0)
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """A snapshot for stats, `run --json` and the acceptance log."""
+
+    adaptive: bool
+    k_chosen: dict[int, int]  # choose_k() result -> rounds
+    c: dict[str, float]  # per source
+    v: tuple[float, ...]  # v(0..k_max)
+    alpha: dict[str, tuple[float, ...]]  # per source, α_1..α_k_max
+    k: dict[str, int]  # per source: the γ it would use now (0 = off)
+    rate: dict[str, float]  # per source: predicted speed vs plain at that γ
+    spec_disabled_reason: str | None
+
+    def to_dict(self) -> dict:
+        return {"adaptive": self.adaptive, "k_chosen": {str(k): n for k, n in sorted(self.k_chosen.items())},
+                "c": self.c, "v": list(self.v), "alpha": {s: list(a) for s, a in self.alpha.items()},
+                "k": self.k, "rate": self.rate, "spec_disabled_reason": self.spec_disabled_reason}
+
+
+class Adaptive:
+    """Per-session adaptive γ with auto-off; see the module docstring for the model."""
+
+    def __init__(self, *, sources: Sequence[str] = ("draft",), k_min: int = 1, k_max: int = 8,
+                 v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float] | None = None,
+                 alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
+                 off_below: float = 1.0, on_above: float = 1.05, warmup: int = 3,
+                 probe_every: int = 16, probe_max: int = 256, probe_k: int | None = None) -> None:
+        if not 1 <= k_min <= k_max:
+            raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
+        self.k_min, self.k_max = k_min, k_max
+        self.decay, self.w = decay, cost_weight
+        self.off_below, self.on_above, self.warmup = off_below, on_above, warmup
+        self.probe_every, self.probe_max = probe_every, probe_max
+        self.probe_k = probe_k if probe_k is not None else k_min
+        self.alpha_prior = alpha_prior
+        self._round_k: dict[str, int] = {}
+        self.calibration: object | None = None  # the load-time Calibration, for reports
+        # tv[d]: decayed mean target seconds for a round with d drafts; v(d) = tv[d] / tv[0]
+        t1 = t1 or 1.0
+        vv = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
+        self.tv: list[float] = [t1 * vv[d] if d < len(vv) else t1 * _v_at(vv, d) for d in range(k_max + 1)]
+        c = dict(c or {})
+        self.src: dict[str, SourceEstimate] = {
+            s: SourceEstimate(alpha_prior=alpha_prior, c=c.get(s, 0.0 if s == "lookup" else 0.5)) for s in sources}
+        self.k_hist: Counter[int] = Counter()
+        for s in self.src:
+            self._decide(s)
+
+    # -- the Controller protocol --
+
+    def choose_k(self) -> int:
+        self._round_k = {s: self._next_k(e) for s, e in self.src.items()}
+        k = max(self._round_k.values(), default=0)
+        self.k_hist[k] += 1
+        return k
+
+    def observe(self, step: "Step") -> None:
+        d = step.drafted
+        if d == 0:
+            self._ema_tv(0, step.t_verify)
+            return
+        if d <= self.k_max:
+            self._ema_tv(d, step.t_verify)
+        name = step.source or "draft"
+        est = self.src.get(name)
+        if est is None:
+            est = self.src[name] = SourceEstimate(alpha_prior=self.alpha_prior, c=0.5)
+        est.update(d, step.accepted, self.decay)
+        c_obs = (step.t_draft / d) / max(self.tv[0], 1e-9)
+        est.c = c_obs if est.rounds == 1 else (1 - self.w) * est.c + self.w * c_obs
+        self._decide(name)
+
+    # -- per source --
+
+    def k_for(self, source: str) -> int:
+        """This round's draft length for one source (set by the last `choose_k()`): 0 = do not draft from it.
+        A hybrid drafter asks this for each source it tries."""
+        return self._round_k.get(source, 0)
+
+    def _next_k(self, est: SourceEstimate) -> int:
+        """γ while on; while off, a short probe now and then (the interval doubles while probes fail)."""
+        if est.on:
+            return est.k
+        est.since_probe += 1
+        if est.since_probe >= est.probe_every:
+            est.since_probe = 0
+            est.probe_every = min(2 * est.probe_every, self.probe_max)
+            return self.probe_k
+        return 0
+
+    @property
+    def v(self) -> list[float]:
+        return [t / max(self.tv[0], 1e-12) for t in self.tv]
+
+    def _ema_tv(self, d: int, t: float) -> None:
+        self.tv[d] = (1 - self.w) * self.tv[d] + self.w * t
+
+    def _decide(self, source: str) -> None:
+        est = self.src[source]
+        v = self.v
+        k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max)
+        est.k, est.rate = k, rate
+        threshold = self.on_above if not est.on else self.off_below
+        if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below):
+            if not est.on:
+                est.probe_every = self.probe_every
+            est.on, est.reason = True, None
+        else:
+            if est.on:
+                est.since_probe, est.probe_every = 0, self.probe_every
+            est.on = False
+            a = est.alphas(k)
+            est.reason = (f"{source}: acceptance {a[0]:.2f} × cost (c {est.c:.2f}, v({k}) {_v_at(v, k):.2f}): "
+                          f"spec {rate:.2f}× plain")
+
+    # -- reporting --
+
+    @property
+    def spec_disabled_reason(self) -> str | None:
+        """Why speculation is off now, or None while some source still drafts."""
+        if any(e.on for e in self.src.values()):
+            return None
+        return "; ".join(e.reason for e in self.src.values() if e.reason) or None
+
+    def state(self) -> ControllerState:
+        return ControllerState(
+            adaptive=True, k_chosen=dict(self.k_hist), c={s: e.c for s, e in self.src.items()},
+            v=tuple(self.v), alpha={s: tuple(e.alphas(self.k_max)) for s, e in self.src.items()},
+            k={s: (e.k if e.on else 0) for s, e in self.src.items()}, rate={s: e.rate for s, e in self.src.items()},
+            spec_disabled_reason=self.spec_disabled_reason)
+
+
+def controller_state(controller: object) -> ControllerState | None:
+    """The state of any controller that keeps one (FixedK reports its k)."""
+    if isinstance(controller, Adaptive):
+        return controller.state()
+    if isinstance(controller, FixedK):
+        return ControllerState(False, dict(controller.k_hist), {}, (), {}, {}, {}, None)
+    return None

@@ -8,7 +8,7 @@ A new drafter is a new class, not a new branch in the loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -88,8 +88,9 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, *, p_min: float = 0.0) -> None:
         self.model = model
+        self.p_min = p_min  # stop drafting once the drafter's own top probability falls below this (0 = never)
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -115,7 +116,42 @@ class ModelDrafter:
             tokens.append(t)
             if i < k - 1:
                 logits = m.decode([t], 1)[0]
+                if self.p_min > 0 and _top_prob(logits) < self.p_min:
+                    break  # the drafter is unsure of the next token: verify what we have
         return Draft(tuple(tokens), np.stack(qs) if qs else None, self.name)
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def _top_prob(logits: np.ndarray) -> float:
+    """max softmax(logits), without forming the distribution."""
+    z = logits - logits.max()
+    return float(1.0 / np.exp(z).sum())
+
+
+class HybridDrafter:
+    """Prompt lookup first (free); the model drafter only when lookup has no match. `Draft.source` says
+    which one drafted, so stats and the controller keep per-source acceptance.
+
+    `limit(source)` (e.g. `Adaptive.k_for`) caps the draft length per source each round; 0 skips that
+    source, so a controller can keep the free lookup on while the model drafter does not pay."""
+
+    name = "hybrid"
+    sources = ("lookup", "model")
+
+    def __init__(self, lookup: PromptLookup, model: ModelDrafter, *,
+                 limit: Callable[[str], int] | None = None) -> None:
+        self.lookup, self.model, self.limit = lookup, model, limit
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        for d in (self.lookup, self.model):
+            kd = k if self.limit is None else min(k, self.limit(d.name))
+            draft = d.propose(context, kd, params, rng) if kd > 0 else EMPTY
+            if len(draft):
+                return draft
+        return EMPTY
 
     def close(self) -> None:
         self.model.close()

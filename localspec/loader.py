@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 from .backend import LoadOptions, Model
 from .compat import check_pair
-from .controller import Controller
-from .drafters import Drafter, ModelDrafter, PromptLookup
+from .controller import Adaptive, Controller, FixedK
+from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookup
 from .errors import IncompatibleDrafter
 from .registry import load_registry, resolve_model
 from .session import Engine
@@ -32,6 +32,11 @@ class EngineSpec:
     ngl_draft: int | None = None
     verbose: bool = False
     load: LoadOptions = LoadOptions()
+    adaptive: bool = True  # choose γ per round and switch speculation off when it does not pay (issue 4)
+    k_min: int = 1  # adaptive range; an explicit k pins γ (auto-off stays on unless adaptive=False)
+    k_max: int = 8
+    hybrid: bool = False  # with a model drafter: prompt lookup first, the model when lookup has no match
+    p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
 
 
 def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
@@ -57,10 +62,34 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
                                       + "; ".join(reasons) + " (pick a drafter with the same tokenizer, or --lookup)")
         ngl_d = spec.ngl if spec.ngl_draft is None else spec.ngl_draft
         draft_model = Model.load(draft_ref.path, replace(opts, n_gpu_layers=ngl_d))
-        drafter = ModelDrafter(draft_model)
+        drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name
+        if spec.hybrid:
+            drafter = HybridDrafter(PromptLookup(), drafter)
+            draft = f"{LOOKUP}+{draft}"
     elif draft == LOOKUP:
         drafter = PromptLookup()
     target = Model.load(target_ref.path, opts)
+    if controller is None and drafter is not None:
+        controller = make_controller(spec, k, target, drafter, draft_model)
     return Engine(target, drafter, k=k, controller=controller, name=target_ref.name,
                   drafter_name=draft if drafter else NONE)
+
+
+def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,
+                    draft_model: Model | None) -> Controller:
+    """FixedK(k) with adaptive=False; else an `Adaptive` controller seeded by a short calibration of
+    v(γ) (and c for a model drafter). An explicit -k pins γ but keeps auto-off."""
+    if not spec.adaptive:
+        return FixedK(k)
+    from .calibrate import calibrate
+
+    k_min, k_max = (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
+    cal = calibrate(target, k_max=k_max, draft_model=draft_model)
+    sources = getattr(drafter, "sources", (drafter.name,))
+    ctl = Adaptive(sources=sources, k_min=k_min, k_max=k_max, v=cal.v, t1=cal.t1,
+                   c={"model": cal.c_model} if cal.c_model is not None else None)
+    ctl.calibration = cal
+    if isinstance(drafter, HybridDrafter):
+        drafter.limit = ctl.k_for
+    return ctl

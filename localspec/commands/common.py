@@ -27,7 +27,7 @@ def engine_options(f: Callable) -> Callable:
         click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's load log (offload, buffers)."),
     ]
-    for o in reversed(opts):
+    for o in reversed(opts + _adaptive_options()):
         f = o(f)
     return f
 
@@ -35,12 +35,57 @@ def engine_options(f: Callable) -> Callable:
 def engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose):
     from ..loader import LOOKUP, NONE, EngineSpec
 
+    a = adaptive_settings()
+    hybrid = a["hybrid"] or bool(draft and lookup)  # --draft NAME --lookup: lookup first, then the model
+    if hybrid and not draft:
+        raise click.UsageError("--hybrid needs a drafter model: add --draft NAME|PATH")
     chosen = [x for x in (draft, lookup, no_spec) if x]
-    if len(chosen) > 1:
-        raise click.UsageError("choose one of --draft, --lookup, --no-spec")
+    if len(chosen) > 1 and not (hybrid and not no_spec):
+        raise click.UsageError("choose one of --draft, --lookup, --no-spec (--draft with --lookup = hybrid)")
+    if a["k_min"] > a["k_max"]:
+        raise click.UsageError(f"--k-min {a['k_min']} is above --k-max {a['k_max']}")
     d = draft or (LOOKUP if lookup else NONE if no_spec else None)
     return EngineSpec(model=model, draft=d, k=k, n_ctx=n_ctx, threads=threads, ngl=ngl, ngl_draft=ngl_draft,
-                      verbose=verbose)
+                      verbose=verbose, adaptive=not a["no_adaptive"], k_min=a["k_min"],
+                      k_max=a["k_max"], hybrid=hybrid, p_min=a["draft_p_min"])
+
+
+# -- adaptive speculation and the acceptance log (issue 4): ctx.meta too, so commands need no new parameters ------
+
+_ADAPT = "localspec.adaptive"
+_ADAPT_DEFAULTS = {"no_adaptive": False, "k_min": 1, "k_max": 8, "hybrid": False, "draft_p_min": 0.0,
+                   "metrics_log": None, "task": None}
+
+
+def _remember_adaptive(ctx: click.Context, param: click.Parameter, value):
+    ctx.meta.setdefault(_ADAPT, {})[param.name] = value
+    return value
+
+
+def _adaptive_options() -> list[Callable]:
+    kw = dict(expose_value=False, callback=_remember_adaptive)
+    return [
+        click.option("--no-adaptive", is_flag=True, help="Fixed draft length; speculation never switched off "
+                     "(for measurements).", **kw),
+        click.option("--k-min", type=click.IntRange(1, 64), default=1, help="Shortest draft the adaptive "
+                     "controller may choose (default 1).", **kw),
+        click.option("--k-max", type=click.IntRange(1, 64), default=8, help="Longest draft the adaptive "
+                     "controller may choose (default 8).", **kw),
+        click.option("--hybrid", is_flag=True, help="Prompt lookup first, the --draft model when lookup has no "
+                     "match (same as --draft NAME --lookup).", **kw),
+        click.option("--draft-p-min", type=click.FloatRange(0, 1), default=0.0, help="Model drafter stops once "
+                     "its top probability falls below this (default 0 = never).", **kw),
+        click.option("--metrics-log", type=click.Path(dir_okay=False), metavar="FILE", help="Append one JSON "
+                     "line per request (acceptance, k chosen, tok/s) to FILE.", **kw),
+        click.option("--task", metavar="LABEL", help="Task label recorded in the --metrics-log line.", **kw),
+    ]
+
+
+def adaptive_settings() -> dict:
+    """The issue-4 options of the current command (defaults outside a click command)."""
+    ctx = click.get_current_context(silent=True)
+    m = ctx.meta.get(_ADAPT, {}) if ctx else {}
+    return {k: (m[k] if m.get(k) is not None else v) for k, v in _ADAPT_DEFAULTS.items()}
 
 
 def friendly_errors(f: Callable) -> Callable:
