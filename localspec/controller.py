@@ -146,11 +146,12 @@ class ControllerState:
     k: dict[str, int]  # per source: the γ it would use now (0 = off)
     rate: dict[str, float]  # per source: predicted speed vs plain at that γ
     spec_disabled_reason: str | None
+    off: dict[str, str] = field(default_factory=dict)  # per source that is off now: why
 
     def to_dict(self) -> dict:
         return {"adaptive": self.adaptive, "k_chosen": {str(k): n for k, n in sorted(self.k_chosen.items())},
                 "c": self.c, "v": list(self.v), "alpha": {s: list(a) for s, a in self.alpha.items()},
-                "k": self.k, "rate": self.rate, "spec_disabled_reason": self.spec_disabled_reason}
+                "k": self.k, "rate": self.rate, "spec_disabled_reason": self.spec_disabled_reason, "off": self.off}
 
 
 class Adaptive:
@@ -263,7 +264,8 @@ class Adaptive:
             adaptive=True, k_chosen=dict(self.k_hist), c={s: e.c for s, e in self.src.items()},
             v=tuple(self.v), alpha={s: tuple(e.alphas(self.k_max)) for s, e in self.src.items()},
             k={s: (e.k if e.on else 0) for s, e in self.src.items()}, rate={s: e.rate for s, e in self.src.items()},
-            spec_disabled_reason=self.spec_disabled_reason)
+            spec_disabled_reason=self.spec_disabled_reason,
+            off={s: e.reason for s, e in self.src.items() if not e.on and e.reason})
 
 
 def controller_state(controller: object) -> ControllerState | None:

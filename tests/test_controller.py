@@ -1,0 +1,176 @@
+"""The draft-length controller as pure units: the γ choice against the closed form, auto-off with
+hysteresis and re-probing, per-source decisions for the hybrid drafter. No models, no clocks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from localspec.controller import (Adaptive, FixedK, best_k, controller_state, expected_tokens, queue_gate,
+                                  round_rate)
+from localspec.drafters import EMPTY, Draft, HybridDrafter
+from localspec.speculative import Step
+
+CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]  # SmolLM2 Q4_1 on 2 cores (design.md: v(3) ≈ 2.4)
+GPU_V = [1.0, 1.02, 1.04, 1.06, 1.08, 1.12, 1.16, 1.2, 1.25]  # 7B target on a GPU: verify ≈ free
+
+
+def closed_form_speedup(alpha: float, c: float, v: list[float], k: int) -> float:
+    """Leviathan et al.: (1 - α^(γ+1)) / (1 - α) ÷ (γc + v(γ))."""
+    tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+    return tokens / (k * c + v[k])
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
+@pytest.mark.parametrize("c", [0.0, 0.02, 0.1, 0.3, 1.0])
+@pytest.mark.parametrize("v", [CPU_V, GPU_V], ids=["cpu", "gpu"])
+def test_best_k_matches_closed_form(alpha, c, v):
+    k, rate = best_k([alpha], c, v, 1, 8)
+    want = max(range(1, 9), key=lambda g: (closed_form_speedup(alpha, c, v, g), -g))
+    assert k == want
+    assert rate == pytest.approx(closed_form_speedup(alpha, c, v, want))
+
+
+def test_expected_tokens_per_position():
+    # E(γ) = 1 + Σ_i Π_{j≤i} α_j
+    a = [0.9, 0.5, 0.2]
+    assert expected_tokens(a, 0) == 1.0
+    assert expected_tokens(a, 1) == pytest.approx(1.9)
+    assert expected_tokens(a, 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
+    assert expected_tokens(a, 4) == pytest.approx(1 + 0.9 + 0.45 + 0.09 + 0.018)  # last α repeats
+
+
+def test_best_k_per_position_generalisation():
+    # acceptance collapses after position 2 (lookup running out of matched text): short drafts win even
+    # though α_1 is high; brute force over the per-position formula agrees
+    a = [0.95, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
+    k, rate = best_k(a, 0.01, CPU_V, 1, 8)
+    brute = max(range(1, 9), key=lambda g: expected_tokens(a, g) / (g * 0.01 + CPU_V[g]))
+    assert k == brute == 2
+    assert rate == pytest.approx(round_rate(a, 0.01, CPU_V, 2))
+
+
+def test_best_k_respects_range_and_prefers_short_on_ties():
+    assert best_k([1.0], 0.0, [1.0] * 9, 3, 5)[0] == 5
+    assert best_k([0.0], 0.0, [1.0] * 9, 3, 5)[0] == 3
+    with pytest.raises(ValueError):
+        best_k([0.5], 0.0, CPU_V, 0, 4)
+
+
+def step(drafted: int, accepted: int, *, source: str = "lookup", t_draft: float = 0.0,
+         t_verify: float | None = None) -> Step:
+    tv = t_verify if t_verify is not None else CPU_V[drafted] * 0.005
+    return Step(tuple(range(accepted + 1)), drafted, accepted, t_draft, tv, source if drafted else "")
+
+
+def test_controller_picks_the_closed_form_k_from_its_prior():
+    for alpha in (0.5, 0.7, 0.9):
+        ctl = Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, c={"lookup": 0.02}, alpha_prior=alpha)
+        want = best_k([alpha], 0.02, CPU_V, 1, 8)
+        assert ctl.choose_k() == want[0]
+
+
+def test_high_acceptance_chooses_long_drafts():
+    ctl = Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, c={"lookup": 0.0})
+    for _ in range(30):
+        k = ctl.choose_k()
+        ctl.observe(step(k, k))  # everything accepted
+    assert ctl.choose_k() > 1
+    st = ctl.state()
+    assert st.spec_disabled_reason is None and st.alpha["lookup"][0] > 0.9
+
+
+def test_low_acceptance_switches_off_with_a_reason_and_reprobes_with_backoff():
+    ctl = Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, probe_every=4, probe_max=16, warmup=2)
+    ks = []
+    for _ in range(80):
+        k = ctl.choose_k()
+        ks.append(k)
+        ctl.observe(step(k, 0) if k else step(0, 0))  # every draft rejected
+    first_off = ks.index(0)
+    assert first_off <= 4  # warm-up, then off
+    probes = [i for i, k in enumerate(ks) if i > first_off and k > 0]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes and gaps == sorted(gaps) and gaps[-1] == 16  # the interval doubles up to probe_max
+    reason = ctl.spec_disabled_reason
+    assert reason and reason.startswith("lookup: acceptance") and "× plain" in reason
+    assert ctl.state().k == {"lookup": 0} and ctl.state().off["lookup"] == reason
+
+
+def test_hysteresis_and_recovery():
+    ctl = Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, probe_every=2, probe_max=2, warmup=1)
+    for _ in range(20):
+        k = ctl.choose_k()
+        ctl.observe(step(k, 0) if k else step(0, 0))
+    assert ctl.spec_disabled_reason
+    for _ in range(40):  # content changed: now every draft is accepted; probes find it out
+        k = ctl.choose_k()
+        ctl.observe(step(k, k) if k else step(0, 0))
+    assert ctl.spec_disabled_reason is None and ctl.choose_k() > 1
+    # on at a rate just under on_above would not have switched back; just under off_below switches off
+    est = ctl.src["lookup"]
+    assert est.on and ctl.on_above > ctl.off_below
+
+
+def test_expensive_drafter_is_switched_off_even_at_full_acceptance():
+    # the model as its own drafter: α = 1 but c = 1 and v(γ) > 1, so (γ+1) / (γ + v(γ)) < 1
+    ctl = Adaptive(sources=("model",), v=CPU_V, t1=0.005, c={"model": 1.0})
+    for _ in range(10):
+        k = ctl.choose_k()
+        ctl.observe(step(k, k, source="model", t_draft=k * 0.005) if k else step(0, 0))
+    assert ctl.state().k["model"] == 0
+    reason = ctl.spec_disabled_reason
+    assert reason.startswith("model: acceptance") and "c 1.00" in reason and "× plain" in reason
+
+
+def test_hybrid_keeps_lookup_on_while_the_model_is_off():
+    ctl = Adaptive(sources=("lookup", "model"), v=CPU_V, t1=0.005, c={"lookup": 0.0, "model": 1.0})
+    for _ in range(20):
+        ctl.choose_k()
+        ctl.observe(step(3, 3, source="lookup"))
+        ctl.observe(step(2, 2, source="model", t_draft=0.01))
+    k = ctl.choose_k()
+    assert ctl.k_for("lookup") == k > 1 and ctl.k_for("model") == 0
+    assert ctl.spec_disabled_reason is None  # lookup still drafts
+    assert "model" in ctl.state().off
+
+
+class _Fixed:
+    def __init__(self, name, out):
+        self.name, self.out, self.asked = name, out, []
+
+    def propose(self, context, k, params, rng):
+        self.asked.append(k)
+        return Draft(tuple(self.out[:k]), None, self.name) if self.out and k else EMPTY
+
+    def close(self):
+        pass
+
+
+def test_hybrid_drafter_lookup_first_then_model_and_per_source_limit():
+    lookup, model = _Fixed("lookup", [1, 2, 3]), _Fixed("model", [7, 8, 9])
+    h = HybridDrafter(lookup, model)
+    assert h.propose([0], 2, None, None) == Draft((1, 2), None, "lookup") and model.asked == []
+    lookup.out = []
+    assert h.propose([0], 2, None, None).source == "model"
+    h.limit = {"lookup": 3, "model": 0}.get
+    assert h.propose([0], 3, None, None) is EMPTY and model.asked == [2]  # model skipped, not asked with 0
+
+
+def test_fixed_k_and_queue_gate():
+    f = FixedK(4)
+    assert [f.choose_k() for _ in range(3)] == [4, 4, 4]
+    assert controller_state(f).k_chosen == {4: 3} and not controller_state(f).adaptive
+    with pytest.raises(ValueError):
+        FixedK(-1)
+    assert queue_gate(3, 2) == "load: 3 requests waiting > --spec-max-queue 2"
+    assert queue_gate(2, 2) is None and queue_gate(10, None) is None
+
+
+def test_online_v_refines_from_verify_times():
+    ctl = Adaptive(sources=("lookup",), v=GPU_V, t1=0.005, cost_weight=0.5)
+    for _ in range(30):  # this machine is actually compute-bound: 3 drafts cost 3x one token
+        ctl.observe(step(0, 0, t_verify=0.005))
+        ctl.observe(step(3, 1, t_verify=0.015))
+    assert math.isclose(ctl.v[3], 3.0, rel_tol=0.01)
