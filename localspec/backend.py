@@ -42,6 +42,69 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", "replace")
 
 
+# -- devices and RPC (ggml's backend registry, through llama_cpp's own handle on libggml) ------------------------
+
+_rpc_added: set[str] = set()
+
+
+def _ggml():
+    from llama_cpp._ggml import libggml as g
+
+    c = ctypes
+    g.ggml_backend_dev_count.restype = c.c_size_t
+    g.ggml_backend_dev_get.restype, g.ggml_backend_dev_get.argtypes = c.c_void_p, [c.c_size_t]
+    for f in (g.ggml_backend_dev_name, g.ggml_backend_dev_description):
+        f.restype, f.argtypes = c.c_char_p, [c.c_void_p]
+    g.ggml_backend_dev_type.restype, g.ggml_backend_dev_type.argtypes = c.c_int, [c.c_void_p]
+    g.ggml_backend_dev_memory.argtypes = [c.c_void_p, c.POINTER(c.c_size_t), c.POINTER(c.c_size_t)]
+    g.ggml_backend_reg_by_name.restype, g.ggml_backend_reg_by_name.argtypes = c.c_void_p, [c.c_char_p]
+    g.ggml_backend_reg_get_proc_address.restype = c.c_void_p
+    g.ggml_backend_reg_get_proc_address.argtypes = [c.c_void_p, c.c_char_p]
+    g.ggml_backend_register.argtypes = [c.c_void_p]
+    return g
+
+
+def supports_rpc() -> bool:
+    return bool(llama_cpp.llama_supports_rpc())
+
+
+def devices() -> list[dict]:
+    """ggml's devices (CPU, CUDA0, Metal, RPC[host:port], ...) with their memory in bytes."""
+    g = _ggml()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        d = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+        out.append({"name": g.ggml_backend_dev_name(d).decode(), "description":
+                    g.ggml_backend_dev_description(d).decode(), "type": g.ggml_backend_dev_type(d),
+                    "free": free.value, "total": total.value})
+    return out
+
+
+def add_rpc_servers(endpoints: Sequence[str]) -> None:
+    """Register remote rpc-server devices, as llama.cpp's --rpc does (ggml_backend_rpc_add_server).
+
+    llama-cpp-python 0.3.36 has no rpc_servers parameter; the RPC backend exposes this through ggml's
+    backend registry. Layers then go to those devices like to a GPU, by n_gpu_layers / tensor_split.
+    """
+    if not supports_rpc():
+        raise ModelLoadError("--rpc needs llama-cpp-python built with the RPC backend: "
+                             'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
+                             "llama-cpp-python (see docs/models.md)")
+    g = _ggml()
+    reg = g.ggml_backend_reg_by_name(b"RPC")
+    fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
+    if not fn:
+        raise ModelLoadError("this llama.cpp build's RPC backend has no ggml_backend_rpc_add_server; "
+                             "update llama-cpp-python")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(fn)
+    for ep in endpoints:
+        if ep not in _rpc_added:
+            g.ggml_backend_register(add_server(ep.encode()))
+            _rpc_added.add(ep)
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model: the knobs llama.cpp exposes per model (target and drafter separately)."""
@@ -56,6 +119,7 @@ class LoadOptions:
     type_k: int | None = None
     type_v: int | None = None
     verbose: bool = False
+    rpc_servers: tuple[str, ...] = ()  # "host:port" of llama.cpp rpc-server processes (needs a GGML_RPC=on build)
 
 
 def check_gguf_file(path: str | Path) -> Path:
@@ -103,6 +167,8 @@ class Model:
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
         p = check_gguf_file(path)
         _init_backend(options.verbose)
+        if options.rpc_servers:
+            add_rpc_servers(options.rpc_servers)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if options.n_gpu_layers < 0 else options.n_gpu_layers
         mparams.main_gpu = options.main_gpu

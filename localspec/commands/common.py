@@ -27,9 +27,69 @@ def engine_options(f: Callable) -> Callable:
         click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's load log (offload, buffers)."),
     ]
-    for o in reversed(opts + _adaptive_options()):
+    for o in reversed(opts + _offload_options() + _adaptive_options()):
         f = o(f)
     return f
+
+
+# -- GPU offload / RPC: stored in ctx.meta (expose_value=False) so commands need no new parameters ----------------
+
+_META = "localspec.load"
+_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value):
+    ctx.meta.setdefault(_META, {})[param.name] = value
+    return value
+
+
+def _tensor_split(text: str | None) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        parts = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers like 3,1, got {text!r}") from None
+    if any(x < 0 for x in parts) or not any(parts):
+        raise click.BadParameter("proportions must be >= 0 and not all 0")
+    return parts
+
+
+def _offload_options() -> list[Callable]:
+    kw = dict(expose_value=False, callback=_remember)
+    return [
+        click.option("--main-gpu", type=click.IntRange(0), default=0, help="GPU for the whole model or its "
+                     "small tensors when split (default 0).", **kw),
+        click.option("--tensor-split", metavar="P0,P1,..", help="Split layers over GPUs (and RPC devices) in "
+                     "these proportions, e.g. 3,1.", **kw),
+        click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+                     help="Flash attention.", **kw),
+        click.option("--cache-type-k", type=click.Choice(_CACHE_TYPES), help="KV cache type for K (default f16).",
+                     **kw),
+        click.option("--cache-type-v", type=click.Choice(_CACHE_TYPES), help="KV cache type for V (default f16; "
+                     "quantized V needs --flash-attn on).", **kw),
+        click.option("--rpc", metavar="HOST:PORT,..", help="llama.cpp rpc-server devices to spread the model "
+                     "over (needs a GGML_RPC=on build; see docs/models.md).", **kw),
+    ]
+
+
+def load_options():
+    """LoadOptions from the offload options of the current command (defaults outside a click command)."""
+    import gguf
+
+    from ..backend import LoadOptions
+
+    ctx = click.get_current_context(silent=True)
+    m = ctx.meta.get(_META, {}) if ctx else {}
+    fa = {"on": True, "off": False}.get(m.get("flash_attn") or "auto")
+
+    def ggml_type(name):
+        return gguf.GGMLQuantizationType[name.upper()].value if name else None
+
+    rpc = tuple(x.strip() for x in (m.get("rpc") or "").split(",") if x.strip())
+    return LoadOptions(main_gpu=m.get("main_gpu") or 0, tensor_split=_tensor_split(m.get("tensor_split")),
+                       flash_attn=fa, type_k=ggml_type(m.get("cache_type_k")), type_v=ggml_type(m.get("cache_type_v")),
+                       rpc_servers=rpc)
 
 
 def engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose):
@@ -46,7 +106,7 @@ def engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
         raise click.UsageError(f"--k-min {a['k_min']} is above --k-max {a['k_max']}")
     d = draft or (LOOKUP if lookup else NONE if no_spec else None)
     return EngineSpec(model=model, draft=d, k=k, n_ctx=n_ctx, threads=threads, ngl=ngl, ngl_draft=ngl_draft,
-                      verbose=verbose, adaptive=not a["no_adaptive"], k_min=a["k_min"],
+                      verbose=verbose, load=load_options(), adaptive=not a["no_adaptive"], k_min=a["k_min"],
                       k_max=a["k_max"], hybrid=hybrid, p_min=a["draft_p_min"])
 
 

@@ -1,0 +1,229 @@
+"""`localspec models list|pull|show|check|rm`: parse options and delegate to registry, hub and compat.
+
+Only `pull` may use the network. `show` and `check` read GGUF headers (compat.read_header) and never load
+weights; `show --device` is the one place that asks llama.cpp which devices it can offload to.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .common import friendly_errors, log_err
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return "-"
+
+
+def _local_path(spec: str):
+    """A registry name, pulled hub id or file -> (display name, path, entry); never downloads."""
+    from pathlib import Path
+
+    from ..registry import ResolvedModel, entry_path, load_registry, resolve_model
+
+    reg = load_registry()
+    entry = reg.models.get(spec)
+    if entry is not None:
+        return ResolvedModel(spec, entry_path(entry, fetch=False), entry)
+    if Path(spec).expanduser().is_file():
+        return ResolvedModel(spec, Path(spec).expanduser(), None)
+    return resolve_model(spec, reg, log=log_err)
+
+
+@click.group()
+def models() -> None:
+    """Manage models: the models.toml registry, hub downloads, GGUF facts, drafter compatibility."""
+
+
+@models.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per model.")
+@friendly_errors
+def list_(as_json: bool) -> None:
+    """Every registry model: source, size, quant, arch, whether it is on disk, and its pairs."""
+    from ..compat import quick_facts
+    from ..errors import LocalspecError
+    from ..hub import quant_of
+    from ..registry import entry_path, load_registry
+
+    reg = load_registry()
+    rows = []
+    for name, e in reg.models.items():
+        try:
+            path = entry_path(e, fetch=False)
+            facts = quick_facts(path)
+        except LocalspecError:
+            path, facts = None, {}
+        quant = facts.get("quant") or e.quant or (quant_of(e.file or e.package or e.path or "") if
+                                                   (e.file or e.package or e.path) else None)
+        pairs = [p.name for p in reg.pairs_with(name)]
+        rows.append({"name": name, "source": e.source_text, "size_bytes": facts.get("size_bytes"),
+                     "quant": quant, "arch": facts.get("arch"), "present": path is not None,
+                     "path": str(path) if path else None, "pairs": pairs, "default": name == reg.default})
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    head = ("NAME", "SOURCE", "SIZE", "QUANT", "ARCH", "PRESENT", "PAIRS")
+    table = [head] + [(r["name"] + (" *" if r["default"] else ""), r["source"], _human(r["size_bytes"]),
+                       r["quant"] or "-", r["arch"] or "-", "yes" if r["present"] else "no",
+                       ",".join(r["pairs"]) or "-") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    click.echo("(* default; 'localspec models pull NAME' downloads an absent model)")
+
+
+@models.command()
+@click.argument("spec", metavar="NAME|PAIR|OWNER/REPO[:QUANT]")
+@friendly_errors
+def pull(spec: str) -> None:
+    """Download a model (or both models of a pair) into the Hugging Face cache; resumes, verifies sha256."""
+    from .. import hub
+    from ..errors import ModelNotFound
+    from ..registry import LOOKUP, entry_path, load_registry
+
+    reg = load_registry()
+    if spec in reg.pairs:
+        names = [n for n in (reg.pairs[spec].target, reg.pairs[spec].drafter) if n != LOOKUP]
+    elif spec in reg.models:
+        names = [spec]
+    elif hub.looks_like_hub_id(spec):
+        path = hub.pull(hub.parse_hub_spec(spec), log=log_err)
+        click.echo(f"{spec}: {path} ({_human(path.stat().st_size)})")
+        return
+    else:
+        raise ModelNotFound(f"unknown model or pair '{spec}'; 'localspec models list' shows the names, "
+                            "or pull a hub repo as owner/repo[:QUANT]")
+    for name in names:
+        e = reg.models[name]
+        if e.hf:
+            path = hub.pull(hub.HubRef(e.hf, file=e.file, quant=e.quant, revision=e.revision), log=log_err)
+        else:
+            path = entry_path(e, fetch=True, log=log_err)
+        click.echo(f"{name}: {path} ({_human(path.stat().st_size)})")
+
+
+@models.command()
+@click.argument("spec", metavar="NAME|PATH", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
+@click.option("--device", is_flag=True, help="Also show the devices this llama.cpp build can offload to.")
+@friendly_errors
+def show(spec: str | None, as_json: bool, device: bool) -> None:
+    """GGUF facts from the file header (weights are not loaded): arch, params, quant, context, vocab, tokens."""
+    from ..compat import describe
+
+    if spec is None and not device:
+        raise click.UsageError("give a model NAME or PATH (or --device)")
+    info = {}
+    if spec is not None:
+        ref = _local_path(spec)
+        info = {"model": ref.name, **describe(ref.path)}
+    if device:
+        info["device"] = _device_info()
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    if spec is not None:
+        _print_facts(info)
+    if device:
+        _print_device(info["device"])
+
+
+def _print_facts(d: dict) -> None:
+    rows = [
+        ("model", d["model"]), ("file", d["path"]), ("size", _human(d["size_bytes"])),
+        ("name", d["name"] or "-"), ("arch", d["arch"]),
+        ("params", f"{d['params'] / 1e6:.1f} M" + (f" ({d['size_label']})" if d["size_label"] else "")),
+        ("layers", d["n_layers"]), ("quant", d["quant"] or "-"), ("context", d["context_length"]),
+        ("vocab", f"{d['n_vocab']} ({d['vocab_type']}, pre {d['vocab_pre'] or '-'})"),
+        ("add bos/eos", f"{d['add_bos']}/{d['add_eos']}"),
+        ("special", ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in d["special_tokens"].items()) or "-"),
+        ("fim", "yes" if d["fim"] else "no"), ("chat template", "yes" if d["chat_template"] else "no"),
+    ]
+    for k, v in rows:
+        click.echo(f"{k:>14}: {v}")
+
+
+def _device_info() -> dict:
+    from .. import backend
+
+    return {"gpu_offload": backend.supports_gpu_offload(), "rpc": backend.supports_rpc(),
+            "devices": backend.devices(), "system_info": backend.system_info().strip()}
+
+
+def _print_device(d: dict) -> None:
+    click.echo(f"{'gpu offload':>14}: {'yes' if d['gpu_offload'] else 'no (CPU-only build; see docs/models.md)'}")
+    click.echo(f"{'rpc':>14}: {'yes' if d['rpc'] else 'no (build with -DGGML_RPC=on)'}")
+    for dev in d["devices"]:
+        click.echo(f"{'device':>14}: {dev['name']} - {dev['description']} "
+                   f"({_human(dev['free'])} free of {_human(dev['total'])})")
+    click.echo(f"{'system':>14}: {d['system_info']}")
+
+
+@models.command()
+@click.argument("target", metavar="TARGET")
+@click.argument("drafter", metavar="DRAFTER")
+@click.option("--json", "as_json", is_flag=True, help="Print {compatible, reasons} as JSON.")
+@friendly_errors
+def check(target: str, drafter: str, as_json: bool) -> None:
+    """Can DRAFTER draft for TARGET? llama.cpp's tokenizer rule; prints every failing rule (exit 2 if any)."""
+    from ..compat import check_pair
+
+    t, d = _local_path(target), _local_path(drafter)
+    reasons = check_pair(t.path, d.path)
+    if as_json:
+        click.echo(json.dumps({"target": t.name, "drafter": d.name, "compatible": not reasons, "reasons": reasons}))
+    elif reasons:
+        click.echo(f"incompatible: {d.name} cannot draft for {t.name} ({len(reasons)} rules fail)")
+        for r in reasons:
+            click.echo(f"  - {r}")
+    else:
+        click.echo(f"compatible: {d.name} can draft for {t.name}")
+    if reasons:
+        sys.exit(2)
+
+
+@models.command()
+@click.argument("spec", metavar="NAME|OWNER/REPO[:QUANT]")
+@friendly_errors
+def rm(spec: str) -> None:
+    """Delete a downloaded model from the cache (never a file that models.toml points to with path =)."""
+    from .. import hub
+    from ..errors import LocalspecError, ModelNotFound
+    from ..registry import entry_path, load_registry
+
+    reg = load_registry()
+    e = reg.models.get(spec)
+    if e is None and not hub.looks_like_hub_id(spec):
+        raise ModelNotFound(f"unknown model '{spec}'; 'localspec models list' shows the names")
+    if e is not None and e.path:
+        raise LocalspecError(f"'{spec}' is your file {e.path} (path = in {e.origin}); localspec does not delete "
+                             "it: remove it yourself, or the entry")
+    if e is None or e.hf:
+        ref = hub.parse_hub_spec(spec) if e is None else hub.HubRef(e.hf, e.file, e.quant, e.revision)
+        removed = hub.remove(ref)
+    else:
+        from ..paths import cache_dir
+
+        try:
+            p = entry_path(e, fetch=False)
+        except LocalspecError:
+            p = None
+        if p is not None and cache_dir() not in p.parents:
+            raise LocalspecError(f"'{spec}' is read from the installed package ({p}); pip uninstall it instead")
+        removed = [p] if p is not None else []
+        for x in removed:
+            x.unlink()
+    if not removed:
+        raise ModelNotFound(f"'{spec}' is not downloaded; nothing to remove")
+    for x in removed:
+        click.echo(f"removed {x}")
