@@ -1,0 +1,287 @@
+"""Run the bench: plain decoding and every speculative configuration on the same prompts, interleaved.
+
+One loaded target per model is shared by all its configurations (plain, prompt lookup, each model drafter,
+each k), so they differ only in the drafter and k. Configurations are interleaved prompt by prompt, in an order
+rotated per prompt, to cancel machine drift; every run starts from an empty KV cache so TTFT includes the
+prompt. A short warm-up runs every configuration once before anything is timed. Costs (c, v(γ)) are measured
+after the warm-up and again at the end, and averaged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..backend import LoadOptions, Model
+from ..compat import check_pair
+from ..controller import Controller, FixedK
+from ..drafters import ModelDrafter, PromptLookup
+from ..errors import IncompatibleDrafter
+from ..sampling import SamplingParams
+from ..session import Engine
+from . import costs as costs_mod
+from .agreement import Agreement, compare
+from .tasks import Prompt
+
+AUTO = "auto"
+AUTO_K_MAX = 8
+PLAIN = "none"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    label: str
+    path: Path
+    drafters: tuple[tuple[str, Path], ...] = ()  # (label, path) of model drafters for this target
+    lookup: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: tuple[TargetSpec, ...]
+    prompts: tuple[Prompt, ...]
+    ks: tuple[int, ...] = (2, 4)
+    auto: bool = False  # also run the adaptive controller
+    temps: tuple[float, ...] = (0.0,)
+    repeats: int = 1
+    max_tokens: int = 128
+    n_ctx: int = 2048
+    threads: int | None = None
+    seed: int = 1234
+    cost_repeats: int = 7
+
+
+@dataclass(frozen=True)
+class Config:
+    drafter: str  # PLAIN, "lookup", or a model drafter's label
+    k: int | str  # 0 for plain, an int, or AUTO
+
+    @property
+    def name(self) -> str:
+        return "plain" if self.drafter == PLAIN else f"{self.drafter} k={self.k}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured generation."""
+
+    target: str
+    drafter: str
+    k: int | str
+    task: str
+    prompt_id: str
+    temp: float
+    repeat: int
+    n_prompt: int
+    n_generated: int
+    gen_ms: float
+    ttft_ms: float
+    rounds: int
+    draft_n: int
+    draft_n_accepted: int
+    draft_ms: float
+    drafted_at: tuple[int, ...]
+    accepted_at: tuple[int, ...]
+    accept_hist: tuple[int, ...]  # rounds with a draft, by number of drafts accepted (index 0..k)
+    finish: str | None
+    tokens: tuple[int, ...] = field(repr=False, default=())
+
+    @property
+    def config(self) -> Config:
+        return Config(self.drafter, self.k)
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    label: str
+    path: str
+    n_params_desc: str
+    costs: costs_mod.Costs
+    runs: tuple[Run, ...]
+    agreement: tuple[Agreement, ...]
+    chat_template: bool
+
+
+def adaptive_available() -> bool:
+    """Whether localspec.controller has the adaptive controller (`--k auto`)."""
+    from .. import controller as ctl
+
+    return getattr(ctl, "Adaptive", None) is not None
+
+
+def make_adaptive(source: str, costs: costs_mod.Costs, k_max: int = AUTO_K_MAX) -> Controller:
+    """An adaptive controller seeded with this run's measured v(γ), t1 and c (instead of its own calibration)."""
+    from .. import controller as ctl
+
+    v = costs.v
+    seeded = dict(sources=(source,), k_max=k_max, t1=costs.t_target_ms / 1e3, c={source: costs.c.get(source, 0.0)},
+                  v=[1.0] + [v.get(g, v[max(v)]) for g in range(1, k_max + 1)])
+    try:
+        return ctl.Adaptive(**seeded)
+    except TypeError:  # a different signature: take its defaults
+        return ctl.Adaptive()
+
+
+def configs_for(spec: TargetSpec, plan: Plan) -> list[Config]:
+    ks: list[int | str] = list(plan.ks) + ([AUTO] if plan.auto else [])
+    drafters = (["lookup"] if spec.lookup else []) + [label for label, _ in spec.drafters]
+    return [Config(PLAIN, 0)] + [Config(d, k) for d in drafters for k in ks]
+
+
+def count_runs(plan: Plan) -> int:
+    per_prompt = len(plan.temps) * plan.repeats
+    return sum(len(configs_for(t, plan)) * per_prompt * len(plan.prompts) for t in plan.targets)
+
+
+def render_prompt(engine: Engine, p: Prompt) -> list[int]:
+    """Chat prompts go through the GGUF chat template when the model has one; base models get raw text."""
+    text = engine.chat_prompt([{"role": "user", "content": p.prompt}]) if p.chat and engine.chat_template \
+        else p.prompt
+    return engine.tokenize(text)
+
+
+class _Family:
+    """One loaded target and its drafters: an Engine per drafter, all sharing the target Model."""
+
+    def __init__(self, spec: TargetSpec, plan: Plan) -> None:
+        opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads)
+        for label, path in spec.drafters:
+            reasons = check_pair(spec.path, path)
+            if reasons:
+                raise IncompatibleDrafter(f"drafter {label} cannot draft for {spec.label}: " + "; ".join(reasons)
+                                          + " (pick a drafter with the same tokenizer, or --lookup)")
+        self.models: list[Model] = []
+        self.target = self._load(spec.path, opts)
+        self.draft_models = {label: self._load(path, opts) for label, path in spec.drafters}
+        self.engines: dict[str, Engine] = {PLAIN: Engine(self.target, None, name=spec.label)}
+        if spec.lookup:
+            self.engines["lookup"] = Engine(self.target, PromptLookup(), name=spec.label, drafter_name="lookup")
+        for label, m in self.draft_models.items():
+            self.engines[label] = Engine(self.target, ModelDrafter(m), name=spec.label, drafter_name=label)
+        self.auto: dict[str, Controller] = {}  # drafter -> adaptive controller, made once costs are measured
+
+    def _load(self, path: Path, opts: LoadOptions) -> Model:
+        m = Model.load(path, opts)
+        self.models.append(m)
+        return m
+
+    def reset(self) -> None:
+        """Empty every KV cache, so each run pays for its prompt (fair TTFT across configurations)."""
+        for m in self.models:
+            m.rewind(0)
+
+    def close(self) -> None:
+        for m in self.models:
+            m.close()
+
+
+def _controller(fam: _Family, cfg: Config) -> Controller | None:
+    if cfg.drafter == PLAIN:
+        return None
+    if cfg.k == AUTO:  # before costs are measured (warm-up) the adaptive controller does not exist yet
+        return fam.auto.get(cfg.drafter) or FixedK(4)
+    return FixedK(int(cfg.k))
+
+
+def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams, max_tokens: int,
+            k_hist: int) -> tuple:
+    """Generate once; returns the fields of `Run` that come from the generation."""
+    fam.reset()
+    engine = fam.engines[cfg.drafter]
+    hist = [0] * (k_hist + 1)
+    out: list[int] = []
+    last = None
+    for chunk in engine.generate(tokens, params=params, max_tokens=max_tokens, spec=cfg.drafter != PLAIN,
+                                 controller=_controller(fam, cfg)):
+        out.extend(chunk.step.tokens)
+        if chunk.step.drafted:
+            a = chunk.step.accepted
+            if a >= len(hist):
+                hist.extend([0] * (a + 1 - len(hist)))
+            hist[a] += 1
+        last = chunk
+    s = last.stats
+    return (s.n_prompt, s.n_generated, s.gen_ms, s.ttft_ms, s.rounds, s.draft_n, s.draft_n_accepted, s.draft_ms,
+            s.drafted_at, s.accepted_at, tuple(hist), last.finish, tuple(out))
+
+
+def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: int) -> list[int]:
+    """The longest prompt (a realistic position), padded by repetition if it is too short for the largest γ."""
+    ctx = max(prompts, key=len)
+    while len(ctx) < need:
+        ctx = ctx + ctx
+    return ctx[: max(need, min(len(ctx), n_ctx // 2))]
+
+
+def bench_target(spec: TargetSpec, plan: Plan, progress: Callable[[str], None] = lambda s: None,
+                 log: Callable[[str], None] = lambda s: None) -> TargetResult:
+    fam = _Family(spec, plan)
+    try:
+        return _bench_family(fam, spec, plan, progress, log)
+    finally:
+        fam.close()
+
+
+def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> TargetResult:
+    plain = fam.engines[PLAIN]
+    cfgs = configs_for(spec, plan)
+    k_hist = max(plan.ks, default=8)
+    rendered = {p.id: render_prompt(plain, p) for p in plan.prompts}
+    room = plan.n_ctx - plan.max_tokens - k_hist - 2
+    too_long = [pid for pid, t in rendered.items() if len(t) > room]
+    if too_long:
+        log(f"bench: skipping {len(too_long)} prompt(s) longer than the context allows ({', '.join(too_long)})")
+    prompts = [p for p in plan.prompts if p.id not in too_long]
+
+    log(f"bench: warming up {spec.label} ({len(cfgs)} configurations)")
+    for cfg in cfgs:
+        run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)
+    gammas = sorted(set(plan.ks) | set(range(1, max(max(plan.ks, default=1), AUTO_K_MAX) + 1)))
+    cost_ctx = _cost_context(fam, list(rendered.values()), max(gammas) + 2, plan.n_ctx)
+    measure = lambda: costs_mod.measure(fam.target, cost_ctx, gammas, drafters=fam.draft_models,  # noqa: E731
+                                        lookup=spec.lookup, repeats=plan.cost_repeats)
+    c_start = measure()
+    if plan.auto:
+        for d, eng in fam.engines.items():
+            if eng.drafter is not None:
+                src = eng.drafter.name
+                fam.auto[d] = make_adaptive(src, _source_costs(c_start, d, src))
+
+    runs: list[Run] = []
+    for i, p in enumerate(prompts):
+        for temp in plan.temps:
+            for rep in range(plan.repeats):
+                params = SamplingParams(temperature=temp, seed=plan.seed + 1000 * i + rep)
+                order = cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]  # rotate: no config always runs first
+                for cfg in order:
+                    progress(f"{spec.label} {p.id} {cfg.name} T={temp:g}")
+                    r = run_one(fam, cfg, rendered[p.id], params, plan.max_tokens, k_hist)
+                    runs.append(Run(spec.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
+
+    costs = costs_mod.merge(c_start, measure())
+    fam.reset()
+    agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=spec.label,
+                          drafter=r.drafter, k=r.k, task=r.task, prompt_id=r.prompt_id)
+                  for r, base in _greedy_pairs(runs))
+    return TargetResult(spec.label, str(spec.path), fam.target.describe(), costs, tuple(runs), agree,
+                        bool(plain.chat_template))
+
+
+def _source_costs(costs: costs_mod.Costs, drafter: str, source: str) -> costs_mod.Costs:
+    """The costs with c keyed by the drafter's source name ("model"), which is what `Step.source` says."""
+    return costs_mod.Costs(costs.t_target_ms, costs.t_verify_ms, {source: costs.c.get(drafter, 0.0)},
+                           costs.position)
+
+
+def _greedy_pairs(runs: Sequence[Run]):
+    """(speculative run, plain run) on the same prompt, greedy, first repeat: texts that must agree."""
+    plain = {(r.prompt_id, r.temp): r for r in runs if r.drafter == PLAIN and r.repeat == 0}
+    for r in runs:
+        if r.drafter != PLAIN and r.temp == 0.0 and r.repeat == 0 and (r.prompt_id, r.temp) in plain:
+            yield r, plain[(r.prompt_id, r.temp)]
+
+
+def run_bench(plan: Plan, progress: Callable[[str], None] = lambda s: None,
+              log: Callable[[str], None] = lambda s: None) -> list[TargetResult]:
+    return [bench_target(t, plan, progress, log) for t in plan.targets]

@@ -1,0 +1,170 @@
+"""`localspec bench`: does speculation pay, for these models, on this machine, for this work?
+
+Parses options and delegates to localspec.bench (runner, summary, report, plot). Prints the table and the
+verdict; writes JSON / Markdown / PNG on request. `--from-log` summarises the acceptance log of real sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from .common import friendly_errors, log_err
+
+QUICK = dict(per_task=1, ks="2,4", max_tokens=64, temps="0", repeats=1)
+FULL = dict(per_task=None, ks="2,4,6", max_tokens=128, temps="0", repeats=1)
+
+
+def parse_ks(text: str) -> tuple[tuple[int, ...], bool]:
+    ks, auto = [], False
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part == "auto":
+            auto = True
+        elif part.isdigit() and 1 <= int(part) <= 32:
+            ks.append(int(part))
+        elif part:
+            raise click.BadParameter(f"'{part}' is not a draft length 1..32 or 'auto'", param_hint="--k")
+    if not ks and not auto:
+        raise click.BadParameter("give at least one k", param_hint="--k")
+    return tuple(sorted(set(ks))), auto
+
+
+def parse_floats(text: str, hint: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"'{text}' is not a comma-separated list of numbers", param_hint=hint) from None
+    if not vals or any(v < 0 for v in vals):
+        raise click.BadParameter("need one or more values >= 0", param_hint=hint)
+    return vals
+
+
+@click.command()
+@click.option("--model", "-m", "models", multiple=True, metavar="NAME|PATH",
+              help="Target model (repeatable; default: the embedded SmolLM2-135M).")
+@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH",
+              help="Model drafter (repeatable); used for every target whose tokenizer it shares.")
+@click.option("--pair", "pairs", multiple=True, metavar="TARGET=DRAFTER", help="An explicit target/drafter pair.")
+@click.option("--lookup", is_flag=True, help="Bench prompt lookup (the default when no --draft/--pair is given).")
+@click.option("--all-drafters", is_flag=True, help="Prompt lookup and every given or registry-paired drafter.")
+@click.option("--k", "ks", metavar="LIST", help="Draft lengths, e.g. 1,2,4,6,8, or 'auto' (adaptive controller).")
+@click.option("--tasks", metavar="LIST", help="Tasks to run: code,edit,chat,rag,json,prose (default: all).")
+@click.option("--per-task", type=click.IntRange(1), help="Prompts per task (default: all; --quick: 1).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Your own prompts (JSONL with "
+              "\"task\" and \"prompt\"; \"chat\": false for raw completion).")
+@click.option("--temp", "temps", metavar="LIST", help="Temperatures, e.g. 0,0.8 (default 0).")
+@click.option("--repeats", type=click.IntRange(1), help="Runs per prompt and configuration (default 1).")
+@click.option("--max-tokens", "-n", type=click.IntRange(1), help="New tokens per run (default 128; --quick 64).")
+@click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4, 64 tokens): a few minutes.")
+@click.option("--ctx", "n_ctx", type=click.IntRange(256), default=2048, show_default=True, help="Context length.")
+@click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores).")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Sampling seed (T > 0).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the full results as JSON.")
+@click.option("--markdown", "md_file", type=click.Path(dir_okay=False), help="Write a Markdown report.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Write a PNG plot.")
+@click.option("--from-log", "log_file", type=click.Path(dir_okay=False),
+              help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
+@friendly_errors
+def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeats,
+          max_tokens, quick, n_ctx, threads, seed, json_file, md_file, plot_file, log_file):
+    """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
+
+    \b
+    Examples:
+      localspec bench --quick
+      localspec bench --model big.gguf --draft small.gguf --k 1,2,4,6,8 --temp 0,0.8
+      localspec bench --prompts my_traffic.jsonl --lookup --json out.json --plot out.png
+    """
+    if log_file:
+        return _from_log(log_file, json_file)
+    from ..bench.report import Report, text_table, write_json, write_markdown
+    from ..bench.runner import Plan, adaptive_available, count_runs, run_bench
+    from ..bench.tasks import builtin_prompts, load_prompts, select
+
+    d = QUICK if quick else FULL
+    k_list, auto = parse_ks(ks or d["ks"])
+    auto_ok = adaptive_available()
+    if auto and not auto_ok:
+        log_err("bench: --k auto: the adaptive controller is not available in this version; running fixed k only")
+        auto = False
+        if not k_list:
+            raise click.BadParameter("'auto' is unavailable and no fixed k was given", param_hint="--k")
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    source = load_prompts(prompts_file) if prompts_file else builtin_prompts()
+    prompts = select(source, task_list, per_task if per_task is not None else d["per_task"])
+    targets = _targets(models, drafts, pairs, lookup, all_drafters)
+    plan = Plan(targets=tuple(targets), prompts=tuple(prompts), ks=k_list, auto=auto,
+                temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
+                max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed)
+    with click.progressbar(length=count_runs(plan), label="bench", file=sys.stderr, show_pos=True,
+                           item_show_func=lambda s: s) as bar:
+        results = run_bench(plan, progress=lambda s: bar.update(1, s), log=log_err)
+    command = "localspec bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench") \
+        if Path(sys.argv[0]).name == "localspec" else "localspec bench (API)"
+    rep = Report.build(plan, results, command, auto_ok)
+    click.echo(text_table(rep))
+    click.echo("verdict: " + rep.verdict)
+    if json_file:
+        write_json(rep, json_file)
+    if plot_file:
+        from ..bench.plot import write_png
+
+        write_png(rep.rows, plot_file)
+    if md_file:
+        write_markdown(rep, md_file, plot_file)
+
+
+def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
+    from ..bench.runner import TargetSpec
+    from ..compat import check_pair
+    from ..registry import load_registry, resolve_model
+
+    quiet = log_err
+    want_lookup = lookup or all_drafters or not (drafts or pairs)
+    specs: dict[str, dict] = {}
+
+    def target(ref) -> dict:
+        return specs.setdefault(ref.name, {"path": ref.path, "drafters": {}})
+
+    for name in models or [None]:
+        target(resolve_model(name, log=quiet))
+    for pair in pairs:
+        t, sep, dr = pair.partition("=")
+        if not sep or not t or not dr:
+            raise click.BadParameter(f"'{pair}' is not TARGET=DRAFTER", param_hint="--pair")
+        tr, drf = resolve_model(t, log=quiet), resolve_model(dr, log=quiet)
+        target(tr)["drafters"][drf.name] = drf.path  # compatibility is checked when the runner loads the pair
+    extra = list(drafts)
+    if all_drafters:
+        reg = load_registry()
+        extra += [p.drafter for n in specs for p in [reg.pair_for(n)] if p and p.drafter not in ("lookup", "none")]
+    for dr in extra:
+        drf = resolve_model(dr, log=quiet)
+        used = False
+        for name, s in specs.items():
+            if drf.path == s["path"]:
+                continue
+            reasons = check_pair(s["path"], drf.path)
+            if reasons:
+                log_err(f"bench: {drf.name} cannot draft for {name} ({reasons[0]}); skipped for that target")
+                continue
+            s["drafters"][drf.name] = drf.path
+            used = True
+        if not used:
+            raise click.BadParameter(f"{drf.name} shares no target's tokenizer", param_hint="--draft")
+    return [TargetSpec(name, s["path"], tuple(s["drafters"].items()), want_lookup) for name, s in specs.items()]
+
+
+def _from_log(path: str, json_file: str | None) -> None:
+    from ..bench.fromlog import log_table, read_log
+
+    rows, skipped = read_log(path)
+    click.echo(log_table(rows, skipped))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"schema": "localspec.bench-log/1", "skipped": skipped,
+                                               "rows": [r.to_dict() for r in rows]}, indent=1) + "\n")
