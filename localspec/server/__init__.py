@@ -1,0 +1,35 @@
+"""HTTP completion server for editors and API clients: llama.cpp-, OpenAI- and Ollama-compatible routes over
+one generation worker that owns the Engine (see app.py for the routes, worker.py for the threading rule)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Callable
+
+from ..session import Engine
+from .app import create_app
+from .common import ServerConfig
+
+__all__ = ["ServerConfig", "create_app", "bind", "serve"]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn starts, so port 0 works and the real port can be printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(engine: Engine, config: ServerConfig, sock: socket.socket, *, log_level: str = "warning",
+          on_ready: Callable[[], None] | None = None) -> None:
+    """Run until interrupted. uvicorn with one process: the worker thread owns the models."""
+    import uvicorn
+
+    app = create_app(engine, config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
+    if on_ready is not None:
+        on_ready()
+    server.run(sockets=[sock])

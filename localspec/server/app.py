@@ -1,0 +1,139 @@
+"""The FastAPI app: the three protocols' routes over one generation worker, `/metrics`, the API key, and errors.
+
+Every client error becomes a 4xx with a JSON body in the caller's protocol shape — Ollama's `{"error": "..."}`
+under /api/, llama-server's and OpenAI's `{"error": {"code", "message", "type"}}` elsewhere — and never a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..errors import LocalspecError, ModelNotFound
+from ..session import Engine
+from . import llamacpp, ollama, openai
+from .common import ApiError, ServerConfig, State
+
+log = logging.getLogger("localspec.server")
+PUBLIC = {"/health", "/v1/health"}
+
+
+def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
+    state = State(engine, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.worker.start()
+        yield
+        state.worker.stop()
+
+    app = FastAPI(title="localspec", version=__version__, lifespan=lifespan,
+                  description="llama.cpp-, OpenAI- and Ollama-compatible completion server with speculative decoding")
+    app.state.localspec = state
+    for module in (llamacpp, openai, ollama):
+        app.include_router(module.router(state))
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["metrics"])
+    async def metrics() -> str:
+        return state.metrics.render(speculation_enabled=engine.drafter is not None,
+                                    queue_waiting=state.worker.waiting, busy=state.worker.busy)
+
+    _error_handlers(app)
+    app.add_middleware(JsonBodyMiddleware)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    return app
+
+
+def error_body(path: str, status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    if path.startswith("/api/"):
+        return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse({"error": {"code": status, "message": message, "type": kind}}, status_code=status)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_body(request.url.path, 400, _describe(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 404:
+            msg = f"no route {request.method} {request.url.path} (see /docs)"
+        return error_body(request.url.path, exc.status_code, msg, "not_found_error" if exc.status_code == 404
+                          else "invalid_request_error")
+
+    @app.exception_handler(LocalspecError)
+    async def user_error(request: Request, exc: LocalspecError) -> JSONResponse:
+        if isinstance(exc, ApiError):
+            return error_body(request.url.path, exc.status, exc.message, exc.kind)
+        status = 404 if isinstance(exc, ModelNotFound) else 400
+        return error_body(request.url.path, status, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def value_error(request: Request, exc: ValueError) -> JSONResponse:
+        return error_body(request.url.path, 400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_body(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def _describe(errors: Any) -> str:
+    """pydantic's error list -> one line: 'body.n_predict: Input should be ... (got -5)'."""
+    parts = []
+    for e in list(errors)[:3]:
+        if e.get("type") == "json_invalid":
+            parts.append(f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            continue
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        got = e.get("input")
+        got_s = "" if isinstance(got, (dict, list, bytes)) or got is None else f" (got {json.dumps(got, default=str)[:60]})"
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}{got_s}")
+    return "; ".join(parts) or "invalid request"
+
+
+class ApiKeyMiddleware:
+    """Every route but /health needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`). Pure ASGI, so
+    streaming responses and disconnect detection pass through untouched."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers", []))
+        auth = headers.get(b"authorization", b"")
+        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        if given and hmac.compare_digest(given, self.key):
+            return await self.app(scope, receive, send)
+        resp = error_body(scope["path"], 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                          "authentication_error")
+        await resp(scope, receive, send)
+
+
+class JsonBodyMiddleware:
+    """Treat a POST body as JSON whatever its Content-Type says, as llama-server does: `curl -d '{...}'` sends
+    application/x-www-form-urlencoded, and editors' HTTP helpers often send no type at all."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+            scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)

@@ -1,0 +1,201 @@
+"""What the three protocol modules share: server state, request limits, the job runner with disconnect
+handling, and the statistics blocks (llama-server's `timings`, our `speculative`) every response carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
+
+from fastapi import Request
+
+from ..errors import LocalspecError
+from ..sampling import SamplingParams
+from ..session import Chunk, Engine
+from ..stats import Stats
+from .metrics import Metrics
+from .worker import Done, Failed, Job, Started, Worker
+
+POLL_S = 0.2  # how often a waiting request checks whether its client is still there
+
+
+class ApiError(LocalspecError):
+    """A client error with its HTTP status; the app renders it in the protocol's error shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+class ClientGone(Exception):
+    """The client disconnected before its job started; nobody is left to answer."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    api_key: str | None = None
+    spec_max_queue: int = 4  # more waiting jobs than this -> plain decoding for the job that starts
+    max_predict: int | None = None  # cap on generated tokens per request (None = the context)
+    alias: str | None = None  # extra model name clients may use
+
+
+class State:
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = Metrics()
+        self.worker = Worker(engine, spec_max_queue=config.spec_max_queue, on_finish=self.metrics.job_done)
+        self.started_at = time.time()
+        p = engine.target.path
+        self.model_names = {n for n in (engine.name, p.name, p.stem, config.alias) if n}
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.target.n_ctx
+
+    def check_model(self, name: str | None) -> None:
+        """Empty means the served model; anything else must name it (Ollama's ':latest' tag is accepted)."""
+        if not name:
+            return
+        if name in self.model_names or name.removesuffix(":latest") in self.model_names:
+            return
+        raise ApiError(404, f"model '{name}' not found; this server serves '{self.engine.name}' "
+                            "(GET /v1/models lists it)", "not_found_error")
+
+    def budget(self, requested: int | None, name: str = "n_predict") -> int:
+        """Tokens to generate: None/-1 = until the context is full; more than the context is an error."""
+        if requested is not None and requested > self.n_ctx:
+            raise ApiError(400, f"{name} {requested} is larger than the context ({self.n_ctx} tokens); "
+                                f"ask for at most {self.n_ctx}")
+        if requested is not None and requested < -2:
+            raise ApiError(400, f"{name} must be >= -1 (-1 = until the context is full), got {requested}")
+        n = self.n_ctx if requested is None or requested < 0 else requested
+        cap = self.config.max_predict
+        return min(n, cap) if cap else n
+
+
+def sampling(temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
+             seed: int | None, *, defaults: dict[str, float]) -> SamplingParams:
+    """Protocol defaults filled in; top_p 0 means "off" in some clients, as does seed -1."""
+    get = lambda v, k: defaults.get(k, 0) if v is None else v  # noqa: E731
+    tp = float(get(top_p, "top_p") or 1.0)
+    try:
+        return SamplingParams(temperature=float(get(temperature, "temperature")), top_k=int(get(top_k, "top_k")),
+                              top_p=tp, min_p=float(get(min_p, "min_p")),
+                              seed=None if seed is None or seed < 0 else int(seed))
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(s for s in stop if s)
+
+
+class Run:
+    """One job seen from the event loop: `await start()`, then `async for chunk in chunks()`.
+    Leaving early (client gone, a stop rule) cancels the job; the worker ends it after the current round."""
+
+    def __init__(self, state: State, job: Job, request: Request) -> None:
+        self.state = state
+        self.job = job
+        self.request = request
+        self.started: Started | None = None
+        self.last: Chunk | None = None
+
+    async def _event(self) -> Started | Chunk | None:
+        while True:
+            try:
+                ev = await self.job.next_event(POLL_S)
+            except asyncio.TimeoutError:
+                if await self.request.is_disconnected():
+                    self.job.cancel()
+                continue
+            if isinstance(ev, Failed):
+                raise ev.error
+            return None if isinstance(ev, Done) else ev
+
+    async def start(self) -> Started:
+        self.state.worker.submit(self.job)
+        try:
+            ev = await self._event()
+        except BaseException:
+            self.job.cancel()
+            raise
+        if ev is None:
+            raise ClientGone()
+        assert isinstance(ev, Started)
+        self.started = ev
+        return ev
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                ev = await self._event()
+                if ev is None:
+                    return
+                assert isinstance(ev, Chunk)
+                self.last = ev
+                yield ev
+                if ev.finish:
+                    return
+        finally:
+            self.job.cancel()  # no-op when the job is over; stops it when the consumer left early
+
+    @property
+    def stats(self) -> Stats:
+        return self.last.stats if self.last else Stats()
+
+
+def timings(s: Stats) -> dict[str, Any]:
+    """llama-server's `timings` block, plus its speculative counters."""
+    return {
+        "cache_n": s.n_cached,
+        "prompt_n": s.n_prompt,
+        "prompt_ms": s.prompt_ms,
+        "prompt_per_token_ms": s.prompt_ms / s.n_prompt if s.n_prompt else 0.0,
+        "prompt_per_second": s.prompt_per_second,
+        "predicted_n": s.n_generated,
+        "predicted_ms": s.gen_ms,
+        "predicted_per_token_ms": s.gen_ms / s.n_generated if s.n_generated else 0.0,
+        "predicted_per_second": s.tokens_per_second,
+        "draft_n": s.draft_n,
+        "draft_n_accepted": s.draft_n_accepted,
+    }
+
+
+def speculative(state: State, started: Started | None, s: Stats) -> dict[str, Any]:
+    """Our extra field: was speculation on for this request, why not, and how well it did."""
+    on = bool(started and started.spec)
+    d: dict[str, Any] = {"enabled": on, "drafter": state.engine.drafter_name,
+                         "k": state.engine.k if on else 0,
+                         "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted,
+                         "acceptance_rate": s.acceptance_rate,
+                         "mean_acceptance_length": s.mean_acceptance_length,
+                         "tokens_per_second": s.tokens_per_second, "ttft_ms": s.ttft_ms}
+    if not on:
+        d["reason"] = started.reason if started else "not started"
+    return d
+
+
+def chat_text(content: str | list[dict[str, Any]] | None) -> str:
+    """OpenAI content may be a list of parts; keep the text ones."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+
+
+def chat_prompt(engine: Engine, messages: list[dict[str, str]]) -> tuple[str, bool]:
+    from ..session import ChatTemplateError
+
+    try:
+        return engine.chat_prompt(messages), False
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e)) from None

@@ -1,0 +1,132 @@
+"""Ollama-compatible routes: `/api/generate` (a `suffix` makes it fill-in-the-middle), `/api/chat`, `/api/tags`,
+`/api/version`. Streaming is NDJSON and on by default; the final object has `done: true` and Ollama's
+durations in nanoseconds, plus our `speculative` block.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..fim import build_infill, require_fim
+from ..session import Engine
+from .common import ClientGone, Run, State, chat_prompt, sampling, speculative, stops
+from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
+from .worker import Job
+
+VERSION = "0.6.3"  # the Ollama API version these routes follow
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # Ollama's
+DONE_REASON = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+def router(state: State) -> APIRouter:
+    r = APIRouter(tags=["Ollama"])
+
+    @r.get("/api/version")
+    async def version() -> dict[str, str]:
+        return {"version": VERSION}
+
+    @r.get("/api/tags")
+    async def tags() -> dict[str, Any]:
+        return {"models": [_model_entry(state)]}
+
+    @r.post("/api/generate")
+    async def generate(req: OllamaGenerateRequest, request: Request) -> Response:
+        state.check_model(req.model)
+        state.metrics.request("/api/generate")
+        if not req.prompt and not req.suffix:  # Ollama's "load the model" request
+            return JSONResponse(_head(state) | {"response": "", "done": True, "done_reason": "load"})
+        if req.suffix:
+            fim = require_fim(state.engine.metadata, state.engine.name)
+
+            def build(e: Engine) -> tuple[list[int] | str, bool]:
+                t = e.target
+                p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False),
+                                 prefix=req.prompt, suffix=req.suffix or "",
+                                 bos=t.bos if t.add_bos and t.bos >= 0 else None, n_ctx=t.n_ctx)
+                return p.tokens, p.truncated
+        elif req.raw or not state.engine.chat_template:
+            def build(e: Engine) -> tuple[list[int] | str, bool]:
+                return req.prompt, False
+        else:  # Ollama applies the model's template to a generate prompt
+            msgs = ([{"role": "system", "content": req.system}] if req.system else []) + \
+                   [{"role": "user", "content": req.prompt}]
+
+            def build(e: Engine) -> tuple[list[int] | str, bool]:
+                return chat_prompt(e, msgs)
+        return await _answer(state, req.options, req.stream, request, build, chat=False)
+
+    @r.post("/api/chat")
+    async def chat(req: OllamaChatRequest, request: Request) -> Response:
+        state.check_model(req.model)
+        state.metrics.request("/api/chat")
+        if not req.messages:
+            return JSONResponse(_head(state) | {"message": {"role": "assistant", "content": ""}, "done": True,
+                                                "done_reason": "load"})
+        msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+        return await _answer(state, req.options, req.stream, request, lambda e: chat_prompt(e, msgs), chat=True)
+
+    return r
+
+
+def _model_entry(state: State) -> dict[str, Any]:
+    e = state.engine
+    p = e.target.path
+    st = p.stat()
+    meta = e.metadata
+    arch = meta.get("general.architecture", "")
+    return {"name": e.name, "model": e.name,
+            "modified_at": datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat(),
+            "size": st.st_size, "digest": f"{st.st_size:x}{int(st.st_mtime):x}".rjust(64, "0"),
+            "details": {"format": "gguf", "family": arch, "families": [arch] if arch else [],
+                        "parameter_size": meta.get("general.size_label", ""),
+                        "quantization_level": p.stem.rsplit(".", 1)[-1] if "." in p.stem else "",
+                        "parent_model": ""}}
+
+
+def _head(state: State) -> dict[str, Any]:
+    return {"model": state.engine.name, "created_at": datetime.now(timezone.utc).isoformat()}
+
+
+async def _answer(state: State, options: OllamaOptions | None, stream: bool, request: Request, build,
+                  *, chat: bool) -> Response:
+    o = options or OllamaOptions()
+    t0 = time.perf_counter()
+    job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS),
+              max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop))
+    run = Run(state, job, request)
+    try:
+        await run.start()
+    except ClientGone:
+        return Response(status_code=499)
+    if stream:
+        return StreamingResponse(_ndjson(state, run, chat, t0), media_type="application/x-ndjson")
+    text = "".join([ch.text async for ch in run.chunks()])
+    return JSONResponse(_piece(state, text, chat) | _final(state, run, t0))
+
+
+def _piece(state: State, text: str, chat: bool) -> dict[str, Any]:
+    body = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+    return _head(state) | body
+
+
+def _final(state: State, run: Run, t0: float) -> dict[str, Any]:
+    s = run.stats
+    ns = 1_000_000  # ms -> ns
+    return {"done": True, "done_reason": DONE_REASON.get(run.last.finish if run.last else "stop", "stop"),
+            "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
+            "prompt_eval_count": s.n_prompt, "prompt_eval_duration": int(s.prompt_ms * ns),
+            "eval_count": s.n_generated, "eval_duration": int(s.gen_ms * ns),
+            "speculative": speculative(state, run.started, s)}
+
+
+async def _ndjson(state: State, run: Run, chat: bool, t0: float) -> AsyncIterator[str]:
+    async for ch in run.chunks():
+        if ch.text:
+            yield json.dumps(_piece(state, ch.text, chat) | {"done": False}) + "\n"
+    yield json.dumps(_piece(state, "", chat) | _final(state, run, t0)) + "\n"

@@ -1,0 +1,136 @@
+"""OpenAI-compatible routes: `/v1/completions` (a `suffix` makes it fill-in-the-middle), `/v1/chat/completions`
+(the GGUF's chat template), `/v1/models`. Streaming is SSE ending in `data: [DONE]`.
+
+Besides `usage`, responses carry llama-server's `timings` and our `speculative` block (clients ignore extra
+fields; the `openai` package exposes them through `model_extra`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..fim import build_infill, require_fim
+from ..session import Engine
+from .common import (ApiError, ClientGone, Run, State, chat_prompt, chat_text, sampling, speculative, stops,
+                     timings)
+from .schemas import OAIChatRequest, OAICompletionRequest
+from .worker import Job
+
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0}  # OpenAI's
+FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop", None: None}
+
+
+def router(state: State) -> APIRouter:
+    r = APIRouter(tags=["OpenAI"])
+
+    @r.get("/v1/models")
+    @r.get("/models", include_in_schema=False)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.engine.name, "object": "model",
+                                            "created": int(state.started_at), "owned_by": "localspec",
+                                            "meta": {"n_ctx": state.n_ctx, "drafter": state.engine.drafter_name}}]}
+
+    @r.post("/v1/completions")
+    async def completions(req: OAICompletionRequest, request: Request) -> Response:
+        state.check_model(req.model)
+        state.metrics.request("/v1/completions")
+        prompt = _one_prompt(req.prompt)
+        if req.suffix:
+            fim = require_fim(state.engine.metadata, state.engine.name)
+
+            def build(e: Engine) -> tuple[list[int], bool]:
+                t = e.target
+                p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False),
+                                 prefix=prompt, suffix=req.suffix or "",
+                                 bos=t.bos if t.add_bos and t.bos >= 0 else None, n_ctx=t.n_ctx)
+                return p.tokens, p.truncated
+        else:
+            def build(e: Engine) -> tuple[str, bool]:
+                return prompt, False
+        return await _answer(state, req, request, build, chat=False)
+
+    @r.post("/v1/chat/completions")
+    @r.post("/chat/completions", include_in_schema=False)
+    async def chat(req: OAIChatRequest, request: Request) -> Response:
+        state.check_model(req.model)
+        state.metrics.request("/v1/chat/completions")
+        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": chat_text(m.content)}
+                for m in req.messages]
+        if req.max_completion_tokens is not None and req.max_tokens is None:
+            req.max_tokens = req.max_completion_tokens
+        return await _answer(state, req, request, lambda e: chat_prompt(e, msgs), chat=True)
+
+    return r
+
+
+def _one_prompt(prompt: str | list[str]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) != 1:
+        raise ApiError(400, f"this server completes one prompt per request, got {len(prompt)}")
+    return prompt[0]
+
+
+async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, build,
+                  *, chat: bool) -> Response:
+    job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS),
+              max_tokens=state.budget(req.max_tokens, "max_tokens"), stop=stops(req.stop))
+    run = Run(state, job, request)
+    try:
+        await run.start()
+    except ClientGone:
+        return Response(status_code=499)
+    ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    if req.stream:
+        return StreamingResponse(_sse(state, run, ident, chat), media_type="text/event-stream")
+    text = "".join([ch.text async for ch in run.chunks()])
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH[run.last.finish if run.last else None]}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
+                         "created": int(time.time()), "model": state.engine.name, "choices": [choice],
+                         **_extras(state, run)})
+
+
+def _extras(state: State, run: Run) -> dict[str, Any]:
+    s = run.stats
+    n_prompt = run.started.n_prompt_tokens if run.started else 0
+    return {"usage": {"prompt_tokens": n_prompt, "completion_tokens": s.n_generated,
+                      "total_tokens": n_prompt + s.n_generated},
+            "timings": timings(s), "speculative": speculative(state, run.started, s)}
+
+
+async def _sse(state: State, run: Run, ident: str, chat: bool) -> AsyncIterator[str]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    created = int(time.time())
+
+    def chunk(piece: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if chat:
+            c["delta"] = ({"role": "assistant", "content": piece or ""} if first
+                          else {"content": piece} if piece is not None else {})
+        else:
+            c["text"] = piece or ""
+        return {"id": ident, "object": obj, "created": created, "model": state.engine.name, "choices": [c]}
+
+    if chat:
+        yield _data(chunk("", None, first=True))
+    async for ch in run.chunks():
+        if ch.text:
+            yield _data(chunk(ch.text, None))
+    final = chunk(None, FINISH[run.last.finish if run.last else "stop"])
+    final.update(_extras(state, run))
+    yield _data(final)
+    yield "data: [DONE]\n\n"
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"

@@ -1,0 +1,123 @@
+"""Request bodies of the three protocols, as pydantic models: FastAPI validates them (wrong types become a 400
+with a JSON body, never a 500) and publishes them in /openapi.json, which the schemathesis run fuzzes.
+
+Unknown fields are accepted and ignored (`extra="allow"`): clients send many options we do not use
+(llama.vim's `samplers`, `id_slot`; OpenAI's `logit_bias`; Ollama's `keep_alive`).
+Limits that depend on the loaded model (context size) are checked in the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOKENS = 1 << 20  # anything above is rejected here; the routes check against n_ctx
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+Stop = str | list[str] | None
+
+
+class Sampling(_Body):
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_k: int | None = Field(None, ge=0, le=1 << 20)
+    top_p: float | None = Field(None, ge=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+
+
+# -- llama.cpp --------------------------------------------------------------------------------------------------
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int] = ""
+    n_predict: int = Field(-1, ge=-1, le=MAX_TOKENS, description="-1 = until the context or --max-predict")
+    stop: Stop = None
+    stream: bool = False
+    cache_prompt: bool = True
+    t_max_predict_ms: float | None = Field(None, ge=0)
+    t_max_prompt_ms: float | None = None
+    n_indent: int = Field(0, ge=0, le=1 << 16)
+    response_fields: list[str] | None = None
+    model: str | None = None
+
+
+class ExtraChunk(_Body):
+    text: str = ""
+    filename: str = "tmp"
+
+
+class InfillRequest(CompletionRequest):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list)
+
+
+# -- OpenAI -----------------------------------------------------------------------------------------------------
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class OAICompletionRequest(Sampling):
+    model: str | None = None
+    prompt: str | list[str] = ""
+    suffix: str | None = None
+    max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    stop: Stop = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1)
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = ""
+
+
+class OAIChatRequest(Sampling):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    stop: Stop = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1)
+
+
+# -- Ollama -----------------------------------------------------------------------------------------------------
+
+class OllamaOptions(_Body):
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_k: int | None = Field(None, ge=0, le=1 << 20)
+    top_p: float | None = Field(None, ge=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+    num_predict: int | None = Field(None, ge=-2, le=MAX_TOKENS, description="-1 = unlimited, -2 = fill context")
+    stop: list[str] | None = None
+
+
+class OllamaGenerateRequest(_Body):
+    model: str = ""
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    raw: bool = False
+    stream: bool = True
+    options: OllamaOptions | None = None
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+
+
+class OllamaChatRequest(_Body):
+    model: str = ""
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    stream: bool = True
+    options: OllamaOptions | None = None

@@ -1,0 +1,75 @@
+"""Start a real `localspec serve` in a subprocess on a free port: for tests and scripts/bench_server.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+_READY = re.compile(r"localspec serve: http://([^:\s]+):(\d+)")
+
+
+class ServerProcess:
+    """`with ServerProcess(["--ctx", "1024"]) as srv: srv.url` — the process is stopped on exit."""
+
+    def __init__(self, args: list[str], *, timeout: float = 120.0, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.timeout = timeout
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.log: list[str] = []
+
+    def __enter__(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=self.env, cwd=Path(__file__).resolve().parents[2])
+        deadline = time.monotonic() + self.timeout
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            m = _READY.search(line)
+            if m:
+                self.url = f"http://{m.group(1)}:{m.group(2)}"
+                break
+            if time.monotonic() > deadline:
+                break
+        if not self.url:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.log[-20:]))
+        threading.Thread(target=self._drain, daemon=True).start()
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("server never became healthy:\n" + "".join(self.log[-20:]))
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

@@ -1,0 +1,179 @@
+"""The one generation worker: a thread that owns the Engine and runs queued jobs one at a time.
+
+llama contexts are not thread-safe, and batch-1 speculation gains nothing from interleaving requests, so
+every engine call (tokenizing included) happens on this thread. A route submits a `Job` and reads its
+events from a per-job asyncio queue; a client that goes away sets `job.cancel()`, which `Engine.generate`
+checks after each verify round, so the loop's `finally` rewinds the caches to a consistent state.
+
+Disable-by-load: when more than `spec_max_queue` jobs are waiting as a job starts, that job decodes plainly
+(speculation spends compute that queued requests need) and says so in its `Started` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..errors import LocalspecError
+from ..sampling import SamplingParams
+from ..session import Chunk, Engine
+
+log = logging.getLogger("localspec.server")
+
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class Started:
+    """First event of a job: the prompt is built and fits; generation begins."""
+
+    n_prompt_tokens: int
+    spec: bool  # speculation on for this job
+    reason: str  # why it is off ("" when on)
+    truncated: bool = False
+    queued_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Exception
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+Event = Started | Chunk | Failed | Done
+
+
+@dataclass
+class Job:
+    """One request. `build` runs on the worker and returns the prompt (text or tokens), plus whether it cut
+    anything to fit; it may raise LocalspecError (bad input) before anything is generated."""
+
+    build: Callable[[Engine], tuple[Prompt, bool]]
+    params: SamplingParams = SamplingParams()
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    spec: bool = True  # the client's wish; load may still turn it off
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = field(default_factory=time.perf_counter)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _events: asyncio.Queue | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def next_event(self, timeout: float | None = None) -> Event:
+        assert self._events is not None, "job was not submitted"
+        if timeout is None:
+            return await self._events.get()
+        return await asyncio.wait_for(self._events.get(), timeout)
+
+    def _emit(self, ev: Event) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._events.put_nowait, ev)  # type: ignore[union-attr]
+            except RuntimeError:  # the loop closed between the check and the call (server shutting down)
+                pass
+
+
+class Worker:
+    """Owns `engine`; `submit()` from the event loop, everything else happens on the worker thread."""
+
+    def __init__(self, engine: Engine, *, spec_max_queue: int = 4,
+                 on_finish: Callable[[Job, Started | None, Chunk | None, Exception | None], None] | None = None):
+        self.engine = engine
+        self.spec_max_queue = spec_max_queue
+        self.on_finish = on_finish
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="localspec-generation", daemon=True)
+        self.busy = False
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def start(self) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        job._loop = loop or asyncio.get_running_loop()
+        job._events = asyncio.Queue()
+        self._jobs.put(job)
+        return job
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- worker thread ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            self.busy = True
+            try:
+                self._run_job(job)
+            except BaseException:  # never let one request kill the worker
+                log.exception("generation worker: unexpected error")
+            finally:
+                self.busy = False
+
+    def _run_job(self, job: Job) -> None:
+        started: Started | None = None
+        last: Chunk | None = None
+        error: Exception | None = None
+        try:
+            if job.cancelled.is_set():
+                return
+            waiting = self._jobs.qsize()
+            spec, reason = self._speculate(job, waiting)
+            prompt, truncated = job.build(self.engine)
+            tokens = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+            started = Started(len(tokens), spec, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3)
+            gen = self.engine.generate(tokens, params=job.params, max_tokens=job.max_tokens, stop=job.stop,
+                                       spec=spec, should_stop=job.cancelled.is_set)
+            first = True
+            for chunk in gen:
+                if first:  # prefill succeeded: the prompt fits
+                    job._emit(started)
+                    first = False
+                last = chunk
+                job._emit(chunk)
+        except (LocalspecError, ValueError) as e:  # bad input: a 4xx for the client
+            error = e
+        except Exception as e:  # a bug: logged, reported as 500, the worker lives on
+            log.exception("generation failed")
+            error = e
+        finally:
+            if error is not None:
+                job._emit(Failed(error))
+            job._emit(Done())
+            if self.on_finish is not None:
+                try:
+                    self.on_finish(job, started, last, error)
+                except Exception:
+                    log.exception("metrics hook failed")
+
+    def _speculate(self, job: Job, waiting: int) -> tuple[bool, str]:
+        if self.engine.drafter is None:
+            return False, "no drafter (--no-spec)"
+        if not job.spec:
+            return False, "off by request"
+        if waiting > self.spec_max_queue:
+            return False, f"queue {waiting} > {self.spec_max_queue}"
+        return True, ""
