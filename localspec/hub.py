@@ -227,7 +227,7 @@ def pull(ref: HubRef, *, log=print) -> Path:
         raise HubError(f"repository {ref.repo} not found on {endpoint()} (private or gated repos need "
                        "'hf auth login')") from None
     except HfHubHTTPError as e:
-        raise HubError(f"{ref.repo}: {str(e).splitlines()[0]}") from None
+        raise HubError(f"{ref.repo}: {str(e).splitlines()[0]}; run the pull again (it resumes)") from None
     except OSError as e:
         raise HubError(f"{ref.repo}: download failed ({e}); run the pull again to resume") from None
     except Exception as e:  # the client's transport errors (httpx/requests) carry no common base we can import

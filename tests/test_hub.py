@@ -1,0 +1,291 @@
+"""`localspec models pull` end to end: the real huggingface-hub client against a hub served by this test.
+
+The fake hub implements the routes the client uses (tree listing, HEAD and ranged GET on /resolve/) with the
+headers it reads (X-Repo-Commit, ETag, X-Linked-Etag = sha256, X-Linked-Size, Content-Range). It can cut a
+download mid-file (close the connection), fail afterwards (a dead network), or lie about a checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from localspec import hub
+from localspec.cli import main
+from localspec.hub import HubError, HubRef, quant_of, select_files
+
+COMMIT = "c0ffee" + "0" * 34
+CHUNK = 4096
+
+
+def write_gguf(path: Path, n: int = 50_000, name: str = "tiny") -> bytes:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_context_length(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(64)])
+    w.add_tensor("blk.0.weight", np.arange(n, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+class FakeHub:
+    """repo -> {filename: bytes}; `cut` = {filename: n}: the next GET of that file stops after n bytes."""
+
+    def __init__(self):
+        self.repos: dict[str, dict[str, bytes]] = {}
+        self.cut: dict[str, int] = {}
+        self.dead_after_cut = False
+        self.bad_sha: set[str] = set()
+        self.log: list[tuple[str, str, str | None]] = []
+        hubself = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_HEAD(self):
+                hubself.handle(self, head=True)
+
+            def do_GET(self):
+                hubself.handle(self, head=False)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def ranges(self, filename: str) -> list[str | None]:
+        return [r for m, p, r in self.log if m == "GET" and p.endswith("/" + filename)]
+
+    def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        path = h.path.split("?")[0]
+        self.log.append((h.command, path, h.headers.get("Range")))
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+", path)
+        if m and not head:
+            return self.tree(h, m.group(1))
+        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)
+        if not m or m.group(1) not in self.repos:
+            return self.send(h, 404, b'{"error":"Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+        files = self.repos[m.group(1)]
+        if m.group(2) not in files:
+            return self.send(h, 404, b"{}", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT})
+        self.resolve(h, m.group(2), files[m.group(2)], head)
+
+    def tree(self, h, repo: str) -> None:
+        if repo not in self.repos:
+            return self.send(h, 404, b'{"error":"Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+        items = [{"type": "file", "path": n, "size": len(b), "oid": hashlib.sha1(b).hexdigest(),
+                  "lfs": {"oid": hashlib.sha256(b).hexdigest(), "size": len(b), "pointerSize": 134}}
+                 for n, b in self.repos[repo].items()]
+        self.send(h, 200, json.dumps(items).encode(), {"Content-Type": "application/json"})
+
+    def resolve(self, h, name: str, data: bytes, head: bool) -> None:
+        sha = hashlib.sha256(b"lie" if name in self.bad_sha else data).hexdigest()
+        hdr = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+               "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data)), "Accept-Ranges": "bytes"}
+        if head:
+            return self.send(h, 200, b"", {**hdr, "Content-Length": str(len(data))}, body_sent=False)
+        if self.dead_after_cut and name not in self.cut:
+            return self.send(h, 500, b"down", {})
+        start = int(re.match(r"bytes=(\d+)-", h.headers["Range"]).group(1)) if h.headers.get("Range") else 0
+        status = 206 if start else 200
+        if start:
+            hdr["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        body = data[start:]
+        cut = self.cut.pop(name, None)
+        h.send_response(status)
+        for k, v in {**hdr, "Content-Length": str(len(body))}.items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(body[:cut] if cut is not None else body)
+        h.wfile.flush()
+        if cut is not None:  # the network drops mid-file
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+
+    def send(self, h, status: int, body: bytes, headers: dict, body_sent: bool = True) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        if "Content-Length" not in headers:
+            h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if body_sent and h.command != "HEAD":
+            h.wfile.write(body)
+
+
+@pytest.fixture()
+def fake_hub(tmp_path, monkeypatch):
+    fh = FakeHub()
+    monkeypatch.setenv("HF_ENDPOINT", fh.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # the client writes whole DOWNLOAD_CHUNK_SIZE chunks (10 MB) and drops a partial one when the connection
+    # breaks; small chunks put the resume point exactly at a cut in these small files
+    monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", CHUNK)
+    yield fh
+    fh.server.shutdown()
+
+
+def pull(*args: str):
+    return CliRunner().invoke(main, ["models", "pull", *args])
+
+
+# -- pure: choosing files -------------------------------------------------------------------------------------
+
+def test_quant_tags_from_file_names():
+    assert quant_of("Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert quant_of("qwen2.5-coder-7b-instruct-q4_k_m-00001-of-00002.gguf") == "Q4_K_M"
+    assert quant_of("SmolLM2-135M-Instruct.Q4_1.gguf") == "Q4_1"
+    assert quant_of("x-IQ4_XS.gguf") == "IQ4_XS" and quant_of("x-bf16.gguf") == "BF16"
+    assert quant_of("README.gguf") is None
+
+
+def test_select_files_quant_shards_and_errors():
+    names = ["README.md", "m-Q8_0.gguf", "m-q4_k_m-00002-of-00002.gguf", "m-q4_k_m-00001-of-00002.gguf",
+             "mmproj-m-f16.gguf"]
+    assert select_files(names, HubRef("o/r", quant="Q4_K_M")) == ["m-q4_k_m-00001-of-00002.gguf",
+                                                                  "m-q4_k_m-00002-of-00002.gguf"]
+    assert select_files(names, HubRef("o/r", quant="q8_0")) == ["m-Q8_0.gguf"]
+    assert select_files(names, HubRef("o/r", file="m-Q8_0.gguf")) == ["m-Q8_0.gguf"]
+    assert select_files(names, HubRef("o/r")) == select_files(names, HubRef("o/r", quant="Q4_K_M"))  # default
+    with pytest.raises(HubError, match="no Q2_K file; quants there: Q4_K_M, Q8_0"):
+        select_files(names, HubRef("o/r", quant="Q2_K"))
+    with pytest.raises(HubError, match="2 shards but 1"):
+        select_files(names[:3], HubRef("o/r", quant="Q4_K_M"))
+    with pytest.raises(HubError, match="has no file nope.gguf"):
+        select_files(names, HubRef("o/r", file="nope.gguf"))
+
+
+# -- pull end to end ------------------------------------------------------------------------------------------
+
+def test_pull_resumes_after_the_connection_drops_mid_file(fake_hub, tmp_path):
+    data = write_gguf(tmp_path / "src.gguf")
+    fake_hub.repos["acme/tiny-GGUF"] = {"tiny-Q4_K_M.gguf": data, "tiny-Q8_0.gguf": data + b"x", "README.md": b"hi"}
+    fake_hub.cut["tiny-Q4_K_M.gguf"] = half = 12 * CHUNK
+    r = pull("acme/tiny-GGUF:Q4_K_M")
+    assert r.exit_code == 0, r.output
+    assert fake_hub.ranges("tiny-Q4_K_M.gguf") == [None, f"bytes={half}-"]  # two pieces: the second resumes
+    path = hub.cached_path(HubRef("acme/tiny-GGUF", quant="Q4_K_M"))
+    assert path.read_bytes() == data and str(path) in r.output
+    assert "sha256 verified" in r.output
+    assert not fake_hub.ranges("tiny-Q8_0.gguf")  # only the asked quant
+    again = pull("acme/tiny-GGUF:Q4_K_M")  # already there: no new GET
+    assert again.exit_code == 0 and len(fake_hub.ranges("tiny-Q4_K_M.gguf")) == 2
+
+
+def test_pull_resumes_across_runs_after_a_dead_network(fake_hub, tmp_path):
+    data = write_gguf(tmp_path / "src.gguf", n=80_000)
+    fake_hub.repos["acme/tiny-GGUF"] = {"tiny-Q4_K_M.gguf": data}
+    fake_hub.cut["tiny-Q4_K_M.gguf"] = cut = 20 * CHUNK
+    fake_hub.dead_after_cut = True  # every GET after the cut fails: the pull gives up
+    r = pull("acme/tiny-GGUF")
+    assert r.exit_code == 3 and "run the pull again" in r.output and "Traceback" not in r.output
+    parts = list((tmp_path / "hf").rglob("*.localspec.part"))
+    assert len(parts) == 1 and parts[0].stat().st_size == cut
+    fake_hub.dead_after_cut = False
+    r = pull("acme/tiny-GGUF")
+    assert r.exit_code == 0, r.output
+    assert f"resuming tiny-Q4_K_M.gguf at {cut:,}" in r.output
+    assert fake_hub.ranges("tiny-Q4_K_M.gguf")[-1] == f"bytes={cut}-"
+    assert hub.cached_path(HubRef("acme/tiny-GGUF")).read_bytes() == data
+    assert not list((tmp_path / "hf").rglob("*.localspec.part"))
+
+
+def test_pull_refuses_a_file_whose_sha256_does_not_match(fake_hub, tmp_path):
+    fake_hub.repos["acme/tiny-GGUF"] = {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "src.gguf")}
+    fake_hub.bad_sha.add("tiny-Q4_K_M.gguf")
+    r = pull("acme/tiny-GGUF:Q4_K_M")
+    assert r.exit_code == 3 and "sha256 mismatch" in r.output
+    assert hub.cached_path(HubRef("acme/tiny-GGUF", quant="Q4_K_M")) is None
+    assert not list((tmp_path / "hf").rglob("*.localspec.part"))
+
+
+def test_pull_a_pair_pulls_both_models_and_every_shard(fake_hub, tmp_path):
+    a, b = write_gguf(tmp_path / "a.gguf", name="a"), write_gguf(tmp_path / "b.gguf", name="b", n=1000)
+    fake_hub.repos["acme/big-GGUF"] = {"big-Q4_K_M-00001-of-00002.gguf": a[:9000],
+                                       "big-Q4_K_M-00002-of-00002.gguf": a[9000:]}
+    fake_hub.repos["acme/small-GGUF"] = {"small-Q8_0.gguf": b}
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models.toml").write_text(
+        '[models.big]\nhf = "acme/big-GGUF"\nquant = "Q4_K_M"\n'
+        '[models.small]\nhf = "acme/small-GGUF"\nfile = "small-Q8_0.gguf"\n'
+        '[pairs.big-small]\ntarget = "big"\ndrafter = "small"\nk = 5\n')
+    r = pull("big-small")
+    assert r.exit_code == 0, r.output
+    assert fake_hub.ranges("big-Q4_K_M-00002-of-00002.gguf") == [None]
+    snap = tmp_path / "hf" / "models--acme--big-GGUF" / "snapshots" / COMMIT
+    assert sorted(p.name for p in snap.iterdir()) == ["big-Q4_K_M-00001-of-00002.gguf",
+                                                       "big-Q4_K_M-00002-of-00002.gguf"]
+    from localspec.registry import load_registry, resolve_model
+
+    assert resolve_model("big").path.name == "big-Q4_K_M-00001-of-00002.gguf"  # llama.cpp loads the rest
+    assert resolve_model("small").path.read_bytes() == b
+    assert load_registry().pair_for("big").k == 5
+    rm = CliRunner().invoke(main, ["models", "rm", "small"])
+    assert rm.exit_code == 0 and "removed" in rm.output
+    assert hub.cached_path(HubRef("acme/small-GGUF", file="small-Q8_0.gguf")) is None
+
+
+def test_pull_unknown_repo_and_quant_say_what_to_do(fake_hub, tmp_path):
+    fake_hub.repos["acme/tiny-GGUF"] = {"tiny-Q4_K_M.gguf": b"GGUF"}
+    r = pull("acme/nope-GGUF")
+    assert r.exit_code == 3 and "repository acme/nope-GGUF not found" in r.output
+    r = pull("acme/tiny-GGUF:Q2_K")
+    assert r.exit_code == 3 and "quants there: Q4_K_M" in r.output
+
+
+# -- offline: no socket at all --------------------------------------------------------------------------------
+
+def block_sockets(monkeypatch) -> None:
+    def refuse(*a, **k):
+        raise AssertionError("offline mode opened a socket")
+
+    for name in ("connect", "connect_ex"):
+        monkeypatch.setattr(socket.socket, name, refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.mark.slow
+def test_offline_run_uses_the_pulled_file_and_opens_no_socket(fake_hub, smollm2_path, monkeypatch):
+    # the real SmolLM2 GGUF, served by the fake hub in two pieces; then run with the network forbidden
+    repo, name = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", "smollm2-135m-instruct-q4_1.gguf"
+    data = smollm2_path.read_bytes()
+    fake_hub.repos[repo] = {name: data}
+    fake_hub.cut[name] = len(data) // 2
+    r = pull(f"{repo}:Q4_1")
+    assert r.exit_code == 0, r.output
+    assert len(fake_hub.ranges(name)) == 2 and "sha256 verified" in r.output
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    block_sockets(monkeypatch)
+    run = CliRunner().invoke(main, ["run", "Hello", "-m", f"{repo}:Q4_1", "-n", "4", "--ctx", "256", "--json"])
+    assert run.exit_code == 0, run.output
+    out = json.loads(run.output.strip().splitlines()[-1])
+    assert out["tokens"] >= 1 and out["model"] == f"{repo}:Q4_1"
+    listing = CliRunner().invoke(main, ["models", "list"])
+    assert listing.exit_code == 0
+    missing = CliRunner().invoke(main, ["run", "hi", "-m", "acme/absent-GGUF:Q4_K_M", "-n", "1"])
+    assert missing.exit_code == 2
+    assert "not downloaded; run 'localspec models pull acme/absent-GGUF:Q4_K_M'" in missing.output
+    refused = pull(f"{repo}:Q4_1")
+    assert refused.exit_code == 3 and "HF_HUB_OFFLINE" in refused.output
