@@ -147,13 +147,22 @@ def vocab_facts(path: str | Path) -> VocabFacts:
                       g("tokenizer.ggml.eos_token_id"), g("tokenizer.ggml.tokens", ()))
 
 
+# llama.cpp's add-BOS/add-EOS defaults per vocab type, used when the GGUF does not set the flag
+_DEFAULT_ADD = {"llama": (True, False), "bert": (True, False), "t5": (False, True)}
+
+
+def _flags(v: VocabFacts) -> tuple[bool, bool]:
+    bos, eos = _DEFAULT_ADD.get(v.model, (False, False))
+    return (bos if v.add_bos is None else bool(v.add_bos)), (eos if v.add_eos is None else bool(v.add_eos))
+
+
 def incompatibilities(target: VocabFacts, drafter: VocabFacts) -> list[str]:
     """Every failed rule, in words; empty when the pair is compatible."""
     why = []
     if target.model != drafter.model:
         why.append(f"vocab type differs: target {target.model}, drafter {drafter.model}")
-    for what, a, b in (("add-BOS flag", target.add_bos, drafter.add_bos),
-                       ("add-EOS flag", target.add_eos, drafter.add_eos),
+    (tb, te), (db, de) = _flags(target), _flags(drafter)
+    for what, a, b in (("add-BOS flag", tb, db), ("add-EOS flag", te, de),
                        ("BOS id", target.bos, drafter.bos), ("EOS id", target.eos, drafter.eos)):
         if a != b:
             why.append(f"{what} differs: target {a}, drafter {b}")

