@@ -28,7 +28,7 @@ class EngineSpec:
     k: int | None = None
     n_ctx: int | None = None
     threads: int | None = None
-    ngl: int = 0
+    ngl: int | None = 0  # None: the model's n_gpu_layers from models.toml, else 0
     ngl_draft: int | None = None
     verbose: bool = False
     load: LoadOptions = LoadOptions()
@@ -47,11 +47,24 @@ def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
     return draft, k
 
 
+def _entry_ngl(entry, default: int) -> int:
+    return entry.n_gpu_layers if entry is not None and entry.n_gpu_layers is not None else default
+
+
+def _draft_ngl(spec: EngineSpec, target_name: str, draft_ref, ngl: int) -> int:
+    """--ngl-draft, else the pair's n_gpu_layers_draft, else the drafter's n_gpu_layers, else --ngl (if given)."""
+    pair = load_registry().pair_for(target_name)
+    if spec.ngl is None and pair and pair.drafter == draft_ref.name and pair.n_gpu_layers_draft is not None:
+        return pair.n_gpu_layers_draft
+    return spec.ngl if spec.ngl is not None else _entry_ngl(draft_ref.entry, ngl)
+
+
 def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
     target_ref = resolve_model(spec.model, log=log)
     draft, k = choose_drafter(spec, target_ref.name)
     n_ctx = spec.n_ctx or (target_ref.entry.n_ctx if target_ref.entry and target_ref.entry.n_ctx else 4096)
-    opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl, verbose=spec.verbose)
+    ngl = spec.ngl if spec.ngl is not None else _entry_ngl(target_ref.entry, 0)
+    opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=ngl, verbose=spec.verbose)
     drafter: Drafter | None = None
     draft_model: Model | None = None
     if draft not in (LOOKUP, NONE):
@@ -60,7 +73,7 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
         if reasons:
             raise IncompatibleDrafter(f"drafter {draft_ref.name} cannot draft for {target_ref.name}: "
                                       + "; ".join(reasons) + " (pick a drafter with the same tokenizer, or --lookup)")
-        ngl_d = spec.ngl if spec.ngl_draft is None else spec.ngl_draft
+        ngl_d = spec.ngl_draft if spec.ngl_draft is not None else _draft_ngl(spec, target_ref.name, draft_ref, ngl)
         draft_model = Model.load(draft_ref.path, replace(opts, n_gpu_layers=ngl_d))
         drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name

@@ -150,3 +150,25 @@ def test_rpc_without_an_rpc_build_is_one_clear_line(home):
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1].startswith("error: --rpc needs llama-cpp-python built with the RPC")
     assert 'CMAKE_ARGS="-DGGML_RPC=on"' in r.output
+
+
+def test_models_toml_offload_settings_reach_both_models(home, smollm2_f16_path):
+    from localspec.loader import EngineSpec, load_engine
+
+    home.mkdir()
+    (home / "models.toml").write_text(
+        '[models.smollm2-135m]\nn_gpu_layers = 5\n'
+        f'[models.f16]\npath = "{smollm2_f16_path}"\nn_gpu_layers = 7\n'
+        '[pairs.f16-q4]\ntarget = "f16"\ndrafter = "smollm2-135m"\nk = 3\nn_gpu_layers_draft = -1\n')
+    quiet = dict(n_ctx=256, adaptive=False, k=None)
+    e = load_engine(EngineSpec(model="f16", ngl=None, **quiet), log=lambda *a: None)
+    try:
+        assert e.target.options.n_gpu_layers == 7 and e.drafter_name == "smollm2-135m" and e.k == 3
+        assert e.drafter.model.options.n_gpu_layers == -1  # the pair's n_gpu_layers_draft
+    finally:
+        e.close()
+    e = load_engine(EngineSpec(model="smollm2-135m", ngl=2, draft="none", **quiet), log=lambda *a: None)
+    try:
+        assert e.target.options.n_gpu_layers == 2  # --ngl beats models.toml
+    finally:
+        e.close()

@@ -21,8 +21,8 @@ def engine_options(f: Callable) -> Callable:
         click.option("--no-spec", is_flag=True, help="Plain decoding, no speculation."),
         click.option("-k", "k", type=click.IntRange(1, 64), help="Draft length (default: the pair's, else 4)."),
         click.option("--ctx", "n_ctx", type=click.IntRange(16), help="Context length in tokens."),
-        click.option("--ngl", type=int, default=0, show_default=True,
-                     help="Target layers to offload to the GPU (-1 = all)."),
+        click.option("--ngl", type=int, help="Target layers to offload to the GPU (-1 = all; default: the "
+                     "model's n_gpu_layers in models.toml, else 0)."),
         click.option("--ngl-draft", type=int, help="Drafter layers to offload (default: same as --ngl)."),
         click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's load log (offload, buffers)."),
