@@ -12,6 +12,9 @@ where extra is, with FIM_REP/FIM_SEP:  FIM_REP "myproject\\n" (FIM_SEP filename 
 and without them: ("\\n\\n--- snippet ---\\n\\n" text)*.
 Budgets follow llama-server: the prefix keeps its last 3/4 of a batch, the suffix its first 1/4 (minus the
 prompt), extra chunks fill what the context has left after a batch and twice n_predict (the most recent text).
+One difference, for the prompt cache: a long prefix loses whole lines from its start in blocks of
+`PREFIX_BLOCK` lines rather than single tokens, so a one-line edit near the cursor does not shift where the
+prompt starts (which would leave nothing of the cached prefix reusable).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ _KEYS = {
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 REPO_NAME = "myproject\n"
 CURRENT_FILE = "filename\n"
+PREFIX_BLOCK = 16  # lines dropped at a time from the start of a prefix that does not fit
 
 
 class FimUnsupported(LocalspecError):
@@ -97,16 +101,31 @@ def build_infill(fim: FimTokens, tokenize: Callable[[str], list[int]], *, prefix
     """Token layout of the module docstring. `tokenize` turns text into tokens without BOS and without
     parsing special-token text (user code that contains "<fim_prefix>" stays text)."""
     n_batch = n_batch or max(16, n_ctx // 2)
-    t_prefix, t_suffix, t_prompt = tokenize(prefix), tokenize(suffix), tokenize(prompt)
+    t_suffix, t_prompt = tokenize(suffix), tokenize(prompt)
+    t_prefix, cut_prefix = fit_prefix(tokenize, prefix, 3 * (n_batch // 4))
     t_extra = _extra_tokens(fim, tokenize, extra)
-    n_prefix = min(len(t_prefix), 3 * (n_batch // 4))
     n_suffix = min(len(t_suffix), max(0, n_batch // 4 - (2 + len(t_prompt))))
     n_extra = min(max(0, n_ctx - n_batch - 2 * max(n_predict, 0)), len(t_extra))
-    truncated = n_prefix < len(t_prefix) or n_suffix < len(t_suffix) or n_extra < len(t_extra)
+    truncated = cut_prefix or n_suffix < len(t_suffix) or n_extra < len(t_extra)
     head = t_extra[len(t_extra) - n_extra:] + ([bos] if bos is not None else [])
-    body = ([fim.pre] + t_prefix[len(t_prefix) - n_prefix:] + t_prompt
-            + [fim.suf] + t_suffix[:n_suffix] + [fim.mid])
+    body = [fim.pre] + t_prefix + t_prompt + [fim.suf] + t_suffix[:n_suffix] + [fim.mid]
     return InfillPrompt(head + body, truncated)
+
+
+def fit_prefix(tokenize: Callable[[str], list[int]], prefix: str, budget: int) -> tuple[list[int], bool]:
+    """The prefix's tokens within `budget`, dropping whole lines from its start PREFIX_BLOCK at a time
+    (a single overlong line is cut by tokens). Returns (tokens, whether anything was dropped)."""
+    t = tokenize(prefix)
+    if len(t) <= budget:
+        return t, False
+    lines = prefix.splitlines(keepends=True)
+    per_line = len(t) / max(len(lines), 1)
+    blocks = max(1, int((len(t) - budget) / per_line) // PREFIX_BLOCK)  # a guess from below, then step up
+    for drop in range(blocks * PREFIX_BLOCK, len(lines), PREFIX_BLOCK):
+        t = tokenize("".join(lines[drop:]))
+        if len(t) <= budget:
+            return t, True
+    return t[len(t) - budget:] if budget > 0 else [], True
 
 
 def _extra_tokens(fim: FimTokens, tokenize: Callable[[str], list[int]], extra: Sequence[Extra]) -> list[int]:
