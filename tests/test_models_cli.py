@@ -65,12 +65,14 @@ def test_show_both_shipped_models(home, smollm2_path, gemma_path):
     assert "arch: llama" in text and "chat template: yes" in text and "vocab: 49152 (gpt2" in text
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_show_reads_the_header_only(smollm2_path, gemma_path):
     # a fresh process: llama.cpp is never imported and the 253 MB of Gemma weights are never read into memory
-    code = ("import resource, sys, json\nfrom localspec.cli import main\n"
+    # peak RSS from /proc (VmHWM starts afresh at exec; ru_maxrss would carry over the forking pytest's peak)
+    code = ("import re, sys, json\nfrom localspec.cli import main\n"
             f"main(['models', 'show', {str(gemma_path)!r}, '--json'], standalone_mode=False)\n"
-            "print(json.dumps({'llama': 'llama_cpp' in sys.modules, "
-            "'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
+            "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())\n"
+            "print(json.dumps({'llama': 'llama_cpp' in sys.modules, 'rss_mb': int(hwm.group(1)) / 1024}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     facts = json.loads(out.strip().splitlines()[-1])
     assert facts["llama"] is False
