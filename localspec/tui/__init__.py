@@ -1,0 +1,1 @@
+"""The Textual chat front end (`localspec chat`): watch speculative decoding work, live."""

@@ -1,0 +1,1 @@
+"""Screens pushed over the chat: model loading (with progress and load errors)."""

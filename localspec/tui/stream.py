@@ -1,0 +1,114 @@
+"""Engine chunks -> batched UI updates, on the worker thread (no Textual imports here).
+
+A verify round can emit several tokens and rounds come faster than a terminal should repaint, so the worker
+folds rounds into one `Update` at most every `interval` seconds (50 ms -> <= 20 repaints/s). The first round
+and the last round always go out at once: time to first token and the final stats are never delayed.
+
+An `Update` splits its text into segments marked `accepted=True` where the text came from drafts the target
+accepted (`step.tokens[:step.accepted]`): the UI colours those so a person sees where the drafter was right.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ..sampling import SamplingParams
+from ..stats import Stats
+
+if TYPE_CHECKING:
+    from ..session import Chunk, Engine
+
+INTERVAL = 0.05  # seconds between UI updates: <= 20 repaints per second
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    accepted: bool  # emitted from an accepted draft (not the target's own token)
+
+
+@dataclass(frozen=True)
+class Update:
+    segments: tuple[Segment, ...]
+    stats: Stats  # running totals for the request
+    mode: str  # "spec" | "plain" in the latest round
+    k_used: int  # draft length of the latest round (0 = plain round)
+    tps_now: float  # tokens/s over the rounds in this update
+    acceptance: tuple[float, ...]  # accepted/drafted of each speculative round in this update
+    finish: str | None = None  # "stop", "length", "context", "cancelled"; None while going
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+
+def split_accepted(text: str, accepted_text: str) -> int:
+    """How many leading characters of a chunk's `text` came from accepted drafts.
+
+    The chunk text can differ from the raw pieces (partial UTF-8 held back, stop strings), so when the
+    accepted text is not a prefix we fall back to its length, clipped: colouring is display-only."""
+    if not accepted_text:
+        return 0
+    if text.startswith(accepted_text):
+        return len(accepted_text)
+    return min(len(accepted_text), len(text))
+
+
+class Batcher:
+    """Accumulates chunks; `take()` returns one Update for everything since the last take."""
+
+    def __init__(self, *, interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._last = float("-inf")
+        self._reset()
+
+    def _reset(self) -> None:
+        self._segments: list[Segment] = []
+        self._acceptance: list[float] = []
+        self._tokens = 0
+        self._seconds = 0.0
+
+    def add(self, chunk: "Chunk", accepted_text: str) -> None:
+        step = chunk.step
+        n = split_accepted(chunk.text, accepted_text)
+        self._push(Segment(chunk.text[:n], True))
+        self._push(Segment(chunk.text[n:], False))
+        self._tokens += len(step.tokens)
+        self._seconds += step.t_draft + step.t_verify
+        if step.drafted:
+            self._acceptance.append(step.accepted / step.drafted)
+        self._chunk = chunk
+
+    def _push(self, seg: Segment) -> None:
+        if not seg.text:
+            return
+        if self._segments and self._segments[-1].accepted == seg.accepted:
+            seg = Segment(self._segments.pop().text + seg.text, seg.accepted)
+        self._segments.append(seg)
+
+    def due(self) -> bool:
+        return self.clock() - self._last >= self.interval
+
+    def take(self) -> Update:
+        c = self._chunk
+        upd = Update(tuple(self._segments), c.stats, c.mode, c.step.drafted,
+                     self._tokens / self._seconds if self._seconds > 0 else 0.0, tuple(self._acceptance), c.finish)
+        self._last = self.clock()
+        self._reset()
+        return upd
+
+
+def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = SamplingParams(),
+                   max_tokens: int = 512, spec: bool = True, should_stop: Callable[[], bool] | None = None,
+                   interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> Iterator[Update]:
+    """Run one request on the calling thread; yield batched Updates, the last one with `finish` set."""
+    batcher = Batcher(interval=interval, clock=clock)
+    piece = engine.target.piece
+    for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, spec=spec, should_stop=should_stop):
+        accepted = b"".join(piece(t) for t in chunk.step.tokens[:chunk.step.accepted])
+        batcher.add(chunk, accepted.decode("utf-8", errors="ignore"))
+        if chunk.finish or batcher.due():
+            yield batcher.take()

@@ -1,0 +1,1 @@
+"""Widgets of the chat app, one per file; each can be mounted and tested alone in a tiny host App."""

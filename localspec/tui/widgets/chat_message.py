@@ -1,0 +1,93 @@
+"""One chat turn: the user's prompt, or the assistant's answer with its stats line.
+
+The answer has two faces: streaming Markdown, and a token view where text that came from accepted drafts is
+coloured (so a person sees where the drafter was right). The app toggles between them; both are built from
+the same `Segment`s, so switching mid-answer loses nothing.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, Markdown, Static
+
+from ..stream import Segment
+
+ACCEPTED_STYLE = "bold green"
+
+
+class UserMessage(Static):
+    DEFAULT_CSS = """
+    UserMessage { margin: 1 0 0 0; padding: 0 1; border-left: thick $accent; background: $boost; }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(text))
+        self.text = text
+
+
+class AssistantMessage(Vertical):
+    DEFAULT_CSS = """
+    AssistantMessage { height: auto; margin: 1 0 0 0; padding: 0 1; border-left: thick $success 50%; }
+    AssistantMessage > Markdown { margin: 0; padding: 0; }
+    AssistantMessage > Markdown > * { margin-bottom: 0; }
+    AssistantMessage > #tokens { display: none; }
+    AssistantMessage.-coloured > #tokens { display: block; }
+    AssistantMessage.-coloured > Markdown { display: none; }
+    AssistantMessage > #meta { color: $text-muted; text-style: italic; }
+    AssistantMessage.-error > #meta { color: $error; text-style: bold; }
+    """
+
+    def __init__(self, text: str = "", *, meta: str = "", coloured: bool = False) -> None:
+        super().__init__()
+        self.segments: list[Segment] = [Segment(text, False)] if text else []
+        self.coloured = coloured
+        self._meta = meta
+        self.set_class(coloured, "-coloured")
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.rich_text(), id="tokens")
+        yield Markdown(self.text)
+        yield Label(self._meta, id="meta", markup=False)
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+    @property
+    def accepted_text(self) -> str:
+        return "".join(s.text for s in self.segments if s.accepted)
+
+    def rich_text(self) -> Text:
+        t = Text()
+        for s in self.segments:
+            t.append(s.text, style=ACCEPTED_STYLE if s.accepted else "")
+        return t
+
+    async def add(self, segments: tuple[Segment, ...]) -> None:
+        """Append streamed text; only the visible face is updated (the other catches up on toggle)."""
+        if not segments:
+            return
+        self.segments.extend(segments)
+        if self.coloured:
+            self.query_one("#tokens", Static).update(self.rich_text())
+        else:
+            await self.query_one(Markdown).append("".join(s.text for s in segments))
+
+    async def set_coloured(self, on: bool) -> None:
+        self.coloured = on
+        if on:
+            self.query_one("#tokens", Static).update(self.rich_text())
+        else:
+            await self.query_one(Markdown).update(self.text)
+        self.set_class(on, "-coloured")
+
+    def set_meta(self, text: str, *, error: bool = False) -> None:
+        self._meta = text
+        self.query_one("#meta", Label).update(text)
+        self.set_class(error, "-error")
+
+    @property
+    def meta(self) -> str:
+        return self._meta

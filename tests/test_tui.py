@@ -1,0 +1,214 @@
+"""The chat app driven for real: Textual's pilot, the embedded SmolLM2-135M, prompt-lookup drafting.
+
+One engine is loaded per module and handed to each app, so the suite loads the model once.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from localspec.loader import EngineSpec, load_engine
+from localspec.tui.app import ChatApp
+from localspec.tui.summary import K_STEPS
+from localspec.tui.screens.loading import LoadingScreen
+from localspec.tui.widgets.chat_message import AssistantMessage, UserMessage
+from localspec.tui.widgets.conversation_list import ConversationList
+from localspec.tui.widgets.stats_panel import StatsPanel
+
+REPEAT = "Write this line three times: the quick brown fox jumps over the lazy dog."
+SIZE = (140, 40)
+THREADS = 1  # one llama.cpp thread: on a shared 2-core CI box two threads spin against each other
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    spec = EngineSpec(model=str(smollm2_path), draft="lookup", k=4, n_ctx=1024, adaptive=False,  # FixedK(4)
+                      threads=THREADS)
+    e = load_engine(spec, log=lambda *a: None)
+    yield e
+    e.close()
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def fixed_k(engine):
+    engine.k = engine.controller.k = 4  # tests below change k; start each from the pair's value
+
+
+async def wait_until(pilot, cond, timeout: float = 90.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out waiting for the app"
+        await pilot.pause(0.02)
+
+
+async def ask(pilot, text: str) -> AssistantMessage:
+    """Type a prompt like a person, press Enter, wait for the worker to finish; return the answer widget."""
+    app = pilot.app
+    n = len(app.query(AssistantMessage))
+    await pilot.press(*text)
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: len(app.query(AssistantMessage)) > n)
+    await wait_until(pilot, lambda: not app.generating)
+    await pilot.pause()
+    return app.query(AssistantMessage).last()
+
+
+def panel(app) -> str:
+    return app.query_one(StatsPanel).text()
+
+
+async def test_answer_streams_with_live_stats(engine):
+    app = ChatApp(engine, max_tokens=48)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await ask(pilot, REPEAT)
+        assert answer.text.strip()
+        assert answer.text == app.last_answer
+        assert app.query_one(UserMessage).text == REPEAT
+        text = panel(app)
+        assert float(re.search(r"tok/s\s+([\d.]+) now", text).group(1)) > 0
+        assert float(re.search(r"([\d.]+) message", text).group(1)) > 0
+        assert re.search(r"accept\s+\d+% \(\d+/\d+\) msg", text), text  # lookup drafted: a number, not "–"
+        assert re.search(r"\d+% \(\d+/\d+\) session", text)
+        assert re.search(r"len\s+\d\.\d\d tok/pass", text) and re.search(r"ttft\s+\d+ ms", text)
+        assert "speculation ON" in text and "drafter lookup" in text
+        stats = app.stats_view().stats
+        assert stats.draft_n > 0 and stats.n_generated > 0
+        if stats.draft_n_accepted:  # accepted drafts are coloured
+            assert answer.accepted_text and any(s.accepted for s in answer.segments)
+        assert "tok/s" in answer.meta and "accepted" in answer.meta
+        # batching: fewer UI updates than verify rounds, and the panel's sparklines got data
+        assert 1 <= app.updates_applied <= stats.rounds
+        assert app.stats_view().tps_history and app.stats_view().acc_history
+
+
+async def test_updates_are_batched_to_twenty_per_second(engine):
+    app = ChatApp(engine, max_tokens=64)
+    async with app.run_test(size=SIZE) as pilot:
+        t0 = time.monotonic()
+        await ask(pilot, "Count from one to fifty in words, separated by commas.")
+        elapsed = time.monotonic() - t0
+        assert 1 <= app.updates_applied <= 20 * elapsed + 2  # the batching rule itself: test_tui_widgets.py
+        assert app.updates_applied <= app.stats_view().stats.rounds
+
+
+async def test_toggling_speculation_changes_the_mode(engine):
+    app = ChatApp(engine, max_tokens=24)
+    async with app.run_test(size=SIZE) as pilot:
+        assert "speculation ON" in panel(app)
+        await pilot.press("ctrl+s")
+        assert "speculation OFF" in panel(app) and "switched off" in panel(app)
+        await ask(pilot, REPEAT)
+        assert app.stats_view().stats.draft_n == 0
+        assert "mode   plain" in panel(app)
+        assert "plain" in app.query(AssistantMessage).last().meta
+        await pilot.press("ctrl+s")
+        assert "speculation ON" in panel(app)
+        await ask(pilot, "Say it once more: the quick brown fox jumps over the lazy dog.")
+        assert app.stats_view().stats.draft_n > 0
+
+
+async def test_escape_cancels_and_the_next_prompt_works(engine):
+    app = ChatApp(engine, max_tokens=900)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"Write a very long story about a dragon who learns to bake bread.")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.updates_applied >= 2)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.generating)
+        first = app.query(AssistantMessage).last()
+        assert "cancelled" in first.meta
+        assert 0 < app.stats_view().stats.n_generated < 900
+        # the caches stayed consistent: the conversation goes on
+        answer = await ask(pilot, "Now say hello.")
+        assert answer is not first and answer.text.strip()
+        assert "error" not in answer.meta and "cancelled" not in answer.meta
+        assert len(app.history) == 4  # user, partial answer, user, answer
+
+
+async def test_saved_conversation_reloads(engine, home):
+    app = ChatApp(engine, max_tokens=16)
+    async with app.run_test(size=SIZE) as pilot:
+        first = await ask(pilot, "What is the capital of France?")
+        answer, meta = first.text, first.meta
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert not app.query(AssistantMessage) and app.history == []
+    assert (home / "chats.sqlite").exists()
+
+    app2 = ChatApp(engine, max_tokens=16)  # a fresh app finds it in the side panel
+    async with app2.run_test(size=SIZE) as pilot:
+        convs = app2.query_one(ConversationList)
+        assert convs.option_count == 1
+        convs.focus()
+        convs.highlighted = 0
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(app2.query(AssistantMessage)) == 1)
+        assert app2.query_one(UserMessage).text == "What is the capital of France?"
+        reloaded = app2.query_one(AssistantMessage)
+        assert reloaded.text == answer and reloaded.meta == meta  # each message keeps its stats
+        assert app2.history == [{"role": "user", "content": "What is the capital of France?"},
+                                {"role": "assistant", "content": answer}]
+        assert "tok/s" in panel(app2)
+        app2.query_one("#prompt").focus()
+        await ask(pilot, "And of Spain?")  # the reloaded chat continues
+        assert len(app2.history) == 4
+        assert len(app2.store.messages(app2.conv_id)) == 4
+
+
+async def test_keys_colour_k_copy_history_and_palette(engine):
+    app = ChatApp(engine, max_tokens=16)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await ask(pilot, REPEAT)
+        assert answer.coloured
+        await pilot.press("ctrl+t")
+        assert not answer.coloured and answer.has_class("-coloured") is False
+        await pilot.press("ctrl+k")
+        assert engine.k == 6 and engine.controller.k == 6 and "k      6 fixed" in panel(app)
+        await pilot.press("ctrl+y")
+        assert app.clipboard == app.last_answer
+        await pilot.press("up")
+        assert app.query_one("#prompt").value == REPEAT
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        assert {"New chat", "Toggle speculation", "Change draft length", "Toggle token colouring",
+                "Copy last answer", "Stop generation"} <= titles
+        footer_keys = {b.key for b in app.BINDINGS if getattr(b, "show", True)}
+        assert {"ctrl+n", "ctrl+s", "ctrl+k", "ctrl+t", "ctrl+y", "ctrl+q"} <= footer_keys
+
+
+async def test_loading_in_the_app(smollm2_path):
+    app = ChatApp(spec=EngineSpec(model=str(smollm2_path), draft="lookup", n_ctx=512, threads=THREADS), max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.engine is not None)
+        await pilot.pause()
+        assert not isinstance(app.screen, LoadingScreen)
+        assert "auto" in panel(app)  # the loader's default: an adaptive controller
+        await pilot.press("ctrl+k")  # pin k ...
+        assert "k      1 fixed" in panel(app)
+        for _ in range(len(K_STEPS)):  # ... and cycle back to auto
+            await pilot.press("ctrl+k")
+        assert "auto" in panel(app) and app.engine.controller is app._adaptive
+        assert (await ask(pilot, "Hi")).text.strip()
+
+
+@pytest.mark.parametrize("which", ["missing", "incompatible"])
+async def test_load_errors_show_in_the_app(which, tmp_path, smollm2_path, request):
+    if which == "missing":
+        spec = EngineSpec(model=str(tmp_path / "nope.gguf"))
+    else:
+        spec = EngineSpec(model=str(smollm2_path), draft=str(request.getfixturevalue("gemma_path")))
+    app = ChatApp(spec=spec)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
+        error = app.screen.failed
+        assert "Traceback" not in error
+        assert ("nope.gguf" in error) if which == "missing" else ("cannot draft" in error)
+        await pilot.press("q")
