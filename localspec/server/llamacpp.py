@@ -45,7 +45,7 @@ def router(state: State) -> APIRouter:
     @r.post("/completion")
     @r.post("/completions", include_in_schema=False)
     async def completion(req: CompletionRequest, request: Request) -> Response:
-        state.check_model(req.model)
+        # like llama-server, the llama.cpp routes ignore `model`: there is one
         state.metrics.request("/completion")
         prompt = req.prompt
         if isinstance(prompt, list):
@@ -56,7 +56,6 @@ def router(state: State) -> APIRouter:
 
     @r.post("/infill")
     async def infill(req: InfillRequest, request: Request) -> Response:
-        state.check_model(req.model)
         state.metrics.request("/infill")
         fim = require_fim(state.engine.metadata, state.engine.name)
         n_predict = req.n_predict if req.n_predict > 0 else 0
