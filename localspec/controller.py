@@ -161,21 +161,25 @@ class Adaptive:
                  v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float] | None = None,
                  alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.05, warmup: int = 3,
-                 probe_every: int = 16, probe_max: int = 256, probe_k: int | None = None) -> None:
+                 probe_every: int = 8, probe_max: int = 128, probe_k: int | None = None,
+                 learn_costs: bool = True) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
         self.k_min, self.k_max = k_min, k_max
         self.decay, self.w = decay, cost_weight
         self.off_below, self.on_above, self.warmup = off_below, on_above, warmup
         self.probe_every, self.probe_max = probe_every, probe_max
-        self.probe_k = probe_k if probe_k is not None else k_min
+        self.probe_k = probe_k or 0  # 0: probe at the source's best γ
         self.alpha_prior = alpha_prior
         self._round_k: dict[str, int] = {}
         self.calibration: object | None = None  # the load-time Calibration, for reports
-        # tv[d]: decayed mean target seconds for a round with d drafts; v(d) = tv[d] / tv[0]
-        t1 = t1 or 1.0
-        vv = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
-        self.tv: list[float] = [t1 * vv[d] if d < len(vv) else t1 * _v_at(vv, d) for d in range(k_max + 1)]
+        # t1: recent seconds of a plain round (fast EMA: follows the machine's load); vr[d]: decayed mean of
+        # t_verify(d) / t1 measured against the t1 of the moment, so a busier machine does not skew the ratio
+        self.t1 = t1 or 1e-3
+        self.t1_weight = 0.3
+        self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
+        seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
+        self.vr: list[float] = [_v_at(seed, d) for d in range(k_max + 1)]
         c = dict(c or {})
         self.src: dict[str, SourceEstimate] = {
             s: SourceEstimate(alpha_prior=alpha_prior, c=c.get(s, 0.0 if s == "lookup" else 0.5)) for s in sources}
@@ -193,19 +197,32 @@ class Adaptive:
 
     def observe(self, step: "Step") -> None:
         d = step.drafted
-        if d == 0:
-            self._ema_tv(0, step.t_verify)
+        if not self.learn_costs:
+            if d:
+                self._learn_alpha(step)
             return
-        if d <= self.k_max:
-            self._ema_tv(d, step.t_verify)
+        if d == 0:
+            self.t1 = (1 - self.t1_weight) * self.t1 + self.t1_weight * step.t_verify
+            return
+        if d <= self.k_max:  # one noisy round moves v(d) by at most a factor of 2; γ+1 rows never cost < 1
+            r = min(max(step.t_verify / self.t1, 1.0), 2 * self.vr[d])
+            self.vr[d] = (1 - self.w) * self.vr[d] + self.w * r
+        est = self._learn_alpha(step, decide=False)
+        c_obs = (step.t_draft / d) / self.t1
+        # one round may carry a one-off cost (a model drafter catching up on a whole new prompt):
+        # a single observation moves c by at most a factor of 2 (+0.1 so a 0 seed can grow)
+        est.c = (1 - self.w) * est.c + self.w * min(c_obs, 2 * est.c + 0.1)
+        self._decide(step.source or "draft")
+
+    def _learn_alpha(self, step: "Step", decide: bool = True) -> SourceEstimate:
         name = step.source or "draft"
         est = self.src.get(name)
         if est is None:
             est = self.src[name] = SourceEstimate(alpha_prior=self.alpha_prior, c=0.5)
-        est.update(d, step.accepted, self.decay)
-        c_obs = (step.t_draft / d) / max(self.tv[0], 1e-9)
-        est.c = c_obs if est.rounds == 1 else (1 - self.w) * est.c + self.w * c_obs
-        self._decide(name)
+        est.update(step.drafted, step.accepted, self.decay)
+        if decide:
+            self._decide(name)
+        return est
 
     # -- per source --
 
@@ -215,22 +232,30 @@ class Adaptive:
         return self._round_k.get(source, 0)
 
     def _next_k(self, est: SourceEstimate) -> int:
-        """γ while on; while off, a short probe now and then (the interval doubles while probes fail)."""
+        """γ while on; while off, a probe now and then at the γ it would use (the interval doubles while
+        probes fail), so acceptance at every position it would draft gets refreshed."""
         if est.on:
             return est.k
         est.since_probe += 1
         if est.since_probe >= est.probe_every:
             est.since_probe = 0
             est.probe_every = min(2 * est.probe_every, self.probe_max)
-            return self.probe_k
+            if self.probe_k:
+                return self.probe_k
+            # the longest γ ≤ its best whose drafting costs at most one target step: long probes for
+            # a free drafter (lookup), short ones for an expensive model drafter
+            return max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))
         return 0
 
     @property
     def v(self) -> list[float]:
-        return [t / max(self.tv[0], 1e-12) for t in self.tv]
-
-    def _ema_tv(self, d: int, t: float) -> None:
-        self.tv[d] = (1 - self.w) * self.tv[d] + self.w * t
+        """v(0..k_max), non-decreasing (more rows never cost less: a dip is noise), v(0) = 1."""
+        out, top = [], 1.0
+        for x in self.vr:
+            top = max(top, x)
+            out.append(top)
+        out[0] = 1.0
+        return out
 
     def _decide(self, source: str) -> None:
         est = self.src[source]

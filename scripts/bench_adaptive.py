@@ -1,0 +1,142 @@
+"""Adaptive speculation benchmark for issue 4 (not a test: speed is measured here, never asserted).
+
+Must-show 2: open prose, hybrid drafter = prompt lookup + the model as its own drafter (c ≈ 1): adaptive
+mode should end no slower than 0.95x plain decoding; fixed k shows what it saves.
+Must-show 3: a code rewrite where lookup matches: adaptive lookup should choose γ > 1 and beat plain.
+
+Configurations run interleaved round-robin on the same prompts (machine drift hits all alike); each
+adaptive request gets a fresh controller seeded by one load-time calibration, so warm-up is included.
+Ratios are medians of per-repeat ratios to the plain run of the same repeat.
+
+Usage: python scripts/bench_adaptive.py [--tokens 128] [--repeats 3] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import Counter
+from typing import Callable
+
+from localspec.backend import LoadOptions, Model
+from localspec.calibrate import Calibration, calibrate
+from localspec.controller import Adaptive, Controller, FixedK
+from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.registry import resolve_model
+from localspec.session import Engine
+
+PROSE = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+         "Explain how a bicycle stays upright while moving."]
+CODE = '''def parse_config(path):
+    with open(path) as f:
+        lines = f.readlines()
+    result = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+'''
+REWRITE = f"Rename the variable `result` to `config` in this function:\n```python\n{CODE}```"
+REWRITE_START = "```python\ndef parse_config(path):"  # the answer's first line, as an editor's rewrite sends it
+
+
+def run_once(target: Model, drafter, controller: Controller | None, prompt: list[int], n: int) -> dict:
+    """One request from a cold cache (both models); generation tok/s, wall tok/s, acceptance, k histogram."""
+    target.rewind(0)
+    if isinstance(drafter, HybridDrafter):
+        drafter.model.model.rewind(0)
+    eng = Engine(target, drafter, controller=controller)
+    t0 = time.perf_counter()
+    last = None
+    for last in eng.generate(prompt, max_tokens=n, spec=drafter is not None):
+        pass
+    wall = time.perf_counter() - t0
+    s = last.stats
+    hist = dict(getattr(controller, "k_hist", {}))
+    reason = getattr(controller, "spec_disabled_reason", None)
+    off = {k: v for k, v in controller.state().off.items()} if isinstance(controller, Adaptive) else {}
+    return {"tps": s.tokens_per_second, "wall_tps": s.n_generated / wall, "acc": s.acceptance_rate,
+            "mal": s.mean_acceptance_length, "k": hist, "reason": reason, "off": off, "n": s.n_generated,
+            "by_source": s.by_source}
+
+
+def adaptive(cal: Calibration, sources: tuple[str, ...], drafter=None, k_max: int = 8) -> Adaptive:
+    ctl = Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.t1,
+                   c={"model": cal.c_model} if cal.c_model is not None else None)
+    if isinstance(drafter, HybridDrafter):
+        drafter.limit = ctl.k_for
+    return ctl
+
+
+def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[list[int]], n: int,
+          repeats: int) -> None:
+    rows: dict[str, list[dict]] = {name: [] for name in configs}
+    for _ in range(repeats):
+        for p in prompts:
+            for name, make in configs.items():
+                target, drafter, ctl = make()
+                rows[name].append(run_once(target, drafter, ctl, p, n))
+    print(f"\n# {title}")
+    base = rows["plain"]
+    for name, rs in rows.items():
+        ratio = statistics.median(r["tps"] / b["tps"] for r, b in zip(rs, base))
+        wratio = statistics.median(r["wall_tps"] / b["wall_tps"] for r, b in zip(rs, base))
+        k = Counter()
+        for r in rs:
+            k.update(r["k"])
+        extra = ""
+        if name != "plain":
+            extra = f"  acceptance {statistics.median(r['acc'] for r in rs):.2f}  " \
+                    f"tok/pass {statistics.median(r['mal'] for r in rs):.2f}  k_chosen {dict(sorted(k.items()))}"
+        print(f"{name:26s} {statistics.median(r['tps'] for r in rs):7.1f} tok/s  {ratio:5.2f}x plain "
+              f"(wall incl. prefill {wratio:4.2f}x){extra}")
+        offs = {s: why for r in rs for s, why in r["off"].items()}
+        for s, why in offs.items():
+            print(f"{'':26s} off: {why}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    q4 = resolve_model(None, log=lambda *x: None).path
+    opts = LoadOptions(n_ctx=2048, n_threads=a.threads)
+    target = Model.load(q4, opts)
+    self_model = Model.load(q4, opts)
+    cal = calibrate(target, k_max=8, draft_model=self_model)
+    print(f"calibration: t1 {1e3 * cal.t1:.2f} ms, v = {[round(x, 2) for x in cal.v]}, c(self) = {cal.c_model:.2f}")
+    chat = Engine(target)
+
+    def hybrid() -> HybridDrafter:
+        return HybridDrafter(PromptLookup(), ModelDrafter(self_model))
+
+    def hybrid_adaptive():
+        d = hybrid()
+        return target, d, adaptive(cal, ("lookup", "model"), d)
+
+    prose = [chat.tokenize(chat.chat_prompt([{"role": "user", "content": p}])) for p in PROSE]
+    bench(f"must-show 2: open prose, {a.tokens} tokens, hybrid lookup + self-draft (c = {cal.c_model:.2f})", {
+        "plain": lambda: (target, None, None),
+        "hybrid self-draft k=4 fixed": lambda: (target, hybrid(), FixedK(4)),
+        "lookup k=4 fixed": lambda: (target, PromptLookup(), FixedK(4)),
+        "hybrid self-draft adaptive": hybrid_adaptive,
+        "lookup adaptive": lambda: (target, PromptLookup(), adaptive(cal, ("lookup",))),
+    }, prose, a.tokens, a.repeats)
+
+    code = [chat.tokenize(chat.chat_prompt([{"role": "user", "content": REWRITE}]) + REWRITE_START)]
+    bench(f"must-show 3: code rewrite, {a.tokens} tokens, prompt lookup", {
+        "plain": lambda: (target, None, None),
+        "lookup k=4 fixed": lambda: (target, PromptLookup(), FixedK(4)),
+        "lookup k=8 fixed": lambda: (target, PromptLookup(), FixedK(8)),
+        "lookup adaptive": lambda: (target, PromptLookup(), adaptive(cal, ("lookup",))),
+    }, code, a.tokens, a.repeats + 1)
+
+
+if __name__ == "__main__":
+    main()
