@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -203,6 +203,8 @@ class Model:
             ctx = _internals.LlamaContext(model=model, params=cparams, verbose=options.verbose)
         except ValueError as e:
             raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
+        # llama.cpp may clamp n_batch to n_ctx (and pad n_ctx): chunk by what the context really accepts
+        options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch)
         m._keep = split  # the C side holds a pointer to it

@@ -63,7 +63,7 @@ def test_truncated_gguf(tmp_path, smollm2_path):
 
 
 def test_prompt_longer_than_context(smollm2_path):
-    _one_line_error(_run("--ctx", "32", "--prompt", "word " * 100), 2, "context")
+    _one_line_error(_run("--ctx", "256", "--prompt", "word " * 600), 2, "context")
 
 
 @pytest.mark.parametrize("args", [["--no-spec", "--lookup"], ["--top-p", "0"]])
