@@ -154,7 +154,7 @@ def test_completion_sse_final_chunk_has_timings(http):
     t = events[-1]["timings"]
     assert {"draft_n", "draft_n_accepted", "predicted_n", "prompt_n", "predicted_per_second"} <= set(t)
     assert t["predicted_n"] == events[-1]["tokens_predicted"] <= 12
-    assert t["draft_n"] > 0  # prompt lookup drafts on a repetitive prompt
+    assert t["draft_n"] >= t["draft_n_accepted"] >= 0  # (the adaptive controller may choose not to draft)
 
 
 def test_health_props_metrics(http):

@@ -112,3 +112,14 @@ def test_metrics_text_has_the_promised_series():
                  "localspec_draft_n_accepted_total", "localspec_acceptance_rate",
                  "localspec_tokens_per_second_bucket", "localspec_speculation_enabled 1"):
         assert name in text
+
+
+def test_long_prefix_drops_whole_line_blocks_so_an_edit_keeps_the_start():
+    fim = FimTokens(PRE, SUF, MID)
+    lines = [f"line {i:03d} = value\n" for i in range(200)]
+    a = build_infill(fim, tok, prefix="".join(lines), suffix="", n_ctx=4096, n_batch=2048)
+    lines[190] = "line 190 = a much longer value than before\n"
+    b = build_infill(fim, tok, prefix="".join(lines), suffix="", n_ctx=4096, n_batch=2048)
+    assert a.truncated and b.truncated
+    assert a.tokens[1:400] == b.tokens[1:400]  # same start: the cache keeps everything up to the edit
+    assert "".join(map(chr, a.tokens[1:20])).startswith("line ")  # cut at a line boundary
