@@ -101,9 +101,10 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     plan = Plan(targets=tuple(targets), prompts=tuple(prompts), ks=k_list, auto=auto,
                 temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
                 max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed)
-    with click.progressbar(length=count_runs(plan), label="bench", file=sys.stderr, show_pos=True,
+    total = count_runs(plan)
+    with click.progressbar(length=total, label="bench", file=sys.stderr, show_pos=True,
                            item_show_func=lambda s: s) as bar:
-        results = run_bench(plan, progress=lambda s: bar.update(1, s), log=log_err)
+        results = run_bench(plan, progress=_progress(bar, total), log=log_err)
     command = "localspec bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench") \
         if Path(sys.argv[0]).name == "localspec" else "localspec bench (API)"
     rep = Report.build(plan, results, command, auto_ok)
@@ -117,6 +118,20 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
         write_png(rep.rows, plot_file)
     if md_file:
         write_markdown(rep, md_file, plot_file)
+
+
+def _progress(bar, total: int):
+    """Update the bar; when stderr is not a terminal (no bar drawn), log a line every ~10 % instead."""
+    done = [0]
+    tty = sys.stderr.isatty()
+
+    def step(label: str) -> None:
+        done[0] += 1
+        bar.update(1, label)
+        if not tty and (done[0] == 1 or done[0] % max(1, total // 10) == 0):
+            log_err(f"bench: run {done[0]}/{total}: {label}")
+
+    return step
 
 
 def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
