@@ -49,7 +49,7 @@ def test_json_schema(quick_run):
     assert {r["task"] for r in d["results"]} == {"edit", "prose", "all"}
     for r in d["results"]:
         for key in ("tokens_per_second", "ttft_ms", "per_token_ms", "acceptance_rate", "mean_acceptance_length",
-                    "acceptance_per_position", "accept_hist", "speedup", "predicted_speedup", "c", "v"):
+                    "acceptance_per_position", "accept_hist", "speedup", "e2e_speedup", "predicted_speedup", "c", "v"):
             assert key in r, key
         if r["config"] == "plain":
             assert r["speedup"] == pytest.approx(1.0)

@@ -79,8 +79,9 @@ def test_parse_jsonl_user_prompts_and_errors():
 # -- summary (synthetic runs) ----------------------------------------------------------------------------------
 
 def _run(drafter, k, task, n, ms, draft_n=0, acc=0, rounds=None):
-    return Run("t", drafter, k, task, f"{task}-1", 0.0, 0, 10, n, ms, 50.0, rounds or n, draft_n, acc, 1.0,
-               (draft_n,), (acc,), (0,), "length")
+    # first round: 10 ms, 1 token (excluded from the decode rate, included in end-to-end time via TTFT)
+    return Run("t", drafter, k, task, f"{task}-1", 0.0, 0, 10, n + 1, ms + 10.0, 50.0, rounds or n, draft_n, acc,
+               1.0, (draft_n,), (acc,), (0,), "length", 10.0, 1)
 
 
 def _result(runs) -> TargetResult:
@@ -95,6 +96,7 @@ def test_rows_measured_and_predicted_speedup():
     assert rows[("lookup k=2", "edit")].speedup == pytest.approx(2.0)
     assert rows[("lookup k=2", "prose")].speedup == pytest.approx(0.8)
     assert rows[("lookup k=2", ALL)].speedup == pytest.approx(200 / 1.75 / 100)
+    assert rows[("lookup k=2", "edit")].e2e_speedup == pytest.approx((101 / 0.55) / (101 / 1.05))
     edit = rows[("lookup k=2", "edit")]
     assert edit.acceptance_rate == pytest.approx(0.75)
     assert edit.mean_acceptance_length == pytest.approx(1 + 60 / 40)

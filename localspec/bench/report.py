@@ -95,7 +95,7 @@ def _tasks(rows: Sequence[Row]) -> list[str]:
 def _matrix(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and cells: one line per configuration, speedup per task, then the all-task measurements."""
     tasks = _tasks(rows)
-    head = ["config", "tok/s", *tasks, "pred", "α", "len", "ttft ms", "ms/tok"]
+    head = ["config", "tok/s", *tasks, "pred", "e2e", "α", "len", "ttft ms", "ms/tok"]
     body = []
     for cfg in dict.fromkeys(r.config for r in rows):
         by_task = {r.task: r for r in rows if r.config == cfg}
@@ -104,6 +104,7 @@ def _matrix(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         body.append([cfg, f"{a.tokens_per_second:.1f}",
                      *[f"{by_task[t].speedup:.2f}" if t in by_task else "-" for t in tasks],
                      f"{a.predicted_speedup:.2f}" if a.predicted_speedup is not None else "-",
+                     f"{a.e2e_speedup:.2f}",
                      f"{a.acceptance_rate:.2f}" if spec else "-",
                      f"{a.mean_acceptance_length:.2f}" if spec else "-",
                      f"{a.ttft_ms:.0f}", f"{a.per_token_ms:.2f}"])
@@ -123,7 +124,7 @@ def text_table(rep: Report) -> str:
         widths = [max(len(x) for x in col) for col in zip(head, *body)]
         fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
                                       for i, (c, w) in enumerate(zip(cells, widths)))
-        out.append(f"{res.label}  T={temp:g}  (speedup vs plain per task; pred = formula with measured α, c, v)")
+        out.append(f"{res.label}  T={temp:g}  (decode speedup vs plain per task; pred = formula with measured α, c, v; e2e = whole request)")
         out.append("  " + _costs_line(res))
         out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
         lost = [r for r in rows if r.drafter != PLAIN and r.task != ALL and r.speedup < 1.0]
@@ -150,7 +151,7 @@ def _agreement_lines(rep: Report) -> list[str]:
     return lines
 
 
-def markdown(rep: Report, plot_name: str | None = None) -> str:
+def markdown(rep: Report, plot_name: str | None = None, note: str | None = None) -> str:
     j = to_json(rep)
     m = j["machine"]
     out = ["# localspec bench report", "",
@@ -159,12 +160,15 @@ def markdown(rep: Report, plot_name: str | None = None) -> str:
            f"Settings: k = {', '.join(map(str, rep.plan.ks))}{' + auto' if rep.plan.auto else ''}; "
            f"temperatures {', '.join(f'{t:g}' for t in rep.plan.temps)}; {len(rep.plan.prompts)} prompts; "
            f"{rep.plan.repeats} repeat(s); max {rep.plan.max_tokens} new tokens; n_ctx {rep.plan.n_ctx}.", "",
+           *([note, ""] if note else []),
            "## Verdict", "", rep.verdict, ""]
     if plot_name:
         out += [f"![speedup vs k and acceptance per position]({plot_name})", ""]
     out += ["## Speedup vs plain decoding", "",
-            "Cells are measured speedups (pooled tok/s ÷ plain tok/s, same target, temperature and task). "
-            "`pred` is E(α, γ) ÷ (γc + v(γ)) with this run's α over all tasks and the measured c and v.", ""]
+            "Cells are measured steady-state decoding speedups (pooled tok/s after the first round ÷ plain's, same "
+            "target, temperature and task). `pred` is E(α, γ) ÷ (γc + v(γ)) with this run's α over all tasks and the "
+            "measured c and v. `e2e` is the whole-request speedup (prompt, first round and decoding; a model drafter "
+            "pays its own prompt prefill there). `tok/s`, `ttft ms` and `ms/tok` are over all tasks.", ""]
     for res, temp, rows in _families(rep):
         head, body = _matrix(rows)
         out += [f"### {res.label}, T={temp:g}", "", f"{res.n_params_desc}; {_costs_line(res)}.", "",
@@ -182,7 +186,7 @@ def markdown(rep: Report, plot_name: str | None = None) -> str:
     return "\n".join(out)
 
 
-def write_markdown(rep: Report, path: str | Path, plot: str | Path | None = None) -> None:
+def write_markdown(rep: Report, path: str | Path, plot: str | Path | None = None, note: str | None = None) -> None:
     p = Path(path)
     rel = os.path.relpath(plot, p.parent) if plot else None
-    p.write_text(markdown(rep, rel), encoding="utf-8")
+    p.write_text(markdown(rep, rel, note), encoding="utf-8")

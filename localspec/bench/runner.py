@@ -85,6 +85,8 @@ class Run:
     accepted_at: tuple[int, ...]
     accept_hist: tuple[int, ...]  # rounds with a draft, by number of drafts accepted (index 0..k)
     finish: str | None
+    first_ms: float = 0.0  # the first round (in TTFT; for a model drafter it includes its prompt prefill)
+    first_tokens: int = 0
     tokens: tuple[int, ...] = field(repr=False, default=())
 
     @property
@@ -192,9 +194,12 @@ def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams
     hist = [0] * (k_hist + 1)
     out: list[int] = []
     last = None
+    first: tuple[float, int] | None = None
     for chunk in engine.generate(tokens, params=params, max_tokens=max_tokens, spec=cfg.drafter != PLAIN,
                                  controller=_controller(fam, cfg)):
         out.extend(chunk.step.tokens)
+        if first is None:
+            first = ((chunk.step.t_draft + chunk.step.t_verify) * 1e3, len(chunk.step.tokens))
         if chunk.step.drafted:
             a = chunk.step.accepted
             if a >= len(hist):
@@ -203,7 +208,7 @@ def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams
         last = chunk
     s = last.stats
     return (s.n_prompt, s.n_generated, s.gen_ms, s.ttft_ms, s.rounds, s.draft_n, s.draft_n_accepted, s.draft_ms,
-            s.drafted_at, s.accepted_at, tuple(hist), last.finish, tuple(out))
+            s.drafted_at, s.accepted_at, tuple(hist), last.finish, *first, tuple(out))
 
 
 def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: int) -> list[int]:

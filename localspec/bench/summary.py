@@ -1,8 +1,10 @@
 """From raw runs to the numbers a user reads: per (target, config, temperature, task) rows, the measured and
 predicted speedup, the k that won, where speculation lost, and a one-paragraph verdict.
 
-Throughput is pooled (total tokens ÷ total generation time) rather than averaged per prompt, so a long
-answer weighs as much as its tokens. Speedup is against plain decoding of the same target, temperature and
+Throughput is pooled (total tokens ÷ total time) rather than averaged per prompt, so a long answer weighs as
+much as its tokens. `speedup` is steady-state decoding (rounds after the first; the first round is part of TTFT
+and, for a model drafter, holds the drafter's own prompt prefill) — what the formula predicts; `e2e_speedup`
+is the whole request, prompt included. Speedup is against plain decoding of the same target, temperature and
 task, measured in the same interleaved run.
 """
 
@@ -27,16 +29,18 @@ class Row:
     task: str
     n_runs: int
     n_generated: int
-    tokens_per_second: float
+    tokens_per_second: float  # steady-state decoding: rounds after the first (the first is in TTFT)
     per_token_ms: float
     ttft_ms: float
+    e2e_tokens_per_second: float  # whole request: tokens ÷ (TTFT + the remaining rounds)
     acceptance_rate: float
     mean_acceptance_length: float
     acceptance_per_position: tuple[float, ...]
     accept_hist: tuple[int, ...]
     draft_n: int
     draft_n_accepted: int
-    speedup: float  # measured, vs plain
+    speedup: float  # measured steady-state decoding speedup vs plain (what the formula predicts)
+    e2e_speedup: float  # whole-request speedup vs plain, prompt and first round included
     c: float | None  # drafter cost used by the prediction
     v: float | None  # v(k)
     predicted_speedup: float | None
@@ -64,13 +68,16 @@ def _sum_lists(rows: Iterable[Sequence[int]]) -> list[int]:
 
 
 def _pool(runs: Sequence[Run]) -> dict:
-    n = sum(r.n_generated for r in runs)
-    ms = sum(r.gen_ms for r in runs)
+    n = sum(r.n_generated - r.first_tokens for r in runs)
+    ms = sum(r.gen_ms - r.first_ms for r in runs)
+    e2e_ms = sum(r.ttft_ms + r.gen_ms - r.first_ms for r in runs)
+    n_all = sum(r.n_generated for r in runs)
     rounds = sum(r.rounds for r in runs)
     dn, da = sum(r.draft_n for r in runs), sum(r.draft_n_accepted for r in runs)
     drafted, accepted = _sum_lists(r.drafted_at for r in runs), _sum_lists(r.accepted_at for r in runs)
-    return dict(n_runs=len(runs), n_generated=n, tokens_per_second=n / (ms / 1e3) if ms else 0.0,
+    return dict(n_runs=len(runs), n_generated=n_all, tokens_per_second=n / (ms / 1e3) if ms else 0.0,
                 per_token_ms=ms / n if n else 0.0, ttft_ms=sum(r.ttft_ms for r in runs) / len(runs),
+                e2e_tokens_per_second=n_all / (e2e_ms / 1e3) if e2e_ms else 0.0,
                 acceptance_rate=da / dn if dn else 0.0,
                 mean_acceptance_length=1.0 + da / rounds if rounds else 0.0,
                 acceptance_per_position=tuple(a / d if d else 0.0 for a, d in zip(accepted, drafted)),
@@ -87,12 +94,13 @@ def rows_for(result: TargetResult) -> list[Row]:
     rows = []
     for (drafter, k, temp, task), p in pooled.items():
         base = pooled.get((PLAIN, 0, temp, task))
-        speedup = p["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
+        ratio = lambda key: p[key] / base[key] if base and base[key] else 0.0  # noqa: E731
+        speedup, e2e = ratio("tokens_per_second"), ratio("e2e_tokens_per_second")
         c = result.costs.c.get(drafter) if drafter != PLAIN else None
         v = v_all.get(k) if isinstance(k, int) else None
         pred = predicted_speedup(p["acceptance_rate"], k, c, v) if c is not None and v is not None else None
         best_k = best_gamma(p["acceptance_rate"], c, v_all)[0] if c is not None else None
-        rows.append(Row(result.label, drafter, k, temp, task, **p, speedup=speedup, c=c, v=v,
+        rows.append(Row(result.label, drafter, k, temp, task, **p, speedup=speedup, e2e_speedup=e2e, c=c, v=v,
                         predicted_speedup=pred, predicted_best_k=best_k))
     order = {t: i for i, t in enumerate(_tasks(result.runs) + [ALL])}
     rows.sort(key=lambda r: (r.temp, r.drafter != PLAIN, r.drafter, _k_order(r.k), order[r.task]))

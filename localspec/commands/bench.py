@@ -67,11 +67,12 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the full results as JSON.")
 @click.option("--markdown", "md_file", type=click.Path(dir_okay=False), help="Write a Markdown report.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Write a PNG plot.")
+@click.option("--note", metavar="TEXT", help="A paragraph for the Markdown report (e.g. how busy the machine was).")
 @click.option("--from-log", "log_file", type=click.Path(dir_okay=False),
               help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
 @friendly_errors
 def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeats,
-          max_tokens, quick, n_ctx, threads, seed, json_file, md_file, plot_file, log_file):
+          max_tokens, quick, n_ctx, threads, seed, json_file, md_file, plot_file, note, log_file):
     """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
 
     \b
@@ -117,7 +118,7 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
 
         write_png(rep.rows, plot_file)
     if md_file:
-        write_markdown(rep, md_file, plot_file)
+        write_markdown(rep, md_file, plot_file, note)
 
 
 def _progress(bar, total: int):
