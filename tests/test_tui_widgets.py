@@ -62,6 +62,9 @@ async def test_stats_panel_shows_scripted_stats():
         panel.show(replace(view, spec_on=False, spec_reason="switched off", mode="plain"))
         await pilot.pause()
         assert panel.has_class("-off") and "speculation OFF" in panel.text() and "mode   plain" in panel.text()
+        panel.show(replace(view, auto_off=True, spec_reason="auto-off: lookup: spec 0.56× plain"))
+        await pilot.pause()
+        assert panel.has_class("-off") and "speculation AUTO-OFF" in panel.text()
 
 
 def test_stats_lines_before_any_round():

@@ -176,7 +176,7 @@ class ChatApp(App):
         self.store.add_message(self.conv_id, "user", text)
         self.history.append({"role": "user", "content": text})
         log = self.query_one("#log", VerticalScroll)
-        self.current = AssistantMessage(coloured=self.coloured, meta="…")
+        self.current = AssistantMessage(coloured=self.coloured, meta="… (Esc stops)")
         await log.mount_all([UserMessage(text), self.current])
         log.anchor()
         self.gen_id += 1
@@ -188,6 +188,11 @@ class ChatApp(App):
     @property
     def generating(self) -> bool:
         return bool(self.running)
+
+    @property
+    def answer_stats(self) -> Stats | None:
+        """Running stats of the answer being written (None between answers)."""
+        return self._inflight
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, gen_id: int, messages: list[dict], spec: bool) -> None:
@@ -262,6 +267,7 @@ class ChatApp(App):
             k=current_k(e) if e and e.drafter and self.spec_on else 0, k_used=self._k_used,
             k_mode="auto" if e and is_adaptive(e.controller) else "fixed",
             spec_on=bool(e and e.drafter and self.spec_on),
+            auto_off=bool(e and e.drafter and self.spec_on and getattr(e.controller, "spec_disabled_reason", None)),
             spec_reason=spec_reason(e, self.spec_on, last_mode=self._mode, rounds=self._stats.rounds) if e else "",
             tps_history=tuple(self._tps), acc_history=tuple(self._acc))
 

@@ -35,7 +35,7 @@ class AssistantMessage(Vertical):
     AssistantMessage > #tokens { display: none; }
     AssistantMessage.-coloured > #tokens { display: block; }
     AssistantMessage.-coloured > Markdown { display: none; }
-    AssistantMessage > #meta { color: $text-muted; text-style: italic; }
+    AssistantMessage > #meta { width: 100%; color: $text-muted; text-style: italic; }
     AssistantMessage.-error > #meta { color: $error; text-style: bold; }
     """
 

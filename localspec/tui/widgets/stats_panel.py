@@ -31,6 +31,7 @@ class StatsView:
     k_used: int = 0  # draft length of the latest round
     k_mode: str = "fixed"  # "fixed" (pinned k) | "auto" (adaptive controller)
     spec_on: bool = False
+    auto_off: bool = False  # on, but the adaptive controller decodes plainly for now (it still probes)
     spec_reason: str = ""  # why speculation is on/off: "lookup, k=4", "toggled off", "no drafter loaded", ...
     tps_history: tuple[float, ...] = ()
     acc_history: tuple[float, ...] = ()
@@ -48,7 +49,7 @@ def lines(v: StatsView) -> dict[str, str]:
     """Label id -> text; a pure function so tests can check the words without a terminal."""
     s = v.stats
     return {
-        "spec": f"speculation {'ON' if v.spec_on else 'OFF'}",
+        "spec": f"speculation {('AUTO-OFF' if v.auto_off else 'ON') if v.spec_on else 'OFF'}",
         "reason": v.spec_reason,
         "mode": f"mode   {v.mode} · drafter {v.drafter}",
         "k": f"k      {v.k} {v.k_mode} (last round {v.k_used})",
@@ -95,8 +96,8 @@ class StatsPanel(Vertical):
             return
         for key, text in lines(view).items():
             self.query_one(f"#{key}", Label).update(text)
-        self.set_class(view.spec_on, "-on")
-        self.set_class(not view.spec_on, "-off")
+        self.set_class(view.spec_on and not view.auto_off, "-on")
+        self.set_class(not view.spec_on or view.auto_off, "-off")
         self.query_one("#tps-spark", Sparkline).data = list(view.tps_history[-HISTORY:])
         self.query_one("#acc-spark", Sparkline).data = list(view.acc_history[-HISTORY:])
 
