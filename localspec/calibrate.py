@@ -42,7 +42,8 @@ def _time_rows(model: Model, prefix: list[int], n: int) -> float:
     return dt
 
 
-def measure_rows(model: Model, k_max: int, *, reps: int = 3, context: int = 16, budget_s: float = 2.0) -> list[float]:
+def measure_rows(model: Model, k_max: int, *, reps: int = 3, context: int = 16, budget_s: float = 2.0,
+                 warm: bool = True) -> list[float]:
     """Seconds for 1..k_max+1 verify rows after `context` tokens: the minimum over reps (interference from
     other processes only ever adds time). Stops early, after at least one rep, once `budget_s` is spent."""
     start = model.n_past
@@ -53,7 +54,7 @@ def measure_rows(model: Model, k_max: int, *, reps: int = 3, context: int = 16, 
         if context:
             model.decode(toks[:context], 0)
         rows = toks[context:]
-        for n in (1, k_max + 1, 1):  # warm-up: page in the weights (mmap), allocate the compute buffers
+        for n in (1, k_max + 1, 1) if warm else ():  # warm-up: page in the weights, allocate buffers
             _time_rows(model, rows, n)
         times: list[list[float]] = [[] for _ in range(k_max + 1)]
         t_end = time.perf_counter() + budget_s
@@ -70,12 +71,15 @@ def measure_rows(model: Model, k_max: int, *, reps: int = 3, context: int = 16, 
 def calibrate(target: Model, *, k_max: int = 8, draft_model: Model | None = None, reps: int = 3) -> Calibration:
     """v(0..k_max) for the target and, when a drafter model is given, its cost c per drafted token.
     v is made non-decreasing (more rows never cost less; a dip is noise)."""
-    rows = measure_rows(target, k_max, reps=reps)
+    rows = measure_rows(target, k_max, reps=1)
+    d1 = measure_rows(draft_model, 0, reps=1)[0] if draft_model is not None else None
+    for _ in range(reps - 1):  # interleaved, so target and drafter are timed under the same machine load
+        rows = [min(a, b) for a, b in zip(rows, measure_rows(target, k_max, reps=1, warm=False))]
+        if draft_model is not None:
+            d1 = min(d1, measure_rows(draft_model, 0, reps=1, warm=False)[0])
     t1 = rows[0]
     v = [1.0]
     for t in rows[1:]:
         v.append(max(t / t1, v[-1]))
-    c = None
-    if draft_model is not None:
-        c = measure_rows(draft_model, 0, reps=reps)[0] / t1
+    c = d1 / t1 if d1 is not None else None
     return Calibration(t1, tuple(v), c)

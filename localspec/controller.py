@@ -111,6 +111,7 @@ class SourceEstimate:
     rate: float = 1.0
     k: int = 0
     reason: str | None = None
+    hopeless: bool = False  # off, and would be even if every draft were accepted
 
     def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
         """α_1..α_k; an unobserved position leans on the one before it."""
@@ -162,7 +163,7 @@ class Adaptive:
                  alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.05, warmup: int = 3,
                  probe_every: int = 8, probe_max: int = 128, probe_k: int | None = None,
-                 learn_costs: bool = True) -> None:
+                 learn_costs: bool = True, explore_every: int = 16) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
         self.k_min, self.k_max = k_min, k_max
@@ -177,6 +178,7 @@ class Adaptive:
         # t_verify(d) / t1 measured against the t1 of the moment, so a busier machine does not skew the ratio
         self.t1 = t1 or 1e-3
         self.t1_weight = 0.3
+        self.explore_every = explore_every
         self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
         seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
         self.vr: list[float] = [_v_at(seed, d) for d in range(k_max + 1)]
@@ -232,10 +234,18 @@ class Adaptive:
         return self._round_k.get(source, 0)
 
     def _next_k(self, est: SourceEstimate) -> int:
-        """γ while on; while off, a probe now and then at the γ it would use (the interval doubles while
-        probes fail), so acceptance at every position it would draft gets refreshed."""
+        """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);
+        while off, a probe now and then at the γ it would use (the interval doubles while probes fail).
+        A source that could not pay even at α = 1 is not probed: nothing a probe can learn about α would
+        change that, and a model drafter's probe costs a catch-up prefill of everything since its last draft."""
         if est.on:
+            est.since_probe += 1
+            if est.since_probe >= self.explore_every and est.k < self.k_max:
+                est.since_probe = 0
+                return est.k + 1
             return est.k
+        if est.hopeless:
+            return 0
         est.since_probe += 1
         if est.since_probe >= est.probe_every:
             est.since_probe = 0
@@ -262,6 +272,7 @@ class Adaptive:
         v = self.v
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max)
         est.k, est.rate = k, rate
+        est.hopeless = best_k([1.0], est.c, v, self.k_min, self.k_max)[1] < self.off_below
         threshold = self.on_above if not est.on else self.off_below
         if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below):
             if not est.on:

@@ -122,6 +122,16 @@ def test_expensive_drafter_is_switched_off_even_at_full_acceptance():
     assert ctl.state().k["model"] == 0
     reason = ctl.spec_disabled_reason
     assert reason.startswith("model: acceptance") and "c 1.00" in reason and "× plain" in reason
+    # even α = 1 would not pay, so it is never probed (a probe would cost the drafter a catch-up prefill)
+    assert all(ctl.choose_k() == 0 for _ in range(300))
+
+
+def test_explores_one_position_further_while_on():
+    ctl = Adaptive(sources=("lookup",), k_min=1, k_max=8, v=CPU_V, t1=0.005, c={"lookup": 0.0},
+                   alpha_prior=0.6, learn_costs=False, explore_every=4)
+    ks = [ctl.choose_k() for _ in range(8)]  # no observations: the estimates stay put
+    base = best_k([0.6], 0.0, CPU_V, 1, 8)[0]
+    assert ks.count(base + 1) == 2 and ks.count(base) == 6
 
 
 def test_hybrid_keeps_lookup_on_while_the_model_is_off():
