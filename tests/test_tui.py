@@ -11,6 +11,8 @@ import time
 import pytest
 
 from localspec.loader import EngineSpec, load_engine
+from localspec.metrics import MetricsLog, read_log
+from localspec.session import ChatTemplateError
 from localspec.tui.app import ChatApp
 from localspec.tui.summary import K_STEPS
 from localspec.tui.screens.loading import LoadingScreen
@@ -66,8 +68,8 @@ def panel(app) -> str:
     return app.query_one(StatsPanel).text()
 
 
-async def test_answer_streams_with_live_stats(engine):
-    app = ChatApp(engine, max_tokens=48)
+async def test_answer_streams_with_live_stats(engine, tmp_path):
+    app = ChatApp(engine, max_tokens=48, metrics_log=MetricsLog(tmp_path / "m.jsonl"), task="tui")
     async with app.run_test(size=SIZE) as pilot:
         answer = await ask(pilot, REPEAT)
         assert answer.text.strip()
@@ -88,6 +90,8 @@ async def test_answer_streams_with_live_stats(engine):
         # batching: fewer UI updates than verify rounds, and the panel's sparklines got data
         assert 1 <= app.updates_applied <= stats.rounds
         assert app.stats_view().tps_history and app.stats_view().acc_history
+    [rec] = list(read_log(tmp_path / "m.jsonl"))  # --metrics-log: one line per answer
+    assert rec["front_end"] == "chat" and rec["task"] == "tui" and rec["draft_n"] == stats.draft_n
 
 
 async def test_updates_are_batched_to_twenty_per_second(engine):
@@ -122,9 +126,16 @@ async def test_escape_cancels_and_the_next_prompt_works(engine):
         await pilot.press(*"Write a very long story about a dragon who learns to bake bread.")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.updates_applied >= 2)
+        first = app.query(AssistantMessage).last()
+        # (each pilot key waits up to ~2 s for the process to look idle; the worker thread keeps it busy)
+        await pilot.press("ctrl+t")  # the UI answers keys while the worker generates
+        assert not first.coloured and app.generating
+        app.query_one("#prompt").value = "too soon"
+        await pilot.press("enter")  # one answer at a time: the prompt waits in the box
+        assert app.query_one("#prompt").value == "too soon" and len(app.query(AssistantMessage)) == 1
+        app.query_one("#prompt").value = ""
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.generating)
-        first = app.query(AssistantMessage).last()
         assert "cancelled" in first.meta
         assert 0 < app.stats_view().stats.n_generated < 900
         # the caches stayed consistent: the conversation goes on
@@ -211,4 +222,19 @@ async def test_load_errors_show_in_the_app(which, tmp_path, smollm2_path, reques
         error = app.screen.failed
         assert "Traceback" not in error
         assert ("nope.gguf" in error) if which == "missing" else ("cannot draft" in error)
+        assert app.load_error.exit_code == 2
         await pilot.press("q")
+
+
+async def test_request_errors_show_in_the_chat(engine, monkeypatch):
+    def no_template(messages):
+        raise ChatTemplateError("smollm2 has no chat template in its GGUF metadata; use an instruct model")
+
+    app = ChatApp(engine, max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        monkeypatch.setattr(engine, "chat_prompt", no_template)
+        failed = await ask(pilot, "Hello?")
+        assert failed.has_class("-error") and failed.meta.startswith("error: smollm2 has no chat template")
+        assert app.history == []  # the failed prompt is not carried into the next one
+        monkeypatch.undo()
+        assert (await ask(pilot, "Hello?")).text.strip()

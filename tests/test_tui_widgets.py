@@ -86,6 +86,7 @@ async def test_assistant_message_colours_accepted_drafts_and_toggles_to_markdown
         await pilot.pause()
         assert not msg.has_class("-coloured") and msg.query_one(Markdown).source == msg.text
         await msg.add((Segment(" More.", False),))  # streaming into the Markdown face
+        await msg.end_stream()
         assert msg.query_one(Markdown).source == msg.text
         msg.set_meta("error: context full", error=True)
         assert msg.has_class("-error") and msg.meta == "error: context full"
@@ -220,3 +221,28 @@ def test_set_draft_length_pins_and_restores():
     set_draft_length(e, AUTO, adaptive)
     assert e.controller is adaptive
     assert "no adaptive" in set_draft_length(e, AUTO, None)
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+
+def test_chat_command_help_and_pair_errors():
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    r = CliRunner().invoke(main, ["chat", "--help"])
+    assert r.exit_code == 0 and "ctrl+s speculation on/off" in r.output and "--pair NAME" in r.output
+    r = CliRunner().invoke(main, ["chat", "--pair", "no-such-pair"])
+    assert r.exit_code == 2 and r.output.startswith("error: no pair named 'no-such-pair'")
+    assert "Traceback" not in r.output and "smollm2-135m-lookup" in r.output
+    r = CliRunner().invoke(main, ["chat", "--pair", "smollm2-135m-lookup", "--model", "x"])
+    assert r.exit_code == 2 and "choose one of --model and --pair" in r.output
+
+
+def test_pair_spec_fills_target_drafter_and_k():
+    from localspec.commands.chat import pair_spec
+    from localspec.loader import EngineSpec
+
+    spec = pair_spec("smollm2-135m-lookup", EngineSpec(), model_given=False)
+    assert (spec.model, spec.draft, spec.k) == ("smollm2-135m", "lookup", 4)
+    assert pair_spec("smollm2-135m-lookup", EngineSpec(draft="none", k=2), model_given=False).draft == "none"

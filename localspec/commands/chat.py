@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import click
 
-from .common import engine_options, engine_spec, friendly_errors
+from .common import adaptive_settings, engine_options, engine_spec, friendly_errors
 
 
 @click.command()
@@ -30,6 +31,7 @@ def chat(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbo
           ctrl+y copy answer · Esc stop · ↑ history · ctrl+p commands · ctrl+q quit
     Conversations are saved in $LOCALSPEC_HOME/chats.sqlite.
     """
+    from ..metrics import MetricsLog
     from ..sampling import SamplingParams
     from ..tui.app import ChatApp
 
@@ -37,7 +39,14 @@ def chat(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbo
     if pair:
         spec = pair_spec(pair, spec, model_given=model is not None)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    ChatApp(spec=spec, system=system, params=params, max_tokens=max_tokens).run()
+    opts = adaptive_settings()
+    mlog = MetricsLog(opts["metrics_log"]) if opts["metrics_log"] else None
+    app = ChatApp(spec=spec, system=system, params=params, max_tokens=max_tokens, metrics_log=mlog,
+                  task=opts["task"])
+    app.run()
+    if app.load_error:  # shown in the app; repeated here so scripts and the shell see it too
+        click.echo(f"error: {app.load_error.error}", err=True)
+        sys.exit(app.load_error.exit_code)
 
 
 def pair_spec(name: str, spec, *, model_given: bool):

@@ -22,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 from textual.worker import get_current_worker
 
+from ..controller import controller_state
 from ..errors import LocalspecError
 from ..sampling import SamplingParams
 from ..session import ChatTemplateError, Engine
@@ -29,7 +30,7 @@ from ..stats import Stats
 from .messages import EngineFailed, EngineReady, Generated, GenerationEnded, GenerationFailed, LoadProgress
 from .screens.loading import LoadingScreen
 from .store import ChatStore
-from .stream import stream_updates
+from .stream import log_request, stream_updates
 from .summary import (AUTO, K_STEPS, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
                       stats_from_dict)
 from .widgets.chat_message import AssistantMessage, UserMessage
@@ -55,7 +56,8 @@ class ChatApp(App):
 
     def __init__(self, engine: Engine | None = None, *, spec=None, system: str | None = None,
                  params: SamplingParams = SamplingParams(), max_tokens: int = 1024,
-                 store_path: Path | None = None, coloured: bool = True) -> None:
+                 store_path: Path | None = None, coloured: bool = True, metrics_log=None,
+                 task: str | None = None) -> None:
         """Pass a built `engine` (tests, embedding), or an `EngineSpec` to load in a worker (the CLI)."""
         super().__init__()
         self.engine = engine
@@ -66,6 +68,7 @@ class ChatApp(App):
         self.max_tokens = max_tokens
         self.store_path = store_path
         self.coloured = coloured
+        self.metrics_log, self.task_label = metrics_log, task  # a metrics.MetricsLog: one JSON line per answer
         self.spec_on = bool(engine and engine.drafter)
         self.history: list[dict] = []  # the conversation as chat-template messages (no system)
         self.conv_id: int | None = None
@@ -84,6 +87,7 @@ class ChatApp(App):
         self._tps: deque[float] = deque(maxlen=HISTORY)
         self._acc: deque[float] = deque(maxlen=HISTORY)
         self.store: ChatStore | None = None
+        self.load_error: EngineFailed | None = None  # the CLI prints it again after the app closes
         self._adaptive: object | None = None  # the session's adaptive controller, kept while k is pinned
 
     # -- layout and start-up ------------------------------------------------------------------------------
@@ -117,7 +121,7 @@ class ChatApp(App):
         try:
             engine = load_engine(self.spec or EngineSpec(), log=lambda m: self.post_message(LoadProgress(str(m))))
         except LocalspecError as e:
-            self.post_message(EngineFailed(str(e)))
+            self.post_message(EngineFailed(str(e), e.exit_code))
         except Exception as e:  # llama.cpp or the file system said no: still one line, in the app
             self.post_message(EngineFailed(f"{type(e).__name__}: {e}"))
         else:
@@ -128,6 +132,7 @@ class ChatApp(App):
             self.screen.progress(msg.text)
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
+        self.load_error = msg
         if isinstance(self.screen, LoadingScreen):
             self.screen.fail(msg.error)
 
@@ -202,9 +207,13 @@ class ChatApp(App):
         try:
             with self._lock:
                 prompt = engine.chat_prompt(messages)
+                before = controller_state(engine.controller) if spec and engine.drafter else None
+                upd = None
                 for upd in stream_updates(engine, prompt, params=self.params, max_tokens=self.max_tokens,
                                           spec=spec, should_stop=lambda: worker.is_cancelled):
                     self.post_message(Generated(gen_id, upd))
+                if self.metrics_log and upd is not None:
+                    log_request(self.metrics_log, engine, upd, spec=spec, before=before, task=self.task_label)
         except (LocalspecError, ChatTemplateError) as e:
             self.post_message(GenerationFailed(gen_id, str(e)))
         except Exception as e:  # a bug, but the chat (and the saved conversation) should survive it
@@ -223,6 +232,7 @@ class ChatApp(App):
         self._acc.extend(upd.acceptance)
         self._stats, self._mode, self._k_used, self._inflight = upd.stats, upd.mode, upd.k_used, upd.stats
         if upd.finish:
+            await self.current.end_stream()
             self._finish_answer(upd.finish)
         self._tps_now = upd.tps_now or self._tps_now
         self._show_stats()

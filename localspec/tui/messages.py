@@ -34,6 +34,7 @@ class EngineFailed(Message):
     """Loading failed with a user error (missing model, incompatible drafter): shown in the app."""
 
     error: str
+    exit_code: int = 1  # the LocalspecError's, so `localspec chat` exits as `run` would
 
 
 @dataclass

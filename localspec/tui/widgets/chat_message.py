@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 
 from ..stream import Segment
 
@@ -44,6 +45,7 @@ class AssistantMessage(Vertical):
         self.segments: list[Segment] = [Segment(text, False)] if text else []
         self.coloured = coloured
         self._meta = meta
+        self._stream: MarkdownStream | None = None  # streams into the Markdown face; coalesces when behind
         self.set_class(coloured, "-coloured")
 
     def compose(self) -> ComposeResult:
@@ -73,15 +75,24 @@ class AssistantMessage(Vertical):
         if self.coloured:
             self.query_one("#tokens", Static).update(self.rich_text())
         else:
-            await self.query_one(Markdown).append("".join(s.text for s in segments))
+            if self._stream is None:
+                self._stream = Markdown.get_stream(self.query_one(Markdown))
+            await self._stream.write("".join(s.text for s in segments))
 
     async def set_coloured(self, on: bool) -> None:
         self.coloured = on
+        await self.end_stream()
         if on:
             self.query_one("#tokens", Static).update(self.rich_text())
         else:
             await self.query_one(Markdown).update(self.text)
         self.set_class(on, "-coloured")
+
+    async def end_stream(self) -> None:
+        """Flush the Markdown stream (at the end of an answer, or before the whole text is re-rendered)."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.stop()
 
     def set_meta(self, text: str, *, error: bool = False) -> None:
         self._meta = text
