@@ -148,7 +148,7 @@ def winners(rows: Sequence[Row]) -> list[Best]:
 
 
 def _pct(s: float) -> str:
-    return f"{s:.2f}×" if s >= 1 else f"{s:.2f}× (loses {100 * (1 - s):.0f} %)"
+    return f"{s:.2f}×" if s >= 0.995 else f"{s:.2f}× (loses {100 * (1 - s):.0f} %)"
 
 
 def verdict(rows: Sequence[Row], auto_available: bool) -> str:
