@@ -173,6 +173,11 @@ async def test_saved_conversation_reloads(engine, home):
         await ask(pilot, "And of Spain?")  # the reloaded chat continues
         assert len(app2.history) == 4
         assert len(app2.store.messages(app2.conv_id)) == 4
+        convs.focus()
+        convs.highlighted = 0
+        await pilot.press("delete")  # delete the open chat: the log empties, the side panel too
+        await wait_until(pilot, lambda: convs.option_count == 0 and not app2.query(AssistantMessage))
+        assert app2.conv_id is None and app2.store.conversations() == []
 
 
 async def test_keys_colour_k_copy_history_and_palette(engine):

@@ -32,12 +32,16 @@ class Host(App):
         super().__init__()
         self.widgets = widgets
         self.chosen: list[int] = []
+        self.deleted: list[int] = []
 
     def compose(self) -> ComposeResult:
         yield from self.widgets
 
     def on_conversation_list_chosen(self, msg: ConversationList.Chosen) -> None:
         self.chosen.append(msg.conversation_id)
+
+    def on_conversation_list_deleted(self, msg: ConversationList.Deleted) -> None:
+        self.deleted.append(msg.conversation_id)
 
 
 # -- stats panel ---------------------------------------------------------------------------------------------
@@ -123,6 +127,9 @@ async def test_conversation_list_posts_the_chosen_id(tmp_path):
         await pilot.press("enter")
         await pilot.pause()
         assert host.chosen == [a]
+        await pilot.press("down", "delete")
+        await pilot.pause()
+        assert host.deleted == [b]
 
 
 async def test_loading_screen_shows_progress_then_the_error():

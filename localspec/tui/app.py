@@ -31,7 +31,7 @@ from .messages import EngineFailed, EngineReady, Generated, GenerationEnded, Gen
 from .screens.loading import LoadingScreen
 from .store import ChatStore
 from .stream import log_request, stream_updates
-from .summary import (AUTO, K_STEPS, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
+from .summary import (AUTO, K_STEPS, auto_off_reason, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
                       stats_from_dict)
 from .widgets.chat_message import AssistantMessage, UserMessage
 from .widgets.conversation_list import ConversationList
@@ -277,7 +277,7 @@ class ChatApp(App):
             k=current_k(e) if e and e.drafter and self.spec_on else 0, k_used=self._k_used,
             k_mode="auto" if e and is_adaptive(e.controller) else "fixed",
             spec_on=bool(e and e.drafter and self.spec_on),
-            auto_off=bool(e and e.drafter and self.spec_on and getattr(e.controller, "spec_disabled_reason", None)),
+            auto_off=bool(e and e.drafter and self.spec_on and auto_off_reason(e.controller)),
             spec_reason=spec_reason(e, self.spec_on, last_mode=self._mode, rounds=self._stats.rounds) if e else "",
             tps_history=tuple(self._tps), acc_history=tuple(self._acc))
 
@@ -382,6 +382,13 @@ class ChatApp(App):
 
     async def on_conversation_list_chosen(self, msg: ConversationList.Chosen) -> None:
         await self.open_conversation(msg.conversation_id)
+
+    async def on_conversation_list_deleted(self, msg: ConversationList.Deleted) -> None:
+        assert self.store is not None
+        self.store.delete(msg.conversation_id)
+        if msg.conversation_id == self.conv_id:
+            await self.action_new_chat()
+        self._refresh_conversations()
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Show a saved chat and continue it; each answer shows the stats it was written with."""

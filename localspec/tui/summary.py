@@ -61,13 +61,23 @@ def set_draft_length(engine: "Engine", k: int, adaptive: object | None) -> str:
     return f"draft length k = {k}"
 
 
+def auto_off_reason(controller: object) -> str | None:
+    """An adaptive controller's reason for decoding plainly now, if any. Read from the UI thread while the
+    worker updates the controller: a torn read is skipped (the next repaint, 50 ms later, reads again)."""
+    try:
+        why = getattr(controller, "spec_disabled_reason", None)
+    except Exception:
+        return None
+    return why if isinstance(why, str) and why else None
+
+
 def spec_reason(engine: "Engine", spec_on: bool, *, last_mode: str, rounds: int) -> str:
     if engine.drafter is None:
         return "no drafter loaded (--no-spec); use --lookup or --draft"
     if not spec_on:
         return "switched off (ctrl+s to switch on)"
-    why = getattr(engine.controller, "spec_disabled_reason", None)
-    if isinstance(why, str) and why:
+    why = auto_off_reason(engine.controller)
+    if why:
         return f"auto-off: {why}"
     k = current_k(engine)
     if k == 0:

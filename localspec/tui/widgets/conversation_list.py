@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -23,8 +24,16 @@ class ConversationList(OptionList):
     ConversationList { width: 28; border: none; border-right: vkey $primary 30%; }
     """
 
+    BINDINGS = [Binding("delete", "delete", "Delete chat")]
+
     @dataclass
     class Chosen(Message):
+        conversation_id: int
+
+    @dataclass
+    class Deleted(Message):
+        """The user asked to delete this saved conversation (the app owns the store)."""
+
         conversation_id: int
 
     def set_conversations(self, conversations: list[Conversation], *, current: int | None = None) -> None:
@@ -42,3 +51,9 @@ class ConversationList(OptionList):
         event.stop()
         if event.option.id is not None:
             self.post_message(self.Chosen(int(event.option.id)))
+
+    def action_delete(self) -> None:
+        if self.highlighted is not None:
+            option = self.get_option_at_index(self.highlighted)
+            if option.id is not None:
+                self.post_message(self.Deleted(int(option.id)))
