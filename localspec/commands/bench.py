@@ -15,8 +15,8 @@ import click
 
 from .common import friendly_errors, log_err
 
-QUICK = dict(per_task=1, ks="2,4", max_tokens=64, temps="0", repeats=1)
-FULL = dict(per_task=None, ks="2,4,6", max_tokens=128, temps="0", repeats=1)
+QUICK = dict(per_task=1, ks="2,4,auto", max_tokens=64, temps="0", repeats=1)
+FULL = dict(per_task=None, ks="2,4,6,auto", max_tokens=128, temps="0", repeats=1)
 
 
 def parse_ks(text: str) -> tuple[tuple[int, ...], bool]:
@@ -60,7 +60,7 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--temp", "temps", metavar="LIST", help="Temperatures, e.g. 0,0.8 (default 0).")
 @click.option("--repeats", type=click.IntRange(1), help="Runs per prompt and configuration (default 1).")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), help="New tokens per run (default 128; --quick 64).")
-@click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4, 64 tokens): a few minutes.")
+@click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4,auto, 64 tokens): under a minute here.")
 @click.option("--ctx", "n_ctx", type=click.IntRange(256), default=2048, show_default=True, help="Context length.")
 @click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores).")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Sampling seed (T > 0).")
