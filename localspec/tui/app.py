@@ -27,11 +27,12 @@ from ..errors import LocalspecError
 from ..sampling import SamplingParams
 from ..session import ChatTemplateError, Engine
 from ..stats import Stats
+from .palette import chat_commands
 from .messages import EngineFailed, EngineReady, Generated, GenerationEnded, GenerationFailed, LoadProgress
 from .screens.loading import LoadingScreen
 from .store import ChatStore
 from .stream import log_request, stream_updates
-from .summary import (AUTO, K_STEPS, auto_off_reason, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
+from .summary import (AUTO, auto_off_reason, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
                       stats_from_dict)
 from .widgets.chat_message import AssistantMessage, UserMessage
 from .widgets.conversation_list import ConversationList
@@ -358,22 +359,7 @@ class ChatApp(App):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("New chat", "Start a new conversation (ctrl+n)", self.action_new_chat)
-        yield SystemCommand("Toggle speculation", "Speculative decoding on/off, no reload (ctrl+s)",
-                            self.action_toggle_spec)
-        yield SystemCommand("Change draft length", "Cycle k through " + ", ".join(map(str, K_STEPS))
-                            + (", auto" if self._adaptive else "") + " (ctrl+k)", self.action_cycle_k)
-        if self._adaptive is not None:
-            yield SystemCommand("Draft length auto", "The adaptive controller picks γ each round",
-                                lambda: self.action_set_k(AUTO))
-        for k in K_STEPS:
-            yield SystemCommand(f"Draft length k={k}", f"Draft {k} tokens per round", lambda k=k: self.action_set_k(k))
-        yield SystemCommand("Toggle token colouring", "Colour text from accepted drafts (ctrl+t)",
-                            self.action_toggle_colour)
-        yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard (ctrl+y)",
-                            self.action_copy_last)
-        yield SystemCommand("Stop generation", "Stop the answer after the current round (Esc)", self.action_stop)
-        yield SystemCommand("Toggle conversations", "Show or hide saved chats (ctrl+b)", self.action_toggle_sidebar)
+        yield from chat_commands(self)
 
     # -- saved conversations ----------------------------------------------------------------------------------
     def _refresh_conversations(self) -> None:
