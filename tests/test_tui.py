@@ -149,7 +149,7 @@ async def test_saved_conversation_reloads(engine, home):
     app = ChatApp(engine, max_tokens=16)
     async with app.run_test(size=SIZE) as pilot:
         first = await ask(pilot, "What is the capital of France?")
-        answer, meta = first.text, first.meta
+        answer, meta, accepted = first.text, first.meta, first.accepted_text
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not app.query(AssistantMessage) and app.history == []
@@ -165,7 +165,8 @@ async def test_saved_conversation_reloads(engine, home):
         await wait_until(pilot, lambda: len(app2.query(AssistantMessage)) == 1)
         assert app2.query_one(UserMessage).text == "What is the capital of France?"
         reloaded = app2.query_one(AssistantMessage)
-        assert reloaded.text == answer and reloaded.meta == meta  # each message keeps its stats
+        assert reloaded.text == answer and reloaded.meta == meta  # each message keeps its stats ...
+        assert reloaded.accepted_text == accepted  # ... and where the drafter was right
         assert app2.history == [{"role": "user", "content": "What is the capital of France?"},
                                 {"role": "assistant", "content": answer}]
         assert "tok/s" in panel(app2)
@@ -191,6 +192,8 @@ async def test_keys_colour_k_copy_history_and_palette(engine):
         assert engine.k == 6 and engine.controller.k == 6 and "k      6 fixed" in panel(app)
         await pilot.press("ctrl+y")
         assert app.clipboard == app.last_answer
+        await pilot.press("ctrl+c")  # nothing to stop: a hint, the app keeps running
+        assert app.is_running
         await pilot.press("up")
         assert app.query_one("#prompt").value == REPEAT
         titles = {c.title for c in app.get_system_commands(app.screen)}

@@ -15,7 +15,7 @@ from localspec.speculative import Step
 from localspec.stats import Stats
 from localspec.tui.screens.loading import LoadingScreen
 from localspec.tui.store import ChatStore
-from localspec.tui.stream import Batcher, Segment, split_accepted
+from localspec.tui.stream import Batcher, Segment, accepted_spans, from_spans, split_accepted
 from localspec.tui.summary import AUTO, meta_line, next_k, set_draft_length, stats_from_dict
 from localspec.tui.widgets.chat_message import ACCEPTED_STYLE, AssistantMessage
 from localspec.tui.widgets.conversation_list import ConversationList
@@ -195,6 +195,14 @@ def test_batcher_folds_rounds_into_one_update_per_interval():
     assert "".join(u.text for u in updates) == "ab" * 100
     assert sum(len(u.acceptance) for u in updates) == 100 and updates[1].acceptance[0] == 0.5
     assert updates[1].tps_now == pytest.approx(2 / 0.010)
+
+
+def test_accepted_spans_round_trip():
+    segs = (Segment("The ", False), Segment("cat sat", True), Segment(" on", False), Segment(" the mat", True))
+    spans = accepted_spans(segs)
+    assert spans == [[4, 11], [14, 22]]
+    assert from_spans("The cat sat on the mat", spans) == segs
+    assert from_spans("plain", []) == (Segment("plain", False),)
 
 
 def test_split_accepted():

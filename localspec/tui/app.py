@@ -31,7 +31,7 @@ from .palette import chat_commands
 from .messages import EngineFailed, EngineReady, Generated, GenerationEnded, GenerationFailed, LoadProgress
 from .screens.loading import LoadingScreen
 from .store import ChatStore
-from .stream import log_request, stream_updates
+from .stream import accepted_spans, from_spans, log_request, stream_updates
 from .summary import (AUTO, auto_off_reason, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
                       stats_from_dict)
 from .widgets.chat_message import AssistantMessage, UserMessage
@@ -246,7 +246,8 @@ class ChatApp(App):
         self._inflight = None
         spec = bool(s.draft_n)
         d = s.to_dict() | {"mode": "spec" if spec else "plain", "drafter": self.engine.drafter_name if spec else "none",
-                           "k": self.k_label if spec else 0, "finish": finish}
+                           "k": self.k_label if spec else 0, "finish": finish,
+                           "accepted_spans": accepted_spans(self.current.segments)}
         self.current.set_meta(meta_line(d))
         self.last_answer = self.current.text
         self.history.append({"role": "assistant", "content": self.last_answer})
@@ -392,7 +393,9 @@ class ChatApp(App):
             if m.role == "user":
                 widgets.append(UserMessage(m.content))
             else:
-                widgets.append(AssistantMessage(m.content, meta=meta_line(m.stats or {})))
+                spans = (m.stats or {}).get("accepted_spans", [])
+                widgets.append(AssistantMessage(m.content, meta=meta_line(m.stats or {}), coloured=self.coloured,
+                                                segments=from_spans(m.content, spans)))
                 last = m
         await log.mount_all(widgets)
         log.scroll_end(animate=False)

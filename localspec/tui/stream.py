@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..sampling import SamplingParams
 from ..stats import Stats
@@ -54,6 +54,28 @@ def split_accepted(text: str, accepted_text: str) -> int:
     if text.startswith(accepted_text):
         return len(accepted_text)
     return min(len(accepted_text), len(text))
+
+
+def accepted_spans(segments: Sequence[Segment]) -> list[list[int]]:
+    """[start, end) character ranges of accepted-draft text: saved with a message so a reload keeps colours."""
+    out, pos = [], 0
+    for seg in segments:
+        if seg.accepted:
+            out.append([pos, pos + len(seg.text)])
+        pos += len(seg.text)
+    return out
+
+
+def from_spans(text: str, spans: Sequence[Sequence[int]]) -> tuple[Segment, ...]:
+    out, pos = [], 0
+    for start, end in spans:
+        if start > pos:
+            out.append(Segment(text[pos:start], False))
+        out.append(Segment(text[start:end], True))
+        pos = end
+    if pos < len(text):
+        out.append(Segment(text[pos:], False))
+    return tuple(s for s in out if s.text)
 
 
 class Batcher:

@@ -40,9 +40,11 @@ class AssistantMessage(Vertical):
     AssistantMessage.-error > #meta { color: $error; text-style: bold; }
     """
 
-    def __init__(self, text: str = "", *, meta: str = "", coloured: bool = False) -> None:
+    def __init__(self, text: str = "", *, meta: str = "", coloured: bool = False,
+                 segments: tuple[Segment, ...] | None = None) -> None:
         super().__init__()
-        self.segments: list[Segment] = [Segment(text, False)] if text else []
+        self.segments: list[Segment] = list(segments) if segments is not None else (
+            [Segment(text, False)] if text else [])
         self.coloured = coloured
         self._meta = meta
         self._stream: MarkdownStream | None = None  # streams into the Markdown face; coalesces when behind
