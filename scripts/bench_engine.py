@@ -22,23 +22,8 @@ from localspec.gguf_tools import write_dequantized
 from localspec.paths import cache_dir
 from localspec.registry import resolve_model
 from localspec.session import Engine
+from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 
-PROSE = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
-         "Explain how a bicycle stays upright while moving."]
-CODE = '''def parse_config(path):
-    with open(path) as f:
-        lines = f.readlines()
-    result = {}
-    for line in lines:
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, value = line.split("=", 1)
-        result[key.strip()] = value.strip()
-    return result
-'''
-REWRITE = f"Rename the variable `result` to `config` in this function:\n```python\n{CODE}```"
-REWRITE_START = "```python\ndef parse_config(path):"  # the answer's first line, as an editor's rewrite request sends it
 
 
 def chat(engine: Engine, text: str) -> list[int]:

@@ -15,23 +15,10 @@ from localspec.cli import main
 from localspec.controller import Adaptive
 from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
 from localspec.session import Engine
+from localspec.bench.samples import PROSE as PROSE_PROMPTS, REWRITE, REWRITE_START
 
 OPTS = LoadOptions(n_ctx=1024)
-PROSE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-CODE = '''def parse_config(path):
-    with open(path) as f:
-        lines = f.readlines()
-    result = {}
-    for line in lines:
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, value = line.split("=", 1)
-        result[key.strip()] = value.strip()
-    return result
-'''
-REWRITE = f"Rename the variable `result` to `config` in this function:\n```python\n{CODE}```"
-REWRITE_START = "```python\ndef parse_config(path):"  # the answer's first line, as an editor's rewrite sends it
+PROSE = PROSE_PROMPTS[0]
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75)  # SmolLM2-135M Q4_1, 2 cores: v(3) ≈ 2.4 (design.md)
 
 
