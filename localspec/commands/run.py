@@ -57,8 +57,9 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     stats = last.stats
-    mode = "spec" if engine.drafter else "plain"
     ctl = controller_state(engine.controller) if engine.drafter else None
+    # "auto-off": a drafter was configured but the controller decoded the whole request plainly
+    mode = "plain" if not engine.drafter else "spec" if stats.draft_n else "auto-off"
     rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
                          finish=last.finish, task=opts["task"], controller=ctl, before=before)
     if mlog:
@@ -79,7 +80,8 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
         }))
     else:
         sys.stdout.write("\n")
-        how = f"spec: {engine.drafter_name}, k={engine.k}" if engine.drafter else "plain"
+        k_txt = "auto" if ctl and ctl.adaptive else engine.k
+        how = f"{mode}: {engine.drafter_name}, k={k_txt}" if engine.drafter else "plain"
         log_err(f"[{engine.name} | {how}] {stats.line()}")
         if ctl and ctl.spec_disabled_reason:
             log_err(f"speculation off: {ctl.spec_disabled_reason}")
