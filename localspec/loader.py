@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .backend import LoadOptions, Model
+from .backend import LoadOptions, Model, in_own_thread
 from .compat import check_pair
 from .controller import Adaptive, Controller, FixedK
 from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookup
@@ -98,7 +98,8 @@ def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,
     from .calibrate import calibrate
 
     k_min, k_max = (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
-    cal = calibrate(target, k_max=k_max, draft_model=draft_model)
+    # off this thread: a server loads on its main thread and decodes on a worker (backend.py, "Threads")
+    cal = in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model)
     sources = getattr(drafter, "sources", (drafter.name,))
     ctl = Adaptive(sources=sources, k_min=k_min, k_max=k_max, v=cal.v, t1=cal.t1,
                    c={"model": cal.c_model} if cal.c_model is not None else None)
