@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -34,9 +35,21 @@ T = TypeVar("T")
 _backend_ready = False
 
 
+_verbose = False
+
+
+@llama_cpp.llama_log_callback
+def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's log goes to stderr only with --verbose: our errors are one line of our own."""
+    if _verbose:
+        sys.stderr.write(text.decode("utf-8", "replace"))
+
+
 def _init_backend(verbose: bool) -> None:
-    global _backend_ready
+    global _backend_ready, _verbose
+    _verbose = verbose
     _logger.set_verbose(verbose)
+    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
     if not _backend_ready:
         llama_cpp.llama_backend_init()
         _backend_ready = True

@@ -85,8 +85,9 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     target = Model.load(target_ref.path, opts)
     if controller is None and drafter is not None:
         controller = make_controller(spec, k, target, drafter, draft_model)
+    template = target_ref.entry.chat_template if target_ref.entry else None
     return Engine(target, drafter, k=k, controller=controller, name=target_ref.name,
-                  drafter_name=draft if drafter else NONE)
+                  drafter_name=draft if drafter else NONE, chat_template=template)
 
 
 def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,

@@ -98,7 +98,8 @@ class Engine:
     """A loaded target, an optional drafter, and the per-session draft-length controller."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, k: int = 4,
-                 controller: Controller | None = None, name: str = "", drafter_name: str = "") -> None:
+                 controller: Controller | None = None, name: str = "", drafter_name: str = "",
+                 chat_template: str | None = None) -> None:
         self.target = target
         self.drafter = drafter
         self.k = k
@@ -106,6 +107,7 @@ class Engine:
         self.name = name or target.path.name
         self.drafter_name = drafter_name or (drafter.name if drafter else "none")
         self._meta = target.metadata()
+        self._chat_template = chat_template  # models.toml override; else the GGUF's own
 
     def close(self) -> None:
         if self.drafter:
@@ -114,7 +116,7 @@ class Engine:
 
     @property
     def chat_template(self) -> str | None:
-        return self._meta.get("tokenizer.chat_template")
+        return self._chat_template or self._meta.get("tokenizer.chat_template")
 
     @property
     def metadata(self) -> dict[str, str]:

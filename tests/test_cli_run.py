@@ -70,3 +70,17 @@ def test_prompt_longer_than_context(smollm2_path):
 def test_bad_options_are_usage_errors(args):
     r = _run(*args, "hi")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_chat_template_from_models_toml_overrides_the_gguf(tmp_path, gemma_path, monkeypatch):
+    """Gemma-3-270M (base) ships no chat template: --chat fails with one line, until models.toml gives one."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(
+        f'[models.gemma-plain]\npath = "{gemma_path}"\n\n'
+        f'[models.gemma-chat]\npath = "{gemma_path}"\n'
+        'chat_template = "{% for m in messages %}<start_of_turn>{{ m.role }}\\n{{ m.content }}<end_of_turn>\\n'
+        '{% endfor %}<start_of_turn>model\\n"\n')
+    _one_line_error(_run("--model", "gemma-plain", "--chat", "--no-spec", "-n", "4", "hi"), 2, "no chat template")
+    r = _run("--model", "gemma-chat", "--chat", "--no-spec", "-n", "4", "--json", "hi")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] >= 1
