@@ -34,8 +34,16 @@ class LazyGroup(click.Group):
                 return None
             raise
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """One full line per command (click's default cuts the summary at 45 characters)."""
+        rows = [(name, cmd.get_short_help_str(limit=90)) for name in self.list_commands(ctx)
+                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="localspec")
 def main() -> None:
     """localspec: fast local LLM generation with lossless speculative decoding.
