@@ -46,3 +46,23 @@ def smollm2_f16_path(smollm2_path: Path) -> Path:
     if not out.exists():
         write_dequantized(smollm2_path, out)
     return out
+
+
+def _loaded(path: Path, n_ctx: int = 1024):
+    from localspec.backend import LoadOptions, Model
+
+    m = Model.load(path, LoadOptions(n_ctx=n_ctx))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_target(smollm2_path: Path):
+    """SmolLM2 loaded once per test module (n_ctx 1024)."""
+    yield from _loaded(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2_twin(smollm2_path: Path):
+    """A second, independent load of SmolLM2: the model as its own drafter (c ≈ 1, α ≈ 1 greedy)."""
+    yield from _loaded(smollm2_path)

@@ -9,7 +9,6 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from localspec.backend import LoadOptions, Model
 from localspec.calibrate import calibrate
 from localspec.cli import main
 from localspec.controller import Adaptive
@@ -17,23 +16,18 @@ from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
 from localspec.session import Engine
 from localspec.bench.samples import PROSE as PROSE_PROMPTS, REWRITE, REWRITE_START
 
-OPTS = LoadOptions(n_ctx=1024)
 PROSE = PROSE_PROMPTS[0]
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75)  # SmolLM2-135M Q4_1, 2 cores: v(3) ≈ 2.4 (design.md)
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_path):
-    m = Model.load(smollm2_path, OPTS)
-    yield m
-    m.close()
+def target(smollm2_target):
+    return smollm2_target
 
 
 @pytest.fixture(scope="module")
-def self_draft(smollm2_path):
-    m = Model.load(smollm2_path, OPTS)
-    yield m
-    m.close()
+def self_draft(smollm2_twin):
+    return smollm2_twin
 
 
 @pytest.fixture(scope="module")

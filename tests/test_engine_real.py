@@ -11,7 +11,6 @@ from localspec.sampling import SamplingParams
 from localspec.session import Engine
 from localspec.speculative import generate
 
-OPTS = LoadOptions(n_ctx=1024)
 
 CODE = """def fib(n):
     a, b = 0, 1
@@ -36,17 +35,13 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_path):
-    m = Model.load(smollm2_path, OPTS)
-    yield m
-    m.close()
+def target(smollm2_target):
+    return smollm2_target
 
 
 @pytest.fixture(scope="module")
-def self_drafter(smollm2_path):
-    d = ModelDrafter(Model.load(smollm2_path, OPTS))
-    yield d
-    d.close()
+def self_drafter(smollm2_twin):
+    return ModelDrafter(smollm2_twin)
 
 
 def _record_logits(model: Model) -> list[np.ndarray]:
