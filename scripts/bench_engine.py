@@ -50,7 +50,6 @@ def llama_cpp_plain(path: Path, prompts: list[str], n: int, threads: int):
     def run(text: str) -> tuple[float, int]:
         llm.reset()
         msgs = [{"role": "user", "content": text}]
-        t0 = time.perf_counter()
         first = None
         count = 0
         for _ in llm.create_chat_completion(msgs, temperature=0.0, max_tokens=n, stream=True):

@@ -8,8 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 from click.testing import CliRunner
 
