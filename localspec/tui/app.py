@@ -31,7 +31,8 @@ from .palette import chat_commands
 from .messages import EngineFailed, EngineReady, Generated, GenerationEnded, GenerationFailed, LoadProgress
 from .screens.loading import LoadingScreen
 from .store import ChatStore
-from .stream import accepted_spans, from_spans, log_request, stream_updates
+from .saved import saved_widgets
+from .stream import accepted_spans, log_request, stream_updates
 from .summary import (AUTO, auto_off_reason, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
                       stats_from_dict)
 from .widgets.chat_message import AssistantMessage, UserMessage
@@ -387,16 +388,7 @@ class ChatApp(App):
         self._leave_current()
         log = self.query_one("#log", VerticalScroll)
         await log.remove_children()
-        widgets, self.history, last = [], [], None
-        for m in self.store.messages(conversation_id):
-            self.history.append({"role": m.role, "content": m.content})
-            if m.role == "user":
-                widgets.append(UserMessage(m.content))
-            else:
-                spans = (m.stats or {}).get("accepted_spans", [])
-                widgets.append(AssistantMessage(m.content, meta=meta_line(m.stats or {}), coloured=self.coloured,
-                                                segments=from_spans(m.content, spans)))
-                last = m
+        widgets, self.history, last = saved_widgets(self.store, conversation_id, coloured=self.coloured)
         await log.mount_all(widgets)
         log.scroll_end(animate=False)
         self.conv_id, self.system = conv.id, conv.system or self.system
