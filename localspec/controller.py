@@ -12,7 +12,8 @@ maximises expected tokens per unit of target time (Leviathan et al. 2023, §3.4,
 it follows a change of content); c is drafter time per drafted token ÷ target single-token time; v(γ)
 is target time for γ+1 rows ÷ one row (calibrated at load, refined from `Step.t_verify`).
 Estimates are kept per draft source ("lookup", "model"), so a hybrid drafter can keep the free lookup
-on while the model drafter is off. A source switches off when its best rate falls below `off_below`,
+on while the model drafter is off; each source's cost c starts from what its drafter declares
+(`Drafter.cost`: 0 for a free one, None = measured at load) and is refined online. A source switches off when its best rate falls below `off_below`,
 back on above `on_above` (hysteresis); while off it is re-probed with a short draft now and then, with
 the interval doubling while the probes keep failing.
 """
@@ -27,16 +28,28 @@ if TYPE_CHECKING:
     from .speculative import Step
 
 
+DEFAULT_K = 4  # the draft length when nothing else decides it (no pair, no -k, adaptive off)
+
+
 class Controller(Protocol):
+    """The one owner of "how much to draft, from which source". Each round the loop calls `choose_k()`
+    (the longest draft any source may make now; 0 = decode plainly), the drafter asks `k_for(source)` for
+    the source it is about to use, and the loop reports the round to `observe(step)`. Reports read
+    `state()`; nothing else stores a draft length."""
+
     def choose_k(self) -> int: ...
+
+    def k_for(self, source: str) -> int: ...
 
     def observe(self, step: "Step") -> None: ...
 
+    def state(self) -> "ControllerState": ...
+
 
 class FixedK:
-    """Always the same draft length: for measurements and for `-k N --no-adaptive`."""
+    """Always the same draft length, for every source: for measurements and for `-k N --no-adaptive`."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int = DEFAULT_K) -> None:
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         self.k = k
@@ -46,8 +59,14 @@ class FixedK:
         self.k_hist[self.k] += 1
         return self.k
 
+    def k_for(self, source: str) -> int:
+        return self.k
+
     def observe(self, step: "Step") -> None:
         pass
+
+    def state(self) -> "ControllerState":
+        return ControllerState(False, dict(self.k_hist), {}, (), {}, {}, {}, None, label=str(self.k), k_now=self.k)
 
 
 # -- the closed form ------------------------------------------------------------------------------------------
@@ -87,11 +106,7 @@ def _v_at(v: Sequence[float], k: int) -> float:
     return 1.0 + k
 
 
-def queue_gate(waiting: int, max_queue: int | None) -> str | None:
-    """The server's load rule: a reason to decode plainly when more than `max_queue` requests wait."""
-    if max_queue is not None and waiting > max_queue:
-        return f"load: {waiting} requests waiting > --spec-max-queue {max_queue}"
-    return None
+_C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
 
 
 # -- online estimates -----------------------------------------------------------------------------------------
@@ -148,11 +163,20 @@ class ControllerState:
     rate: dict[str, float]  # per source: predicted speed vs plain at that γ
     spec_disabled_reason: str | None
     off: dict[str, str] = field(default_factory=dict)  # per source that is off now: why
+    label: str = "auto"  # how the draft length is chosen: "auto" or the pinned γ ("4")
+    k_now: int = 0  # the longest draft any source would make now (0 = speculation off)
+
+    @property
+    def k_mode(self) -> int:
+        """The draft length chosen in most rounds so far (0 when no round drafted): what "k" means in a report."""
+        drafted = {k: n for k, n in self.k_chosen.items() if k > 0}
+        return max(drafted, key=lambda k: (drafted[k], k)) if drafted else 0
 
     def to_dict(self) -> dict:
         return {"adaptive": self.adaptive, "k_chosen": {str(k): n for k, n in sorted(self.k_chosen.items())},
                 "c": self.c, "v": list(self.v), "alpha": {s: list(a) for s, a in self.alpha.items()},
-                "k": self.k, "rate": self.rate, "spec_disabled_reason": self.spec_disabled_reason, "off": self.off}
+                "k": self.k, "rate": self.rate, "spec_disabled_reason": self.spec_disabled_reason, "off": self.off,
+                "label": self.label, "k_now": self.k_now}
 
 
 class Adaptive:
@@ -184,7 +208,7 @@ class Adaptive:
         self.vr: list[float] = [_v_at(seed, d) for d in range(k_max + 1)]
         c = dict(c or {})
         self.src: dict[str, SourceEstimate] = {
-            s: SourceEstimate(alpha_prior=alpha_prior, c=c.get(s, 0.0 if s == "lookup" else 0.5)) for s in sources}
+            s: SourceEstimate(alpha_prior=alpha_prior, c=_C_UNKNOWN if c.get(s) is None else c[s]) for s in sources}
         self.k_hist: Counter[int] = Counter()
         for s in self.src:
             self._decide(s)
@@ -220,7 +244,7 @@ class Adaptive:
         name = step.source or "draft"
         est = self.src.get(name)
         if est is None:
-            est = self.src[name] = SourceEstimate(alpha_prior=self.alpha_prior, c=0.5)
+            est = self.src[name] = SourceEstimate(alpha_prior=self.alpha_prior, c=_C_UNKNOWN)
         est.update(step.drafted, step.accepted, self.decay)
         if decide:
             self._decide(name)
@@ -282,9 +306,7 @@ class Adaptive:
             if est.on:
                 est.since_probe, est.probe_every = 0, self.probe_every
             est.on = False
-            a = est.alphas(k)
-            est.reason = (f"{source}: acceptance {a[0]:.2f} × cost (c {est.c:.2f}, v({k}) {_v_at(v, k):.2f}): "
-                          f"spec {rate:.2f}× plain")
+            est.reason = off_reason(source, est.alphas(k)[0], est.c, _v_at(v, k), k, rate)
 
     # -- reporting --
 
@@ -296,18 +318,22 @@ class Adaptive:
         return "; ".join(e.reason for e in self.src.values() if e.reason) or None
 
     def state(self) -> ControllerState:
+        k = {s: (e.k if e.on else 0) for s, e in self.src.items()}
+        label = "auto" if self.k_min < self.k_max else str(self.k_min)
         return ControllerState(
             adaptive=True, k_chosen=dict(self.k_hist), c={s: e.c for s, e in self.src.items()},
             v=tuple(self.v), alpha={s: tuple(e.alphas(self.k_max)) for s, e in self.src.items()},
-            k={s: (e.k if e.on else 0) for s, e in self.src.items()}, rate={s: e.rate for s, e in self.src.items()},
+            k=k, rate={s: e.rate for s, e in self.src.items()},
             spec_disabled_reason=self.spec_disabled_reason,
-            off={s: e.reason for s, e in self.src.items() if not e.on and e.reason})
+            off={s: e.reason for s, e in self.src.items() if not e.on and e.reason},
+            label=label, k_now=max(k.values(), default=0))
 
 
-def controller_state(controller: object) -> ControllerState | None:
-    """The state of any controller that keeps one (FixedK reports its k)."""
-    if isinstance(controller, Adaptive):
-        return controller.state()
-    if isinstance(controller, FixedK):
-        return ControllerState(False, dict(controller.k_hist), {}, (), {}, {}, {}, None)
-    return None
+def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: float) -> str:
+    """Why a source is off, in words first (what a user can act on), the model's numbers after."""
+    verdict = (f"it would be {100 * (1 - rate):.0f} % slower here" if rate < 1
+               else f"it would gain only {100 * (rate - 1):.0f} %, too little to be sure")
+    cost = f"verifying {k + 1} tokens costs {v:.1f}× a normal step"
+    if c >= 0.05:
+        cost += f", each drafted token {c:.2f}×"
+    return f"{source}: {verdict} — drafts accepted {100 * alpha:.0f} %, {cost} (α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})"

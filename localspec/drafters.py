@@ -1,18 +1,22 @@
 """Drafters: cheap guesses at the next k tokens, behind one small protocol.
 
-A drafter sees the whole accepted context (prompt + emitted tokens) and returns up to k tokens, with the
-distributions q they were drawn from, or None when the choice was deterministic (point mass).
+A drafter sees the whole accepted context (prompt + emitted tokens) and returns up to `k_for(source)`
+tokens, with the distributions q they were drawn from, or None when the choice was deterministic (point
+mass). It does not decide how much to draft: `k_for` is the controller's answer for the source the drafter
+is about to use (0 = do not draft from it). It declares what it costs (`cost`: c per source, 0 for a free
+drafter, None = measure it), so the controller never has to recognise a drafter by name.
 A new drafter is a new class, not a new branch in the loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .backend import Model
+if TYPE_CHECKING:
+    from .backend import Model
 from .sampling import SamplingParams, sample, warp
 
 
@@ -27,12 +31,18 @@ class Draft:
 
 
 EMPTY = Draft(())
+LOOKUP = "lookup"  # the name of prompt lookup, as a drafter choice and as a draft source
+NO_DRAFTER = "none"  # "no speculation", as a drafter choice and in reports
+
+KFor = Callable[[str], int]  # source -> draft length allowed this round (the controller's decision)
 
 
 class Drafter(Protocol):
     name: str
+    sources: tuple[str, ...]  # the `Draft.source` values it produces
+    cost: Mapping[str, float | None]  # c per source (drafter time per token ÷ target step); None = measure
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft: ...
 
     def close(self) -> None: ...
@@ -51,16 +61,18 @@ class PromptLookup:
     """Prompt lookup decoding (Saxena 2023): find the most recent earlier occurrence of the context's last
     n-gram (longest n first) and propose the tokens that followed it. Free, and strong on edits and RAG."""
 
-    name = "lookup"
+    name = LOOKUP
+    sources = (LOOKUP,)
+    cost = {LOOKUP: 0.0}  # a vectorised scan: microseconds against a target step of milliseconds
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1, max_draft: int = 16) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}..{ngram_max}")
         self.ngram_max, self.ngram_min, self.max_draft = ngram_max, ngram_min, max_draft
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        k = min(k, self.max_draft)
+        k = min(k_for(self.name), self.max_draft)
         if k <= 0:
             return EMPTY
         ctx = np.asarray(context)
@@ -87,13 +99,16 @@ class ModelDrafter:
     prefix: each round decodes only what it has not seen (the tokens accepted since), never the prompt again."""
 
     name = "model"
+    sources = ("model",)
+    cost = {"model": None}  # measured at load (calibration) and refined online
 
-    def __init__(self, model: Model, *, p_min: float = 0.0) -> None:
+    def __init__(self, model: "Model", *, p_min: float = 0.0) -> None:
         self.model = model
         self.p_min = p_min  # stop drafting once the drafter's own top probability falls below this (0 = never)
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
+        k = k_for(self.name)
         if k <= 0:
             return EMPTY
         m = self.model
@@ -132,23 +147,20 @@ def _top_prob(logits: np.ndarray) -> float:
 
 class HybridDrafter:
     """Prompt lookup first (free); the model drafter only when lookup has no match. `Draft.source` says
-    which one drafted, so stats and the controller keep per-source acceptance.
-
-    `limit(source)` (e.g. `Adaptive.k_for`) caps the draft length per source each round; 0 skips that
-    source, so a controller can keep the free lookup on while the model drafter does not pay."""
+    which one drafted, so stats and the controller keep per-source acceptance, and `k_for` is asked per
+    source: a controller can keep the free lookup on while the model drafter does not pay."""
 
     name = "hybrid"
-    sources = ("lookup", "model")
 
-    def __init__(self, lookup: PromptLookup, model: ModelDrafter, *,
-                 limit: Callable[[str], int] | None = None) -> None:
-        self.lookup, self.model, self.limit = lookup, model, limit
+    def __init__(self, lookup: PromptLookup, model: ModelDrafter) -> None:
+        self.lookup, self.model = lookup, model
+        self.sources = (*lookup.sources, *model.sources)
+        self.cost = {**lookup.cost, **model.cost}
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         for d in (self.lookup, self.model):
-            kd = k if self.limit is None else min(k, self.limit(d.name))
-            draft = d.propose(context, kd, params, rng) if kd > 0 else EMPTY
+            draft = d.propose(context, k_for, params, rng)
             if len(draft):
                 return draft
         return EMPTY

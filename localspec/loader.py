@@ -9,19 +9,16 @@ from dataclasses import dataclass, replace
 
 from .backend import LoadOptions, Model, in_own_thread
 from .compat import check_pair
-from .controller import Adaptive, Controller, FixedK
-from .drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookup
+from .controller import DEFAULT_K, Adaptive, Controller, FixedK
+from .drafters import LOOKUP, NO_DRAFTER, Drafter, HybridDrafter, ModelDrafter, PromptLookup
 from .errors import IncompatibleDrafter
 from .registry import load_registry, resolve_model
 from .session import Engine
 
-LOOKUP = "lookup"
-NONE = "none"
-
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What to load. `draft` is a model name/path, "lookup", "none", or None for the registry's pairing."""
+    """What to load. `draft` is a model name/path, LOOKUP, NO_DRAFTER, or None for the registry's pairing."""
 
     model: str | None = None
     draft: str | None = None
@@ -43,7 +40,7 @@ def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
     """(drafter, k): explicit choice first, else what models.toml pairs with the model, else prompt lookup."""
     pair = load_registry().pair_for(model_name)
     draft = spec.draft or (pair.drafter if pair else LOOKUP)
-    k = spec.k if spec.k is not None else (pair.k if pair else 4)
+    k = spec.k if spec.k is not None else (pair.k if pair else DEFAULT_K)
     return draft, k
 
 
@@ -60,6 +57,7 @@ def _draft_ngl(spec: EngineSpec, target_name: str, draft_ref, ngl: int) -> int:
 
 
 def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
+    """Resolve, check, load and calibrate: the Engine a front end generates from."""
     target_ref = resolve_model(spec.model, log=log)
     draft, k = choose_drafter(spec, target_ref.name)
     n_ctx = spec.n_ctx or (target_ref.entry.n_ctx if target_ref.entry and target_ref.entry.n_ctx else 4096)
@@ -67,7 +65,7 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=ngl, verbose=spec.verbose)
     drafter: Drafter | None = None
     draft_model: Model | None = None
-    if draft not in (LOOKUP, NONE):
+    if draft not in (LOOKUP, NO_DRAFTER):
         draft_ref = resolve_model(draft, log=log)
         reasons = check_pair(target_ref.path, draft_ref.path)
         if reasons:
@@ -86,8 +84,8 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     if controller is None and drafter is not None:
         controller = make_controller(spec, k, target, drafter, draft_model)
     template = target_ref.entry.chat_template if target_ref.entry else None
-    return Engine(target, drafter, k=k, controller=controller, name=target_ref.name,
-                  drafter_name=draft if drafter else NONE, chat_template=template)
+    return Engine(target, drafter, controller=controller, name=target_ref.name,
+                  drafter_name=draft if drafter else NO_DRAFTER, chat_template=template)
 
 
 def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,
@@ -101,10 +99,8 @@ def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,
     k_min, k_max = (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
     # off this thread: a server loads on its main thread and decodes on a worker (backend.py, "Threads")
     cal = in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model)
-    sources = getattr(drafter, "sources", (drafter.name,))
-    ctl = Adaptive(sources=sources, k_min=k_min, k_max=k_max, v=cal.v, t1=cal.t1,
-                   c={"model": cal.c_model} if cal.c_model is not None else None)
+    measured = {s: cal.c_model for s, c in drafter.cost.items() if c is None and cal.c_model is not None}
+    ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v, t1=cal.t1,
+                   c={**drafter.cost, **measured})
     ctl.calibration = cal
-    if isinstance(drafter, HybridDrafter):
-        drafter.limit = ctl.k_for
     return ctl

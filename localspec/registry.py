@@ -28,7 +28,7 @@ from .embedded import package_file
 from .errors import LocalspecError, ModelNotFound
 from .paths import cache_dir, home
 
-LOOKUP = "lookup"
+from .drafters import LOOKUP  # noqa: E402  (one spelling of "prompt lookup" everywhere)
 SOURCES = ("hf", "path", "package")
 
 

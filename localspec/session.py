@@ -18,8 +18,8 @@ from datetime import datetime
 from typing import Callable, Iterator, Sequence
 
 from .backend import Model
-from .controller import Controller, FixedK
-from .drafters import Drafter
+from .controller import DEFAULT_K, Controller, FixedK
+from .drafters import NO_DRAFTER, Drafter
 from .errors import LocalspecError
 from .sampling import SamplingParams
 from .speculative import Step, generate
@@ -95,17 +95,16 @@ class TextStream:
 
 
 class Engine:
-    """A loaded target, an optional drafter, and the per-session draft-length controller."""
+    """A loaded target, an optional drafter, and the per-session controller: the one owner of how much to
+    draft (`controller.state()` says what it chose; nothing else here stores a draft length)."""
 
-    def __init__(self, target: Model, drafter: Drafter | None = None, *, k: int = 4,
-                 controller: Controller | None = None, name: str = "", drafter_name: str = "",
-                 chat_template: str | None = None) -> None:
+    def __init__(self, target: Model, drafter: Drafter | None = None, *, controller: Controller | None = None,
+                 name: str = "", drafter_name: str = "", chat_template: str | None = None) -> None:
         self.target = target
         self.drafter = drafter
-        self.k = k
-        self.controller = controller or FixedK(k if drafter else 0)
+        self.controller: Controller = controller or FixedK(DEFAULT_K if drafter else 0)
         self.name = name or target.path.name
-        self.drafter_name = drafter_name or (drafter.name if drafter else "none")
+        self.drafter_name = drafter_name or (drafter.name if drafter else NO_DRAFTER)
         self._meta = target.metadata()
         self._chat_template = chat_template  # models.toml override; else the GGUF's own
 
@@ -150,8 +149,8 @@ class Engine:
         drafter = self.drafter if spec else None
         counter = StatsCounter(t_start)
         text = TextStream(stop)
-        steps = generate(self.target, tokens, drafter=drafter, params=params, k=self.k, max_tokens=max_tokens,
-                         controller=(controller or self.controller) if drafter else None)
+        steps = generate(self.target, tokens, drafter=drafter, controller=controller or self.controller,
+                         params=params, max_tokens=max_tokens)
         with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
             for step in steps:
                 counter.add(step)

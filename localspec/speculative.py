@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -57,10 +57,11 @@ def prefill(target: Model, prompt: Sequence[int]) -> tuple[int, int]:
 
 
 def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = None,
-             params: SamplingParams = SamplingParams(), k: int = 4, max_tokens: int = 256,
-             controller: Controller | None = None, rng: np.random.Generator | None = None) -> Iterator[Step]:
-    """Yield one `Step` per round until end-of-generation, `max_tokens`, or a full context."""
-    controller = controller or FixedK(k if drafter else 0)
+             controller: Controller | None = None, params: SamplingParams = SamplingParams(),
+             max_tokens: int = 256, rng: np.random.Generator | None = None) -> Iterator[Step]:
+    """Yield one `Step` per round until end-of-generation, `max_tokens`, or a full context.
+    The controller decides how much to draft (default: `FixedK()`); the loop only caps it by what is left."""
+    controller = controller or FixedK()
     rng = rng if rng is not None else params.rng()
     t0 = time.perf_counter()
     n_prompt, n_cached = prefill(target, prompt)
@@ -73,7 +74,7 @@ def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = 
             budget = max_tokens - emitted
             k_r = min(controller.choose_k() if drafter else 0, budget - 1, room - 1)
             t1 = time.perf_counter()
-            draft = drafter.propose(context, k_r, params, rng) if k_r > 0 else EMPTY
+            draft = drafter.propose(context, _capped(controller, k_r), params, rng) if k_r > 0 else EMPTY
             t2 = time.perf_counter()
             n_acc, nxt = _verify_round(target, context[-1], draft, params, rng)
             new, finish = _truncate(target, list(draft.tokens[:n_acc]) + [nxt], budget)
@@ -91,6 +92,11 @@ def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = 
                 return
     finally:
         target.rewind(len(context) - 1)
+
+
+def _capped(controller: Controller, cap: int) -> Callable[[str], int]:
+    """The controller's per-source draft length, capped by the tokens and positions left this round."""
+    return lambda source: min(controller.k_for(source), cap)
 
 
 def _verify_round(target: Model, last: int, draft: Draft, params: SamplingParams,

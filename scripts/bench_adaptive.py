@@ -50,11 +50,8 @@ def run_once(target: Model, drafter, controller: Controller | None, prompt: list
 
 
 def adaptive(cal: Calibration, sources: tuple[str, ...], drafter=None, k_max: int = 8) -> Adaptive:
-    ctl = Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.t1,
-                   c={"model": cal.c_model} if cal.c_model is not None else None)
-    if isinstance(drafter, HybridDrafter):
-        drafter.limit = ctl.k_for
-    return ctl
+    return Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.t1,
+                    c={"lookup": 0.0, **({"model": cal.c_model} if cal.c_model is not None else {})})
 
 
 def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[list[int]], n: int,

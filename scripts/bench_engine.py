@@ -87,7 +87,7 @@ def main() -> None:
     print(f"localspec --no-spec: {mo:.1f} tok/s | llama-cpp-python Llama(): {mt:.1f} tok/s | ratio {mo / mt:.3f}")
 
     print("\n# lookup on a code-rewrite prompt (SmolLM2-135M Q4_1)")
-    look = Engine(q4_model, PromptLookup(), k=6)
+    look = Engine(q4_model, PromptLookup(), controller=FixedK(6))
     rows = {"plain": [], "lookup k=6": []}
     acc = []
     prompt = look.tokenize(look.chat_prompt([{"role": "user", "content": REWRITE}]) + REWRITE_START)
@@ -104,7 +104,7 @@ def main() -> None:
     print("\n# model drafter: target SmolLM2 F16, drafter SmolLM2 Q4_1 (same tokenizer)")
     target = Model.load(f16, opts)
     drafter = ModelDrafter(Model.load(q4, opts))
-    eng = Engine(target, drafter, k=4)
+    eng = Engine(target, drafter, controller=FixedK(4))
     prompts = [chat(eng, p) for p in PROSE]
     res: dict[str, list[float]] = {"plain F16": []}
     accs: dict[str, list[float]] = {}

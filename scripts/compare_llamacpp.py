@@ -45,7 +45,7 @@ def cpp_plain(path):
 
 t = Model.load(TGT, LoadOptions(n_ctx=2048, n_threads=2))
 d = ModelDrafter(Model.load(Q4, LoadOptions(n_ctx=2048, n_threads=2)))
-eng = Engine(t, d, k=K, controller=FixedK(K))
+eng = Engine(t, d, controller=FixedK(K))
 plain_q4 = Engine(Model.load(Q4, LoadOptions(n_ctx=2048, n_threads=2)), None)
 
 

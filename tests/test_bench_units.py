@@ -103,7 +103,7 @@ def test_rows_measured_and_predicted_speedup():
     assert edit.predicted_speedup == pytest.approx(predicted_speedup(0.75, 2, 0.01, 1.4))
     best = {b.task: b for b in winners(list(rows.values()))}
     assert best["edit"].config == "lookup k=2"
-    text = verdict(list(rows.values()), auto_available=True)
+    text = verdict(list(rows.values()))
     assert "on edit lookup k=2 gives 2.00×" in text and "prose" in text and "loses 20 %" in text
     assert "adaptive" in text
 

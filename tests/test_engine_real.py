@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from localspec.backend import LoadOptions, Model
+from localspec.controller import FixedK
 from localspec.drafters import ModelDrafter, PromptLookup
 from localspec.sampling import SamplingParams
 from localspec.session import Engine
@@ -63,7 +64,7 @@ def test_self_drafting_greedy_accepts_and_every_token_is_target_argmax(target, s
     seen = _record_logits(target)
     try:
         toks = target.tokenize(PROMPTS[3])
-        steps = list(generate(target, toks, drafter=self_drafter, k=4, max_tokens=64))
+        steps = list(generate(target, toks, drafter=self_drafter, controller=FixedK(4), max_tokens=64))
     finally:
         del target.decode
     assert len(seen) == len(steps)
@@ -78,7 +79,7 @@ def test_self_drafting_greedy_accepts_and_every_token_is_target_argmax(target, s
 
 def test_prompt_lookup_accepts_on_code_repeat(target):
     toks = target.tokenize(CODE_PROMPT, parse_special=True)
-    steps = list(generate(target, toks, drafter=PromptLookup(), k=6, max_tokens=48))
+    steps = list(generate(target, toks, drafter=PromptLookup(), controller=FixedK(6), max_tokens=48))
     drafted = sum(s.drafted for s in steps)
     accepted = sum(s.accepted for s in steps)
     emitted = sum(len(s.tokens) for s in steps)
@@ -91,7 +92,7 @@ def test_spec_on_vs_off_agreement_report(target, self_drafter, capsys):
     """Reported, not asserted to be identical: batched verify logits differ slightly from single-token ones on
     CPU (design.md, Numerics), so greedy text may diverge at near-ties. The invariant is tested above."""
     plain = Engine(target, None)
-    spec = Engine(target, self_drafter, k=4)
+    spec = Engine(target, self_drafter, controller=FixedK(4))
     agree = 0
     lines = []
     for p in PROMPTS:
@@ -109,7 +110,7 @@ def test_spec_on_vs_off_agreement_report(target, self_drafter, capsys):
 
 def test_sampling_with_model_drafter_runs_and_is_seeded(target, self_drafter):
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
-    eng = Engine(target, self_drafter, k=3)
+    eng = Engine(target, self_drafter, controller=FixedK(3))
     a = "".join(c.text for c in eng.generate(PROMPTS[3], params=params, max_tokens=24))
     b = "".join(c.text for c in eng.generate(PROMPTS[3], params=params, max_tokens=24))
     assert a and a == b
@@ -130,7 +131,7 @@ def test_sampling_first_token_distribution_matches_plain(target, self_drafter):
     rng = np.random.default_rng(11)
     n = 300
     for _ in range(n):
-        step = next(iter(generate(target, toks, drafter=self_drafter, params=params, k=2, max_tokens=1, rng=rng)))
+        step = next(iter(generate(target, toks, drafter=self_drafter, params=params, controller=FixedK(2), max_tokens=1, rng=rng)))
         counts[step.tokens[0]] += 1
     chi2 = sstats.chisquare([counts[t] for t in support], p[support] * n)
     assert chi2.pvalue > 0.01
@@ -141,7 +142,7 @@ def test_f16_target_with_q4_drafter_pair(smollm2_f16_path, smollm2_path):
     t = Model.load(smollm2_f16_path, LoadOptions(n_ctx=512))
     d = ModelDrafter(Model.load(smollm2_path, LoadOptions(n_ctx=512)))
     try:
-        eng = Engine(t, d, k=4)
+        eng = Engine(t, d, controller=FixedK(4))
         last = None
         for last in eng.generate(PROMPTS[0], max_tokens=32):
             pass

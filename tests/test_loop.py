@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fakes import EOS, FakeModel, counting
+from localspec.controller import FixedK
 from localspec.drafters import Draft, ModelDrafter
 from localspec.sampling import SamplingParams
 from localspec.speculative import generate
@@ -14,12 +15,15 @@ class Scripted:
     """A drafter that proposes fixed tokens and records the contexts it saw."""
 
     name = "scripted"
+    sources = ("scripted",)
+    cost = {"scripted": 0.0}
 
     def __init__(self, proposals):
         self.proposals = proposals
         self.seen = []
 
-    def propose(self, context, k, params, rng):
+    def propose(self, context, k_for, params, rng):
+        k = k_for(self.name)
         self.seen.append((list(context), k))
         return Draft(tuple(self.proposals(context)[:k]), None, "scripted")
 
@@ -40,7 +44,7 @@ def _run(target, prompt, **kw):
 def test_all_drafts_accepted_bonus_token_and_drafter_fed_last_draft():
     target = FakeModel(counting())
     draft_model = FakeModel(counting())
-    steps, out = _run(target, [1, 2, 3], drafter=ModelDrafter(draft_model), k=4, max_tokens=10)
+    steps, out = _run(target, [1, 2, 3], drafter=ModelDrafter(draft_model), controller=FixedK(4), max_tokens=10)
     assert out == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
     assert [(s.drafted, s.accepted, len(s.tokens)) for s in steps] == [(4, 4, 5), (4, 4, 5)]
     # round 1: drafter prefilled the prompt, then decoded d1..d3 (d4 is never decoded in the round)
@@ -55,7 +59,7 @@ def test_all_drafts_accepted_bonus_token_and_drafter_fed_last_draft():
 def test_first_draft_rejected_emits_target_token():
     target = FakeModel(counting())
     drafter = Scripted(lambda ctx: [40, 41, 42])
-    steps, out = _run(target, [1, 2], drafter=drafter, k=3, max_tokens=4)
+    steps, out = _run(target, [1, 2], drafter=drafter, controller=FixedK(3), max_tokens=4)
     assert out == [1, 2, 3, 4, 5, 6]
     assert all(s.accepted == 0 and len(s.tokens) == 1 for s in steps)
     assert [s.drafted for s in steps] == [3, 2, 1, 0]  # k shrinks so a round never overshoots max_tokens
@@ -64,7 +68,7 @@ def test_first_draft_rejected_emits_target_token():
 def test_partial_acceptance_rewinds_rejected_drafts():
     target = FakeModel(counting())
     drafter = Scripted(lambda ctx: [ctx[-1] + 1, ctx[-1] + 2, 99, 98])
-    steps, out = _run(target, [1], drafter=drafter, k=4, max_tokens=6)
+    steps, out = _run(target, [1], drafter=drafter, controller=FixedK(4), max_tokens=6)
     assert out == [1, 2, 3, 4, 5, 6, 7]
     assert [(s.accepted, s.tokens) for s in steps] == [(2, (2, 3, 4)), (2, (5, 6, 7))]
 
@@ -72,7 +76,7 @@ def test_partial_acceptance_rewinds_rejected_drafts():
 def test_eos_inside_draft_stops_and_drops_what_follows():
     target = FakeModel(lambda ctx: EOS if ctx[-1] == 5 else ctx[-1] + 1)
     drafter = Scripted(lambda ctx: [ctx[-1] + 1, ctx[-1] + 2, EOS, 33])
-    steps, out = _run(target, [2], drafter=drafter, k=4, max_tokens=50)
+    steps, out = _run(target, [2], drafter=drafter, controller=FixedK(4), max_tokens=50)
     assert out == [2, 3, 4, 5]  # EOS itself is not emitted; 33 after it is dropped
     assert steps[-1].finish == "stop"
     assert target.tokens == [2, 3, 4]  # cache rolled back to context[:-1] when the generator ended
@@ -81,7 +85,7 @@ def test_eos_inside_draft_stops_and_drops_what_follows():
 def test_max_tokens_inside_a_draft():
     target = FakeModel(counting())
     drafter = ModelDrafter(FakeModel(counting()))
-    steps, out = _run(target, [1], drafter=drafter, k=4, max_tokens=7)
+    steps, out = _run(target, [1], drafter=drafter, controller=FixedK(4), max_tokens=7)
     assert len(out) - 1 == 7
     assert [s.drafted for s in steps] == [4, 1]  # the last round drafts only what the budget allows
     assert steps[-1].finish == "length"
@@ -90,7 +94,7 @@ def test_max_tokens_inside_a_draft():
 def test_context_full_stops_cleanly():
     target = FakeModel(counting(), n_ctx=10)
     drafter = ModelDrafter(FakeModel(counting(), n_ctx=10))
-    steps, out = _run(target, [1, 2, 3], drafter=drafter, k=4, max_tokens=100)
+    steps, out = _run(target, [1, 2, 3], drafter=drafter, controller=FixedK(4), max_tokens=100)
     assert steps[-1].finish == "context"
     assert out == list(range(1, len(out) + 1))
     assert len(out) == 11  # 10 positions in the cache + the pending last token
@@ -99,7 +103,7 @@ def test_context_full_stops_cleanly():
 
 def test_closing_the_generator_leaves_cache_consistent():
     target = FakeModel(counting())
-    gen = generate(target, [1, 2], drafter=Scripted(lambda ctx: [ctx[-1] + 1, 77]), k=2, max_tokens=50)
+    gen = generate(target, [1, 2], drafter=Scripted(lambda ctx: [ctx[-1] + 1, 77]), controller=FixedK(2), max_tokens=50)
     ctx = [1, 2]
     for _ in range(3):
         ctx.extend(next(gen).tokens)
@@ -119,7 +123,7 @@ def test_sampling_path_with_certain_target_is_exact():
     """At T>0 with a (near-)one-hot target, output equals the target's choice whatever the drafter says."""
     target = FakeModel(counting())
     drafter = ModelDrafter(FakeModel(lambda ctx: 7))
-    steps, out = _run(target, [1], drafter=drafter, k=3, max_tokens=8,
+    steps, out = _run(target, [1], drafter=drafter, controller=FixedK(3), max_tokens=8,
                       params=SamplingParams(temperature=0.5, seed=1), rng=np.random.default_rng(1))
     assert out == list(range(1, 10))
 

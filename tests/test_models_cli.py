@@ -165,7 +165,7 @@ def test_models_toml_offload_settings_reach_both_models(home, smollm2_f16_path):
     quiet = dict(n_ctx=256, adaptive=False, k=None)
     e = load_engine(EngineSpec(model="f16", ngl=None, **quiet), log=lambda *a: None)
     try:
-        assert e.target.options.n_gpu_layers == 7 and e.drafter_name == "smollm2-135m" and e.k == 3
+        assert e.target.options.n_gpu_layers == 7 and e.drafter_name == "smollm2-135m" and e.controller.k == 3
         assert e.drafter.model.options.n_gpu_layers == -1  # the pair's n_gpu_layers_draft
     finally:
         e.close()

@@ -225,10 +225,10 @@ def test_meta_line_and_k_choices():
 
 def test_set_draft_length_pins_and_restores():
     class Eng:
-        k, drafter, controller = 4, None, FixedK(4)
+        drafter, controller = None, FixedK(4)
 
     e = Eng()
-    assert "k = 6" in set_draft_length(e, 6, None) and e.controller.k == 6 and e.k == 6
+    assert "k = 6" in set_draft_length(e, 6, None) and e.controller.k == 6
     adaptive = object()
     e.controller = adaptive
     set_draft_length(e, 2, adaptive)

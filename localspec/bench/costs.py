@@ -86,7 +86,7 @@ def measure(target: Model, context: Sequence[int], gammas: Sequence[int], *,
             if rep:
                 keep(name, ms)
         if lookup:
-            ms = _timed(lambda: lk.propose(ctx[:pos + 1], g_max, params, rng))
+            ms = _timed(lambda: lk.propose(ctx[:pos + 1], lambda source: g_max, params, rng))
             if rep:
                 keep("lookup", ms / g_max)
     t1 = best["t1"]

@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .runner import PLAIN
 from .summary import ALL, Row
 
 
 def _families(rows: Sequence[Row]) -> list[tuple[str, str, float]]:
     return list(dict.fromkeys((r.target, r.drafter, r.temp) for r in rows
-                              if r.drafter != "none" and isinstance(r.k, int)))
+                              if r.drafter != PLAIN and isinstance(r.k, int)))
 
 
 def write_png(rows: Sequence[Row], path: str | Path) -> None:

@@ -29,12 +29,11 @@ class Report:
     rows: tuple[Row, ...]
     verdict: str
     command: str
-    auto_available: bool
 
     @classmethod
-    def build(cls, plan: Plan, results: Sequence[TargetResult], command: str, auto_available: bool) -> "Report":
+    def build(cls, plan: Plan, results: Sequence[TargetResult], command: str) -> "Report":
         rows = tuple(r for res in results for r in rows_for(res))
-        return cls(plan, tuple(results), rows, verdict(rows, auto_available), command, auto_available)
+        return cls(plan, tuple(results), rows, verdict(rows), command)
 
 
 def machine() -> dict:
@@ -51,7 +50,7 @@ def to_json(rep: Report) -> dict:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": rep.command,
         "machine": machine(),
-        "settings": {"ks": list(plan.ks), "auto": plan.auto, "auto_available": rep.auto_available,
+        "settings": {"ks": list(plan.ks), "auto": plan.auto,
                      "temps": list(plan.temps), "repeats": plan.repeats, "max_tokens": plan.max_tokens,
                      "n_ctx": plan.n_ctx, "threads": plan.threads, "seed": plan.seed,
                      "tasks": list(dict.fromkeys(p.task for p in plan.prompts)),

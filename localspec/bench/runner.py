@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 
 from ..backend import LoadOptions, Model
 from ..compat import check_pair
-from ..controller import Controller, FixedK
-from ..drafters import ModelDrafter, PromptLookup
+from ..controller import DEFAULT_K, Adaptive, Controller, FixedK
+from ..drafters import LOOKUP, NO_DRAFTER, ModelDrafter, PromptLookup
 from ..errors import IncompatibleDrafter
 from ..sampling import SamplingParams
 from ..session import Engine
@@ -26,7 +26,7 @@ from .tasks import Prompt
 
 AUTO = "auto"
 AUTO_K_MAX = 8
-PLAIN = "none"
+PLAIN = NO_DRAFTER  # the plain-decoding configuration
 
 
 @dataclass(frozen=True)
@@ -105,29 +105,16 @@ class TargetResult:
     chat_template: bool
 
 
-def adaptive_available() -> bool:
-    """Whether localspec.controller has the adaptive controller (`--k auto`)."""
-    from .. import controller as ctl
-
-    return getattr(ctl, "Adaptive", None) is not None
-
-
 def make_adaptive(source: str, costs: costs_mod.Costs, k_max: int = AUTO_K_MAX) -> Controller:
     """An adaptive controller seeded with this run's measured v(γ), t1 and c (instead of its own calibration)."""
-    from .. import controller as ctl
-
     v = costs.v
-    seeded = dict(sources=(source,), k_max=k_max, t1=costs.t_target_ms / 1e3, c={source: costs.c.get(source, 0.0)},
-                  v=[1.0] + [v.get(g, v[max(v)]) for g in range(1, k_max + 1)])
-    try:
-        return ctl.Adaptive(**seeded)
-    except TypeError:  # a different signature: take its defaults
-        return ctl.Adaptive()
+    return Adaptive(sources=(source,), k_max=k_max, t1=costs.t_target_ms / 1e3, c={source: costs.c.get(source, 0.0)},
+                    v=[1.0] + [v.get(g, v[max(v)]) for g in range(1, k_max + 1)])
 
 
 def configs_for(spec: TargetSpec, plan: Plan) -> list[Config]:
     ks: list[int | str] = list(plan.ks) + ([AUTO] if plan.auto else [])
-    drafters = (["lookup"] if spec.lookup else []) + [label for label, _ in spec.drafters]
+    drafters = ([LOOKUP] if spec.lookup else []) + [label for label, _ in spec.drafters]
     return [Config(PLAIN, 0)] + [Config(d, k) for d in drafters for k in ks]
 
 
@@ -158,7 +145,7 @@ class _Family:
         self.draft_models = {label: self._load(path, opts) for label, path in spec.drafters}
         self.engines: dict[str, Engine] = {PLAIN: Engine(self.target, None, name=spec.label)}
         if spec.lookup:
-            self.engines["lookup"] = Engine(self.target, PromptLookup(), name=spec.label, drafter_name="lookup")
+            self.engines[LOOKUP] = Engine(self.target, PromptLookup(), name=spec.label, drafter_name=LOOKUP)
         for label, m in self.draft_models.items():
             self.engines[label] = Engine(self.target, ModelDrafter(m), name=spec.label, drafter_name=label)
         self.auto: dict[str, Controller] = {}  # drafter -> adaptive controller, made once costs are measured
@@ -182,7 +169,7 @@ def _controller(fam: _Family, cfg: Config) -> Controller | None:
     if cfg.drafter == PLAIN:
         return None
     if cfg.k == AUTO:  # before costs are measured (warm-up) the adaptive controller does not exist yet
-        return fam.auto.get(cfg.drafter) or FixedK(4)
+        return fam.auto.get(cfg.drafter) or FixedK(DEFAULT_K)
     return FixedK(int(cfg.k))
 
 

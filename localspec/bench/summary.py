@@ -151,7 +151,7 @@ def _pct(s: float) -> str:
     return f"{s:.2f}×" if s >= 0.995 else f"{s:.2f}× (loses {100 * (1 - s):.0f} %)"
 
 
-def verdict(rows: Sequence[Row], auto_available: bool) -> str:
+def verdict(rows: Sequence[Row]) -> str:
     """One paragraph per target and temperature: which tasks speculation wins, which it loses, what to do."""
     parts = []
     bests = winners(rows)
@@ -176,18 +176,16 @@ def verdict(rows: Sequence[Row], auto_available: bool) -> str:
         if pred and pred.predicted_speedup is not None:
             s += (f" (the formula predicted {pred.predicted_speedup:.2f}× from α={pred.acceptance_rate:.2f}, "
                   f"c={pred.c:.3f}, v({pred.k})={pred.v:.2f}; it would pick k={pred.predicted_best_k})")
-        s += " — " + _advice(won, lost, tasks, auto_available, overall)
+        s += " — " + _advice(won, lost, overall)
         parts.append(s)
     return "\n\n".join(parts)
 
 
-def _advice(won, lost, tasks, auto_available: bool, overall) -> str:
+def _advice(won, lost, overall) -> str:
     if won and not lost:
         return f"leave speculation on ({overall.config if overall else won[0].config})."
     if not won:
-        return ("speculation does not pay for this model on this machine: use --no-spec"
-                + (", or leave adaptive on so it can fall back to plain." if auto_available else "."))
+        return ("speculation does not pay for this model on this machine: use --no-spec, or leave adaptive on "
+                "so it can fall back to plain.")
     names = ", ".join(b.task for b in won)
-    if auto_available:
-        return f"it pays on {names} but not everywhere: leave adaptive on."
-    return f"it pays on {names} but not everywhere: turn it on for that kind of traffic (adaptive k not available)."
+    return f"it pays on {names} but not everywhere: leave adaptive on."

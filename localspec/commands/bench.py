@@ -84,17 +84,11 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     if log_file:
         return _from_log(log_file, json_file)
     from ..bench.report import Report, text_table, write_json, write_markdown
-    from ..bench.runner import Plan, adaptive_available, count_runs, run_bench
+    from ..bench.runner import Plan, count_runs, run_bench
     from ..bench.tasks import builtin_prompts, load_prompts, select
 
     d = QUICK if quick else FULL
     k_list, auto = parse_ks(ks or d["ks"])
-    auto_ok = adaptive_available()
-    if auto and not auto_ok:
-        log_err("bench: --k auto: the adaptive controller is not available in this version; running fixed k only")
-        auto = False
-        if not k_list:
-            raise click.BadParameter("'auto' is unavailable and no fixed k was given", param_hint="--k")
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     source = load_prompts(prompts_file) if prompts_file else builtin_prompts()
     prompts = select(source, task_list, per_task if per_task is not None else d["per_task"])
@@ -108,7 +102,7 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
         results = run_bench(plan, progress=_progress(bar, total), log=log_err)
     command = "localspec bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench") \
         if Path(sys.argv[0]).name == "localspec" else "localspec bench (API)"
-    rep = Report.build(plan, results, command, auto_ok)
+    rep = Report.build(plan, results, command)
     click.echo(text_table(rep))
     click.echo("verdict: " + rep.verdict)
     if json_file:

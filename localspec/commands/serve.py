@@ -31,7 +31,6 @@ def serve(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verb
     Metrics:   GET /metrics (Prometheus)
     """
     from ..errors import ModelNotFound
-    from ..controller import Adaptive
     from ..loader import load_engine
     from ..registry import load_registry
     from ..server import ServerConfig, bind
@@ -51,8 +50,7 @@ def serve(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verb
     engine = load_engine(engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose),
                          log=log_err)
     real_port = sock.getsockname()[1]
-    adaptive = isinstance(engine.controller, Adaptive)
-    spec = f"{engine.drafter_name}, k={'auto' if adaptive else engine.k}" if engine.drafter else "off"
+    spec = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict, alias=alias)
     try:
         run_server(engine, config, sock, on_ready=lambda: log_err(

@@ -173,7 +173,7 @@ def speculative(state: State, started: Started | None, s: Stats) -> dict[str, An
     """Our extra field: was speculation on for this request, why not, and how well it did."""
     on = bool(started and started.spec)
     d: dict[str, Any] = {"enabled": on, "drafter": state.engine.drafter_name,
-                         "k": state.engine.k if on else 0,
+                         "k": state.engine.controller.state().k_mode if on else 0,
                          "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted,
                          "acceptance_rate": s.acceptance_rate,
                          "mean_acceptance_length": s.mean_acceptance_length,

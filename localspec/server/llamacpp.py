@@ -37,7 +37,7 @@ def router(state: State) -> APIRouter:
     async def props() -> dict[str, Any]:
         e = state.engine
         return {"model": e.name, "model_path": str(e.target.path), "n_ctx": state.n_ctx,
-                "drafter": e.drafter_name, "k": e.k if e.drafter else 0, "total_slots": 1,
+                "drafter": e.drafter_name, "k": e.controller.state().k_now if e.drafter else 0, "total_slots": 1,
                 "default_generation_settings": {"n_ctx": state.n_ctx, "params": dict(DEFAULTS)},
                 "chat_template": e.chat_template or "", "fim": require_fim_ok(e),
                 "spec_max_queue": state.config.spec_max_queue, "build_info": f"localspec {__version__}"}

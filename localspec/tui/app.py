@@ -22,7 +22,6 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 from textual.worker import get_current_worker
 
-from ..controller import controller_state
 from ..errors import LocalspecError
 from ..sampling import SamplingParams
 from ..session import ChatTemplateError, Engine
@@ -209,7 +208,7 @@ class ChatApp(App):
         try:
             with self._lock:
                 prompt = engine.chat_prompt(messages)
-                before = controller_state(engine.controller) if spec and engine.drafter else None
+                before = engine.controller.state() if spec and engine.drafter else None
                 upd = None
                 for upd in stream_updates(engine, prompt, params=self.params, max_tokens=self.max_tokens,
                                           spec=spec, should_stop=lambda: worker.is_cancelled):

@@ -138,11 +138,10 @@ def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = Sa
 
 def log_request(mlog, engine: "Engine", update: Update, *, spec: bool, before, task: str | None = None) -> None:
     """Append the finished request to the --metrics-log JSONL file (on the worker: it owns the controller)."""
-    from ..controller import controller_state
     from ..metrics import request_record
 
     drafting = spec and engine.drafter is not None
     mlog.write(request_record(model=engine.name, drafter=engine.drafter_name if drafting else "none",
                               mode="spec" if drafting else "plain", stats=update.stats, finish=update.finish,
-                              task=task, controller=controller_state(engine.controller) if drafting else None,
+                              task=task, controller=engine.controller.state() if drafting else None,
                               before=before, front_end="chat"))

@@ -20,18 +20,12 @@ def is_adaptive(controller: object) -> bool:
 
 
 def current_k(engine: "Engine") -> int:
-    """The draft length in use: FixedK's k; an adaptive controller's γ now (its longest over sources, 0 = off)."""
-    c = engine.controller
-    if isinstance(c, FixedK):
-        return c.k
-    state = getattr(c, "state", None)
+    """The draft length in use now (0 = off), as the controller reports it. Read from the UI thread while the
+    worker updates the controller: a torn read gives 0 (the next repaint reads again)."""
     try:
-        ks = state().k if callable(state) else None
-    except Exception:  # a controller mid-change in another module: fall back to the engine's k
-        ks = None
-    if isinstance(ks, dict):
-        return max(ks.values(), default=0)
-    return engine.k
+        return engine.controller.state().k_now
+    except Exception:
+        return 0
 
 
 def next_k(k: int, *, auto: bool) -> int:
@@ -41,23 +35,17 @@ def next_k(k: int, *, auto: bool) -> int:
 
 
 def set_draft_length(engine: "Engine", k: int, adaptive: object | None) -> str:
-    """Pin γ = k with a FixedK (live: the running answer picks it up next round), or hand γ back to the
-    session's adaptive controller (k = AUTO). No reload; returns what happened, in words."""
-    drafter = engine.drafter
+    """Pin γ = k with a FixedK (live: a running answer with a FixedK picks it up next round), or hand γ back
+    to the session's adaptive controller (k = AUTO). The controller is the only thing changed; no reload."""
     if k == AUTO:
         if adaptive is None:
             return "no adaptive controller in this session; pick a number"
         engine.controller = adaptive
-        if hasattr(drafter, "limit") and hasattr(adaptive, "k_for"):
-            drafter.limit = adaptive.k_for
         return "draft length: adaptive (the controller picks γ each round)"
-    engine.k = k
     if isinstance(engine.controller, FixedK):
         engine.controller.k = k
     else:
         engine.controller = FixedK(k)
-        if hasattr(drafter, "limit"):
-            drafter.limit = None  # the adaptive per-source cap would go stale
     return f"draft length k = {k}"
 
 
