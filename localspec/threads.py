@@ -1,0 +1,268 @@
+"""How many CPU threads each phase uses, chosen and re-chosen at run time: the single owner of that decision.
+
+A desktop is never idle. One thread per core is fastest on a quiet machine, but when other programs want those
+cores the threads of one decode wait for each other at every barrier and speed collapses (measured on 2 cores
+with two CPU-bound neighbours: 2 threads 6.3 tok/s, 1 thread 44 tok/s). So the thread count is measured, not
+configured, like the draft length.
+
+`ThreadChooser` owns one phase (the target's verify rounds, the drafter's steps, prompt evaluation). It starts
+from the calibrated step time per thread count (cached per model + machine + build), keeps the fastest, and
+re-checks with *contemporaneous* comparisons: a probe round at a neighbouring count is compared with the median
+of the rounds just before it at the current count, so a load change hits both sides alike. Probes come
+
+- when the current count's recent step time moves away from its baseline by more than `change` (the machine
+  got busier or quieter: noticed within a few rounds), and
+- now and then (`probe_gap_s`, doubling while probes lose, back to the minimum after a switch).
+
+`ThreadControl` holds the choosers of one engine, applies them with `Model.set_threads` between rounds, and
+reports a `ThreadState` (counts in use, the changes with their reasons) that every front end reads.
+`ThreadControl.pinned(n)` is `--threads N`: nothing is measured or changed.
+
+OpenMP's wait policy is read once, when llama.cpp's runtime loads, so it cannot follow the thread count:
+`openmp_defaults()` sets the measured default before the backend imports llama.cpp.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol, Sequence, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .speculative import Step
+
+PHASES = ("target", "draft", "prompt")
+# OMP_WAIT_POLICY default (scripts/bench_threads.py measures active vs passive, idle and busy). Passive: an
+# oversubscribed probe or a wrong count costs ~1.2x instead of ~6x, and a sleeping pool does not steal the cores
+# the user's other programs want; idle it costs one wake-up per decode call.
+OMP_WAIT_POLICY = "passive"
+
+
+def openmp_defaults() -> None:
+    """Set localspec's OpenMP defaults unless the user set them; must run before llama.cpp is imported."""
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def candidates(cores: int) -> list[int]:
+    """Thread counts calibration measures: 1, powers of two, and all cores (each ≤ cores)."""
+    out, n = {1, cores}, 2
+    while n < cores:
+        out.add(n)
+        n *= 2
+    return sorted(out)
+
+
+def neighbours(n: int, cores: int) -> list[int]:
+    """Counts a probe tries from n: one less/more, half and double (hill-climbing on a many-core machine)."""
+    return sorted({m for m in (n - 1, n + 1, n // 2, 2 * n) if 1 <= m <= cores and m != n})
+
+
+def _plural(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
+@dataclass(frozen=True)
+class ThreadChange:
+    """One switch of a phase's thread count, with the measurement that caused it."""
+
+    at_s: float  # seconds since the controller started
+    phase: str
+    old: int
+    new: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"at_s": round(self.at_s, 3), "phase": self.phase, "old": self.old, "new": self.new,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """A snapshot for stats, `run --json`, /metrics and the metrics log."""
+
+    threads: int  # the target's verify rounds
+    threads_batch: int  # prompt evaluation (llama.cpp's n_threads_batch)
+    threads_draft: int | None  # the model drafter's steps; None without one
+    pinned: bool
+    changes: tuple[ThreadChange, ...] = ()
+    step_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # phase -> threads -> latest ms per row
+
+    @property
+    def reason(self) -> str | None:
+        """Why the latest change happened (None while the calibrated choice holds)."""
+        return self.changes[-1].reason if self.changes else None
+
+    def line(self) -> str:
+        """Short text for a stats line: 'threads 1 (batch 2, draft 1)'."""
+        extra = [f"batch {self.threads_batch}"] + ([f"draft {self.threads_draft}"] if self.threads_draft else [])
+        return f"threads {self.threads} ({', '.join(extra)}{', pinned' if self.pinned else ''})"
+
+    def to_dict(self) -> dict:
+        return {"threads": self.threads, "threads_batch": self.threads_batch, "threads_draft": self.threads_draft,
+                "pinned": self.pinned, "changes": [c.to_dict() for c in self.changes],
+                "step_ms": {p: {str(n): round(ms, 4) for n, ms in d.items()} for p, d in self.step_ms.items()}}
+
+
+class ThreadChooser:
+    """The thread count of one phase; see the module docstring. `observe` takes seconds per unit of work
+    (one row, one drafted token, one prompt token) so rounds of different sizes compare."""
+
+    def __init__(self, phase: str, cores: int, *, prior: Mapping[int, float] | None = None, start: int | None = None,
+                 clock: Callable[[], float] = time.monotonic, window: int = 3, change: float = 1.3,
+                 margin: float = 0.08, probe_gap_s: tuple[float, float] = (0.5, 8.0)) -> None:
+        self.phase, self.cores, self.clock = phase, max(1, cores), clock
+        self.est: dict[int, float] = {n: t for n, t in (prior or {}).items() if 1 <= n <= self.cores}
+        self.current = start or (min(self.est, key=self.est.__getitem__) if self.est else self.cores)
+        self.window, self.change, self.margin = window, change, margin
+        self.gap_min, self.gap_max = probe_gap_s
+        self.gap = self.gap_min
+        self.recent: deque[float] = deque(maxlen=window)
+        self.baseline = self.est.get(self.current)  # what the current count "normally" takes
+        self.t0 = clock()
+        self.next_probe = self.t0 + self.gap
+        self.queue: list[int] = []
+        self.probing: int | None = None
+        self.changes: list[ThreadChange] = []
+
+    def choose(self) -> int:
+        """The count for the next round: the current one, or a probe when one is due."""
+        if self.probing is None and self.cores > 1 and len(self.recent) >= min(2, self.window):
+            if not self.queue and self.clock() >= self.next_probe:
+                self.queue = neighbours(self.current, self.cores)
+            if self.queue:
+                self.probing = self.queue.pop(0)
+        return self.probing if self.probing is not None else self.current
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Seconds per unit of work of a round run with n threads."""
+        if seconds <= 0:
+            return
+        self.est[n] = seconds
+        if n == self.probing:
+            self.probing = None
+            self._judge(n, seconds)
+        elif n == self.current:
+            self.recent.append(seconds)
+            self._watch()
+
+    def _now_median(self) -> float:
+        return statistics.median(self.recent)
+
+    def _watch(self) -> None:
+        """Notice a load change: the recent median left the baseline by more than `change` either way."""
+        if len(self.recent) < self.window:
+            return
+        med = self._now_median()
+        if self.baseline is None:
+            self.baseline = med
+            return
+        ratio = med / self.baseline
+        if ratio > self.change or ratio < 1 / self.change:
+            self.baseline = med
+            self.next_probe = min(self.next_probe, self.clock())  # probe now: maybe another count wins
+        else:
+            self.baseline = 0.9 * self.baseline + 0.1 * med
+
+    def _judge(self, n: int, seconds: float) -> None:
+        """Compare a probe with the rounds just before it at the current count; switch if clearly faster."""
+        now = self._now_median() if self.recent else float("inf")
+        if seconds < now * (1 - self.margin):
+            old = self.current
+            why = "machine busy" if n < old else "machine quiet"
+            self.changes.append(ThreadChange(self.clock() - self.t0, self.phase, old, n,
+                                             f"{why}: {_plural(n)} {'is' if n == 1 else 'are'} {now / seconds:.1f}× faster than {old}"))
+            self.current, self.baseline = n, seconds
+            self.recent.clear()
+            self.queue = [m for m in neighbours(n, self.cores) if m != old]  # keep climbing that way
+            self.gap = self.gap_min
+        elif not self.queue:
+            self.gap = min(2 * self.gap, self.gap_max)  # every neighbour lost: probe less often
+        self.next_probe = self.clock() + self.gap
+
+
+class ThreadModel(Protocol):
+    """What ThreadControl needs from a model (backend.Model has it)."""
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None: ...
+
+
+class ThreadControl:
+    """The thread choosers of one engine (target, drafter, prompt), applied between rounds.
+
+    The loop calls `before_prefill()`, then per round `before_round()` and `observe(step)`. A verify pass of
+    γ+1 rows costs v(γ) single rows (`v`, from calibration), so rounds of any γ compare per row."""
+
+    def __init__(self, target: ThreadModel, draft: ThreadModel | None = None, *, cores: int | None = None,
+                 prior: Mapping[str, Mapping[int, float]] | None = None, v: Sequence[float] = (),
+                 pinned: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.target, self.draft = target, draft
+        self.cores = cores or cpu_count()
+        self.pinned_n = pinned
+        self.v = tuple(v)
+        prior = prior or {}
+        phases = PHASES if draft is not None else ("target", "prompt")
+        self.choosers = {p: ThreadChooser(p, self.cores, prior=prior.get(p), start=pinned, clock=clock)
+                         for p in phases}
+        self._round: dict[str, int] = {}
+        self._applied: dict[int, tuple[int, int]] = {}
+
+    @classmethod
+    def pinned(cls, target: ThreadModel, draft: ThreadModel | None, n: int) -> "ThreadControl":
+        """`--threads N`: every phase uses N, nothing is measured or switched."""
+        return cls(target, draft, pinned=n)
+
+    def _set(self, model: ThreadModel | None, n: int, n_batch: int) -> None:
+        if model is not None and self._applied.get(id(model)) != (n, n_batch):
+            model.set_threads(n, n_batch)
+            self._applied[id(model)] = (n, n_batch)
+
+    def _pick(self, phase: str) -> int:
+        if self.pinned_n is not None:
+            return self.pinned_n
+        return self.choosers[phase].choose()
+
+    def before_prefill(self) -> None:
+        n = self._round["prompt"] = self._pick("prompt")
+        self._set(self.target, n, n)
+
+    def before_round(self) -> None:
+        """Counts for this round. A verify pass of γ+1 > 1 rows runs on n_threads_batch, one row on
+        n_threads: both get the round's count (prompt evaluation sets its own before the next prefill)."""
+        n = self._round["target"] = self._pick("target")
+        self._set(self.target, n, n)
+        if self.draft is not None:
+            d = self._round["draft"] = self._pick("draft")
+            self._set(self.draft, d, d)
+
+    def observe(self, step: "Step") -> None:
+        if self.pinned_n is not None:
+            return
+        rows = step.drafted + 1
+        v = self.v[step.drafted] if step.drafted < len(self.v) else float(rows) if self.v else 1.0
+        self._feed("target", step.t_verify / max(v, 1e-9))
+        if step.drafted and step.source == "model":
+            self._feed("draft", step.t_draft / step.drafted)
+        if step.n_prompt > 8 and step.t_prompt > 0:  # a prompt long enough to time per token
+            self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
+
+    def _feed(self, phase: str, seconds: float) -> None:
+        if phase in self.choosers and phase in self._round:
+            self.choosers[phase].observe(self._round[phase], seconds)
+
+    def state(self) -> ThreadState:
+        ch = self.choosers
+        cur = {p: (self.pinned_n or c.current) for p, c in ch.items()}
+        changes = sorted((x for c in ch.values() for x in c.changes), key=lambda x: x.at_s)
+        return ThreadState(cur["target"], cur["prompt"], cur.get("draft"), self.pinned_n is not None,
+                           tuple(changes), {p: {n: 1e3 * t for n, t in sorted(c.est.items())} for p, c in ch.items()})

@@ -1,0 +1,134 @@
+"""The thread controller's logic with a fake clock and a fake machine (issue 12, must-show 3): the count
+follows the machine when it gets busy and quiet again mid-generation, and pinning disables it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.speculative import Step
+from localspec.threads import ThreadChooser, ThreadControl, candidates, neighbours
+
+# seconds per token by thread count: idle 2 cores, and the same with two CPU-bound neighbours (issue 12's numbers)
+IDLE = {1: 1 / 90, 2: 1 / 150}
+BUSY = {1: 1 / 44, 2: 1 / 6.5}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeModel:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    @property
+    def n(self) -> int:
+        return self.calls[-1][0]
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        self.calls.append((n_threads, n_threads_batch))
+
+
+def machine(t: float) -> dict[int, float]:
+    """Busy after 2 s of the generation, quiet again 8 s later."""
+    return BUSY if 2.0 <= t < 10.0 else IDLE
+
+
+def generate(ctl: ThreadControl, model: FakeModel, clock: FakeClock, seconds: float, noise: float = 0.1):
+    """Plain decoding for `seconds` of fake time; returns (time, threads chosen) per round (probes excluded)."""
+    rng = np.random.default_rng(0)
+    trace = []
+    ctl.before_prefill()
+    while clock.t < seconds:
+        ctl.before_round()
+        dt = machine(clock.t)[model.n] * (1 + noise * rng.random())
+        clock.t += dt
+        ctl.observe(Step((1,), 0, 0, 0.0, dt))
+        trace.append((clock.t, ctl.state().threads))
+    return trace
+
+
+def _count_at(trace, lo: float, hi: float) -> set[int]:
+    return {n for t, n in trace if lo <= t < hi}
+
+
+def test_thread_count_follows_the_machine_both_ways():
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": IDLE, "prompt": IDLE}, clock=clock)
+    trace = generate(ctl, model, clock, 20.0)
+    busy = [t for t, n in trace if t >= 2.0 and n == 1]
+    quiet = [t for t, n in trace if t >= 10.0 and n == 2]
+    assert busy and busy[0] < 2.0 + 1.0, "switches to 1 thread within a second of the machine getting busy"
+    assert quiet and quiet[0] < 10.0 + 2.0, "back to 2 threads within a few seconds of it getting quiet"
+    assert _count_at(trace, 0.0, 2.0) == {2} and _count_at(trace, 12.0, 20.0) == {2}
+    st = ctl.state()
+    assert st.threads == 2 and not st.pinned
+    assert [(c.old, c.new) for c in st.changes][:2] == [(2, 1), (1, 2)]
+    assert st.changes[0].reason.startswith("machine busy: 1 thread is") and "faster than 2" in st.changes[0].reason
+    assert st.changes[1].reason.startswith("machine quiet: 2 threads are")
+
+
+def test_adaptive_tokens_are_close_to_the_best_pinned_count():
+    """Probing costs little: tokens in 20 s are ≥ 0.9x an oracle that always uses the best count."""
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": IDLE}, clock=clock)
+    tokens = len(generate(ctl, model, clock, 20.0, noise=0.0))  # every round is a token
+    oracle = 2 * 150 + 8 * 44 + 10 * 150
+    assert tokens >= 0.9 * oracle
+
+
+def test_stale_cache_is_corrected_online():
+    """Calibrated on a quiet machine, started on a busy one: the first rounds notice and switch."""
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": IDLE}, clock=clock)
+    ctl.before_prefill()
+    for _ in range(10):
+        ctl.before_round()
+        dt = BUSY[model.n]
+        clock.t += dt
+        ctl.observe(Step((1,), 0, 0, 0.0, dt))
+    assert ctl.state().threads == 1
+
+
+def test_pinned_never_changes():
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl.pinned(model, None, 2)
+    ctl.choosers["target"].clock = clock
+    generate(ctl, model, clock, 12.0)
+    assert {c for c in model.calls} == {(2, 2)} and len(model.calls) == 1
+    st = ctl.state()
+    assert st.pinned and st.threads == st.threads_batch == 2 and st.changes == ()
+
+
+def test_drafter_and_prompt_phases_are_separate():
+    clock, target, draft = FakeClock(), FakeModel(), FakeModel()
+    ctl = ThreadControl(target, draft, cores=4, prior={"target": {4: 1.0, 2: 2.0}, "draft": {1: 0.1, 4: 0.3},
+                                                       "prompt": {4: 0.5}}, clock=clock)
+    ctl.before_prefill()
+    assert target.calls[-1] == (4, 4)
+    ctl.before_round()
+    assert target.calls[-1] == (4, 4) and draft.calls[-1] == (1, 1)
+    st = ctl.state()
+    assert (st.threads, st.threads_batch, st.threads_draft) == (4, 4, 1)
+    assert st.to_dict()["threads_draft"] == 1 and "step_ms" in st.to_dict()
+
+
+def test_many_cores_climb_to_the_best_count():
+    """16 cores, best at 6 (the rest busy): neighbour probes find it from 16 without trying every count."""
+    clock = FakeClock()
+    cost = {n: 1.0 / min(n, 6) + 0.02 * max(0, n - 6) ** 2 for n in range(1, 17)}
+    ch = ThreadChooser("target", 16, prior={16: cost[16]}, clock=clock)
+    for _ in range(400):
+        n = ch.choose()
+        clock.t += cost[n] / 10
+        ch.observe(n, cost[n])
+    assert ch.current in (5, 6, 7)
+
+
+def test_candidates_and_neighbours():
+    assert candidates(2) == [1, 2] and candidates(12) == [1, 2, 4, 8, 12]
+    assert neighbours(1, 2) == [2] and neighbours(8, 16) == [4, 7, 9, 16] and neighbours(1, 1) == []
