@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,10 +24,14 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-import llama_cpp
-from llama_cpp import _internals, _logger
+from .threads import cpu_count, openmp_defaults
 
-from .errors import ContextOverflow, ModelLoadError
+openmp_defaults()  # before llama.cpp loads its OpenMP runtime, which reads the wait policy once
+
+import llama_cpp  # noqa: E402
+from llama_cpp import _internals, _logger  # noqa: E402
+
+from .errors import ContextOverflow, ModelLoadError  # noqa: E402
 
 _GGUF_MAGIC = b"GGUF"
 T = TypeVar("T")
@@ -79,6 +82,11 @@ def supports_gpu_offload() -> bool:
 
 def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+
+
+def build_info() -> str:
+    """Which llama.cpp this is (calibration results are cached per build): package version + CPU features."""
+    return f"llama-cpp-python {llama_cpp.__version__}; {system_info().strip()}"
 
 
 # -- devices and RPC (ggml's backend registry, through llama_cpp's own handle on libggml) ------------------------
@@ -190,6 +198,32 @@ def _check_not_truncated(p: Path) -> None:
         raise ModelLoadError(f"{p} is a damaged or truncated GGUF ({msg}); download it again") from None
 
 
+def _new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) -> _internals.LlamaContext:
+    """A llama context for one sequence. Threads: all cores until the thread controller (threads.py) sets them
+    per round; flash attention: as calibrated (None = llama.cpp's auto)."""
+    threads = options.n_threads or cpu_count()
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = options.n_ctx
+    cparams.n_batch = options.n_batch
+    cparams.n_ubatch = options.n_batch
+    cparams.n_seq_max = 1
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.no_perf = True
+    cparams.swa_full = True  # we rewind the cache every round; a pruned sliding window could not be restored
+    if options.flash_attn is not None:
+        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attn
+                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    if options.type_k is not None:
+        cparams.type_k = options.type_k
+    if options.type_v is not None:
+        cparams.type_v = options.type_v
+    try:
+        return _internals.LlamaContext(model=model, params=cparams, verbose=options.verbose)
+    except ValueError as e:
+        raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
+
+
 @dataclass
 class Model:
     """A loaded GGUF with its KV cache; see the module docstring for the `tokens` invariant."""
@@ -221,27 +255,7 @@ class Model:
             _check_not_truncated(p)  # a precise reason when the header or data is damaged
             raise ModelLoadError(f"llama.cpp could not load {p}: unsupported architecture or damaged file "
                                  "(rerun with --verbose to see llama.cpp's log)") from None
-        threads = options.n_threads or max(1, os.cpu_count() or 1)
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = options.n_ctx
-        cparams.n_batch = options.n_batch
-        cparams.n_ubatch = options.n_batch
-        cparams.n_seq_max = 1
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        cparams.swa_full = True  # we rewind the cache every round; a pruned sliding window could not be restored
-        if options.flash_attn is not None:
-            cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attn
-                                       else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        if options.type_k is not None:
-            cparams.type_k = options.type_k
-        if options.type_v is not None:
-            cparams.type_v = options.type_v
-        try:
-            ctx = _internals.LlamaContext(model=model, params=cparams, verbose=options.verbose)
-        except ValueError as e:
-            raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
+        ctx = _new_context(model, p, options)
         # llama.cpp may clamp n_batch to n_ctx (and pad n_ctx): chunk by what the context really accepts
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
@@ -305,6 +319,29 @@ class Model:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    # -- threads and context settings (chosen by measurement: threads.py, costs.py) ----------------------------
+
+    @property
+    def threads(self) -> tuple[int, int]:
+        """(n_threads, n_threads_batch): one-row decodes use the first, batches of 2+ rows the second."""
+        c = self._ctx.ctx
+        return int(llama_cpp.llama_n_threads(c)), int(llama_cpp.llama_n_threads_batch(c))
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """Takes effect at the next decode; cheap (the thread controller calls it between rounds)."""
+        llama_cpp.llama_set_n_threads(self._ctx.ctx, n_threads, n_threads_batch)
+
+    def set_flash_attn(self, on: bool | None) -> None:
+        """Rebuild the context with flash attention on/off (None = llama.cpp's auto). Empties the KV cache."""
+        if on == self.options.flash_attn:
+            return
+        threads = self.threads
+        self._ctx.close()
+        self.options = replace(self.options, flash_attn=on)
+        self._ctx = _new_context(self._model, self.path, self.options)
+        self.set_threads(*threads)
+        self.tokens.clear()
 
     # -- the KV cache -----------------------------------------------------------------------------------------
 

@@ -94,13 +94,14 @@ def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,
     v(γ) (and c for a model drafter). An explicit -k pins γ but keeps auto-off."""
     if not spec.adaptive:
         return FixedK(k)
-    from .calibrate import calibrate
+    from .calibration import calibrate
 
     k_min, k_max = (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
     # off this thread: a server loads on its main thread and decodes on a worker (backend.py, "Threads")
     cal = in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model)
-    measured = {s: cal.c_model for s, c in drafter.cost.items() if c is None and cal.c_model is not None}
-    ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v, t1=cal.t1,
+    costs = cal.costs
+    measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
+    ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v, t1=costs.t1 if costs else None,
                    c={**drafter.cost, **measured})
     ctl.calibration = cal
     return ctl

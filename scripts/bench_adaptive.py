@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Callable
 
 from localspec.backend import LoadOptions, Model
-from localspec.calibrate import Calibration, calibrate
+from localspec.calibration import Calibration, measure_calibration
 from localspec.controller import Adaptive, Controller, FixedK
 from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
 from localspec.registry import resolve_model
@@ -50,8 +50,8 @@ def run_once(target: Model, drafter, controller: Controller | None, prompt: list
 
 
 def adaptive(cal: Calibration, sources: tuple[str, ...], drafter=None, k_max: int = 8) -> Adaptive:
-    return Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.t1,
-                    c={"lookup": 0.0, **({"model": cal.c_model} if cal.c_model is not None else {})})
+    return Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.costs.t1,
+                    c={"lookup": 0.0, **({"model": cal.costs.c["model"]} if "model" in cal.costs.c else {})})
 
 
 def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[list[int]], n: int,
@@ -91,8 +91,9 @@ def main() -> None:
     opts = LoadOptions(n_ctx=2048, n_threads=a.threads)
     target = Model.load(q4, opts)
     self_model = Model.load(q4, opts)
-    cal = calibrate(target, k_max=8, draft_model=self_model)
-    print(f"calibration: t1 {1e3 * cal.t1:.2f} ms, v = {[round(x, 2) for x in cal.v]}, c(self) = {cal.c_model:.2f}")
+    cal = measure_calibration(target, k_max=8, draft_model=self_model, budget_s=60.0)
+    print(f"calibration: t1 {cal.costs.t_target_ms:.2f} ms, v = {[round(x, 2) for x in cal.v]}, "
+          f"c(self) = {cal.costs.c['model']:.2f}")
     chat = Engine(target)
 
     def hybrid() -> HybridDrafter:
@@ -103,7 +104,7 @@ def main() -> None:
         return target, d, adaptive(cal, ("lookup", "model"), d)
 
     prose = [chat.tokenize(chat.chat_prompt([{"role": "user", "content": p}])) for p in PROSE]
-    bench(f"must-show 2: open prose, {a.tokens} tokens, hybrid lookup + self-draft (c = {cal.c_model:.2f})", {
+    bench(f"must-show 2: open prose, {a.tokens} tokens, hybrid lookup + self-draft (c = {cal.costs.c['model']:.2f})", {
         "plain": lambda: (target, None, None),
         "hybrid self-draft k=4 fixed": lambda: (target, hybrid(), FixedK(4)),
         "lookup k=4 fixed": lambda: (target, PromptLookup(), FixedK(4)),

@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from localspec.calibrate import calibrate
+from localspec.calibration import measure_calibration
 from localspec.cli import main
 from localspec.controller import Adaptive
 from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
@@ -32,7 +32,7 @@ def self_draft(smollm2_twin):
 
 @pytest.fixture(scope="module")
 def cal(target, self_draft):
-    return calibrate(target, k_max=6, draft_model=self_draft, reps=2)
+    return measure_calibration(target, k_max=6, draft_model=self_draft, budget_s=60.0)
 
 
 def chat(engine: Engine, text: str) -> list[int]:
@@ -42,13 +42,15 @@ def chat(engine: Engine, text: str) -> list[int]:
 def test_calibration_leaves_caches_untouched(target, self_draft, cal):
     assert target.tokens == [] and self_draft.tokens == []
     assert cal.v[0] == 1.0 and len(cal.v) == 7 and list(cal.v) == sorted(cal.v)
-    assert cal.t1 > 0 and cal.c_model > 0
+    assert cal.costs.t1 > 0 and cal.costs.c["model"] > 0 and cal.complete
+    assert set(cal.threads) == {"target", "draft", "prompt"} and cal.flash_attn in (True, False)
 
 
 def test_self_drafting_on_prose_is_switched_off_with_a_reason(target, self_draft, cal):
     """Must-show 2: the model as its own drafter costs c ≈ 1, so no γ beats plain decoding; lookup on open
     prose barely matches. The controller turns the model source off and says why."""
-    ctl = Adaptive(sources=("lookup", "model"), k_max=6, v=cal.v, t1=cal.t1, c={"lookup": 0.0, "model": cal.c_model})
+    ctl = Adaptive(sources=("lookup", "model"), k_max=6, v=cal.v, t1=cal.costs.t1,
+                   c={"lookup": 0.0, "model": cal.costs.c["model"]})
     engine = Engine(target, HybridDrafter(PromptLookup(), ModelDrafter(self_draft)), controller=ctl)
     last = None
     for last in engine.generate(chat(engine, PROSE), max_tokens=96):

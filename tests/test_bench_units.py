@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from localspec.bench.costs import Costs
+from localspec.costs import Costs
 from localspec.bench.fromlog import read_log
 from localspec.bench.runner import PLAIN, Run, TargetResult
 from localspec.bench.summary import ALL, rows_for, verdict, winners
@@ -85,7 +85,7 @@ def _run(drafter, k, task, n, ms, draft_n=0, acc=0, rounds=None):
 
 
 def _result(runs) -> TargetResult:
-    costs = Costs(t_target_ms=10.0, t_verify_ms={1: 12.0, 2: 14.0}, c={"lookup": 0.01}, position=100)
+    costs = Costs(t1=0.010, v=(1.0, 1.2, 1.4), c={"lookup": 0.01}, position=100)
     return TargetResult("t", "t.gguf", "desc", costs, tuple(runs), (), True)
 
 

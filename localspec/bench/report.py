@@ -112,7 +112,7 @@ def _matrix(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
 
 def _costs_line(res: TargetResult) -> str:
     c = ", ".join(f"{k} {v:.3f}" for k, v in res.costs.c.items()) or "-"
-    v = " ".join(f"{g}:{x:.2f}" for g, x in sorted(res.costs.v.items()))
+    v = " ".join(f"{g}:{x:.2f}" for g, x in sorted(res.costs.v_by_gamma.items()))
     return f"target step {res.costs.t_target_ms:.2f} ms at position {res.costs.position}; c: {c}; v(γ): {v}"
 
 

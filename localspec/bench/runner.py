@@ -16,11 +16,11 @@ from typing import Callable, Sequence
 from ..backend import LoadOptions, Model
 from ..compat import check_pair
 from ..controller import DEFAULT_K, Adaptive, Controller, FixedK
+from ..costs import Costs, measure, merge, with_c
 from ..drafters import LOOKUP, NO_DRAFTER, ModelDrafter, PromptLookup
 from ..errors import IncompatibleDrafter
 from ..sampling import SamplingParams
 from ..session import Engine
-from . import costs as costs_mod
 from .agreement import Agreement, compare
 from .tasks import Prompt
 
@@ -99,17 +99,15 @@ class TargetResult:
     label: str
     path: str
     n_params_desc: str
-    costs: costs_mod.Costs
+    costs: Costs
     runs: tuple[Run, ...]
     agreement: tuple[Agreement, ...]
     chat_template: bool
 
 
-def make_adaptive(source: str, costs: costs_mod.Costs, k_max: int = AUTO_K_MAX) -> Controller:
+def make_adaptive(source: str, costs: Costs, k_max: int = AUTO_K_MAX) -> Controller:
     """An adaptive controller seeded with this run's measured v(γ), t1 and c (instead of its own calibration)."""
-    v = costs.v
-    return Adaptive(sources=(source,), k_max=k_max, t1=costs.t_target_ms / 1e3, c={source: costs.c.get(source, 0.0)},
-                    v=[1.0] + [v.get(g, v[max(v)]) for g in range(1, k_max + 1)])
+    return Adaptive(sources=(source,), k_max=k_max, t1=costs.t1, c={source: costs.c.get(source, 0.0)}, v=costs.v)
 
 
 def configs_for(spec: TargetSpec, plan: Plan) -> list[Config]:
@@ -231,9 +229,7 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
         run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)
     gammas = sorted(set(plan.ks) | set(range(1, max(max(plan.ks, default=1), AUTO_K_MAX) + 1)))
     cost_ctx = _cost_context(fam, list(rendered.values()), max(gammas) + 2, plan.n_ctx)
-    measure = lambda: costs_mod.measure(fam.target, cost_ctx, gammas, drafters=fam.draft_models,  # noqa: E731
-                                        lookup=spec.lookup, repeats=plan.cost_repeats)
-    c_start = measure()
+    c_start = _measure(fam, cost_ctx, max(gammas), spec.lookup, plan.cost_repeats)
     if plan.auto:
         for d, eng in fam.engines.items():
             if eng.drafter is not None:
@@ -251,7 +247,7 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
                     r = run_one(fam, cfg, rendered[p.id], params, plan.max_tokens, k_hist)
                     runs.append(Run(spec.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
 
-    costs = costs_mod.merge(c_start, measure())
+    costs = merge(c_start, _measure(fam, cost_ctx, max(gammas), spec.lookup, plan.cost_repeats))
     fam.reset()
     agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=spec.label,
                           drafter=r.drafter, k=r.k, task=r.task, prompt_id=r.prompt_id)
@@ -260,10 +256,15 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
                         bool(plain.chat_template))
 
 
-def _source_costs(costs: costs_mod.Costs, drafter: str, source: str) -> costs_mod.Costs:
+def _measure(fam: _Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
+    """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt)."""
+    fam.reset()
+    return measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
+
+
+def _source_costs(costs: Costs, drafter: str, source: str) -> Costs:
     """The costs with c keyed by the drafter's source name ("model"), which is what `Step.source` says."""
-    return costs_mod.Costs(costs.t_target_ms, costs.t_verify_ms, {source: costs.c.get(drafter, 0.0)},
-                           costs.position)
+    return with_c(costs, {source: costs.c.get(drafter, 0.0)})
 
 
 def _greedy_pairs(runs: Sequence[Run]):

@@ -89,7 +89,7 @@ def rows_for(result: TargetResult) -> list[Row]:
     for r in result.runs:
         for task in (r.task, ALL):
             groups.setdefault((r.drafter, r.k, r.temp, task), []).append(r)
-    v_all = result.costs.v
+    v_all = result.costs.v_by_gamma
     pooled = {key: _pool(runs) for key, runs in groups.items()}
     rows = []
     for (drafter, k, temp, task), p in pooled.items():

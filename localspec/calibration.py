@@ -1,0 +1,197 @@
+"""Load-time calibration: what this model costs on this machine, measured within a hard time budget and cached.
+
+At load the engine needs priors for its two controllers: the γ controller's v(γ), t1 and c, and the thread
+controller's step time per thread count and phase. Measuring them takes a few hundred decodes; on a busy
+machine that took 24–30 s per start, so:
+
+- measurement (all of it in localspec/costs.py) stops at `budget_s`, most useful first: the target's step
+  per thread count, the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention;
+- the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
+  version and CPU features) + the load options that change costs, so the next start measures nothing;
+- a cache entry cut short by the budget is measured again at the next start and merged (minimum per entry);
+  a stale entry (the machine is busier than when it was measured) is corrected online by the controllers,
+  which start from these priors and follow what the rounds measure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from .backend import Model, build_info
+from .costs import Costs, flash_attn_times, measure, probe_tokens, thread_times
+from .paths import cache_dir
+from .threads import candidates, cpu_count
+
+SCHEMA = 1
+CONTEXT = 16  # tokens before the probe position
+PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
+
+
+@dataclass(frozen=True)
+class Calibration:
+    costs: Costs | None  # v(γ), t1, c ("model" for a model drafter); None if the budget ran out before it
+    threads: dict[str, dict[int, float]] = field(default_factory=dict)  # phase -> threads -> seconds per unit
+    flash_attn: bool | None = None  # None: not measured (llama.cpp's auto)
+    complete: bool = True  # False: the budget cut it short
+    seconds: float = 0.0  # time spent measuring
+    cached: bool = False  # read from the cache (nothing measured this start)
+
+    @property
+    def v(self) -> tuple[float, ...]:
+        return self.costs.v if self.costs else ()
+
+    def to_dict(self) -> dict:
+        return {"costs": self.costs.to_dict() if self.costs else None, "flash_attn": self.flash_attn,
+                "threads": {p: {str(n): s for n, s in d.items()} for p, d in self.threads.items()},
+                "complete": self.complete, "seconds": round(self.seconds, 3), "cached": self.cached}
+
+    @classmethod
+    def from_dict(cls, d: Mapping, *, cached: bool = False) -> "Calibration":
+        return cls(Costs.from_dict(d["costs"]) if d.get("costs") else None,
+                   {p: {int(n): float(s) for n, s in t.items()} for p, t in d.get("threads", {}).items()},
+                   d.get("flash_attn"), bool(d.get("complete")), float(d.get("seconds", 0.0)), cached)
+
+
+def _best(times: Mapping[int, float]) -> int | None:
+    return min(times, key=times.__getitem__) if times else None
+
+
+def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
+                        cores: int | None = None, flash_attn: bool = True, repeats: int = 2) -> Calibration:
+    """Measure everything a start needs, most useful first, stopping at the budget. The caches are left as
+    found (flash attention, when measured, needs them empty and leaves the faster setting in place)."""
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s
+    counts = candidates(cores or cpu_count())
+    toks = probe_tokens(target, max(CONTEXT + k_max + 1, PROMPT_CHUNK + 1))
+    threads: dict[str, dict[int, float]] = {}
+    costs, fa = None, None
+    done = lambda: time.perf_counter() > deadline  # noqa: E731
+
+    def per_count(model: Model, phase: str, tokens: list[int], rows: int) -> None:
+        base = model.n_past
+        try:
+            model.decode(toks[:CONTEXT], 0)
+            threads[phase] = thread_times(model, counts, tokens, rows=rows, repeats=repeats, deadline=deadline)
+        finally:
+            model.rewind(base)
+
+    per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
+    target.set_threads(*(2 * [_best(threads["target"])]))
+    if draft_model is not None and not done():
+        per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
+        draft_model.set_threads(*(2 * [_best(threads["draft"])]))
+    if not done():
+        costs = measure(target, toks[:CONTEXT + k_max + 1], k_max, repeats=repeats, deadline=deadline,
+                        drafters={"model": draft_model} if draft_model is not None else None)
+    if not done():
+        per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
+    if flash_attn and not done() and target.n_past == 0:
+        fa_times = flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=deadline)
+        fa = _best(fa_times)
+    complete = not done() and (not flash_attn or fa is not None)
+    return Calibration(costs, threads, fa, complete, time.perf_counter() - t0)
+
+
+# -- the cache ------------------------------------------------------------------------------------------------
+
+def _file_id(path: Path) -> dict:
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) -> dict:
+    """Everything a calibration depends on: the files, the machine, the build, the options that change costs."""
+    o = target.options
+    return {"schema": SCHEMA, "target": _file_id(target.path),
+            "draft": _file_id(draft_model.path) if draft_model is not None else None,
+            "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
+            "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(),
+            "ngl": o.n_gpu_layers, "type_k": o.type_k, "type_v": o.type_v, "rpc": list(o.rpc_servers),
+            "n_batch": o.n_batch}
+
+
+def cache_path(key: Mapping) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / "calibration" / f"{digest}.json"
+
+
+def read_cached(key: Mapping) -> Calibration | None:
+    p = cache_path(key)
+    try:
+        d = json.loads(p.read_text())
+        return Calibration.from_dict(d["calibration"], cached=True) if d.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or damaged: measure again
+
+
+def write_cached(key: Mapping, cal: Calibration) -> None:
+    p = cache_path(key)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "calibration": cal.to_dict()}, indent=1))
+        tmp.replace(p)
+    except OSError:
+        pass  # a read-only cache only costs the next start its calibration
+
+
+def refine(old: Calibration, new: Calibration) -> Calibration:
+    """Merge a fresh (maybe partial) measurement into an older partial one: minimum per entry."""
+    threads = {p: dict(old.threads.get(p, {})) for p in set(old.threads) | set(new.threads)}
+    for p, d in new.threads.items():
+        for n, s in d.items():
+            threads[p][n] = min(s, threads[p].get(n, s))
+    costs = new.costs or old.costs
+    if old.costs and new.costs and new.costs.t1 > old.costs.t1:
+        costs = old.costs
+    return Calibration(costs, threads, new.flash_attn if new.flash_attn is not None else old.flash_attn,
+                       new.complete or (costs is not None and old.flash_attn is not None), new.seconds)
+
+
+def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
+              use_cache: bool = True, cores: int | None = None) -> Calibration:
+    """The cached calibration when there is a complete one (its flash-attention choice applied), else measure
+    within `budget_s`, merge with any partial entry, and cache the result."""
+    cores = cores or cpu_count()
+    key = cache_key(target, draft_model, k_max, cores) if use_cache else None
+    old = read_cached(key) if key else None
+    if old is not None and old.complete:
+        if old.flash_attn is not None and target.n_past == 0:
+            target.set_flash_attn(old.flash_attn)
+        _apply_threads(target, draft_model, old)
+        return old
+    cal = measure_calibration(target, k_max=k_max, draft_model=draft_model, budget_s=budget_s, cores=cores)
+    if old is not None:
+        cal = refine(old, cal)
+    if key:
+        write_cached(key, cal)
+    _apply_threads(target, draft_model, cal)
+    return cal
+
+
+def _apply_threads(target: Model, draft_model: Model | None, cal: Calibration) -> None:
+    """Start each model at its fastest measured count (the thread controller takes over from there)."""
+    for model, phase in ((target, "target"), (draft_model, "draft")):
+        n = _best(cal.threads.get(phase, {}))
+        if model is not None and n:
+            model.set_threads(n, n)
+
+

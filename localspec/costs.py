@@ -1,0 +1,197 @@
+"""Measure what decoding costs on this machine: the one place costs are measured (calibration, controller, bench).
+
+- v(γ): target time for γ+1 verify rows ÷ time for one row. Speculation pays only while scoring γ+1 positions
+  costs little more than one (idle compute): a property of the model, quantization and hardware, so measured.
+- c: a drafter's step ÷ the target's step (per drafted token; prompt lookup's is tiny, not zero).
+- step time per thread count, per phase (a verify row, a drafter step, a prompt token): the prior of the thread
+  controller (localspec/threads.py).
+
+Every timing appends a few tokens at the end of the cache and rewinds them, so the caches are left exactly as
+they were found. Repeats are interleaved across the things compared (batch sizes, thread counts, models) so a
+noisy neighbour hits all alike, and each keeps its minimum: on a shared machine noise only ever adds time.
+A budget (`deadline`) stops any measurement early, after at least one timed repeat.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .backend import Model
+from .drafters import PromptLookup
+from .sampling import SamplingParams
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the calibration loop times a few decodes."
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured cost ratios at one cache position."""
+
+    t1: float  # seconds for one target row
+    v: tuple[float, ...]  # v[γ] = time for γ+1 rows ÷ t1, γ = 0..k_max; v[0] = 1, non-decreasing
+    c: dict[str, float] = field(default_factory=dict)  # drafter (or source) name -> its step ÷ target step
+    position: int = 0
+
+    @property
+    def t_target_ms(self) -> float:
+        return 1e3 * self.t1
+
+    @property
+    def v_by_gamma(self) -> dict[int, float]:
+        """{γ: v(γ)} for γ ≥ 1 (the bench's tables)."""
+        return {g: x for g, x in enumerate(self.v) if g >= 1}
+
+    def to_dict(self) -> dict:
+        return {"position": self.position, "t_target_ms": self.t_target_ms,
+                "t_verify_ms": {str(g): self.t_target_ms * x for g, x in self.v_by_gamma.items()},
+                "v": {str(g): x for g, x in self.v_by_gamma.items()}, "c": dict(self.c)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Costs":
+        v = [1.0] + [float(x) for _, x in sorted((int(g), x) for g, x in d["v"].items())]
+        return cls(d["t_target_ms"] / 1e3, tuple(v), {k: float(x) for k, x in d["c"].items()}, d.get("position", 0))
+
+
+def monotone(ratios: Sequence[float]) -> tuple[float, ...]:
+    """v made non-decreasing with v(0) = 1: more rows never cost less, a dip is noise."""
+    out = [1.0]
+    for x in ratios[1:]:
+        out.append(max(x, out[-1]))
+    return tuple(out)
+
+
+def merge(a: Costs, b: Costs) -> Costs:
+    """Average two measurements (the bench takes one at the start and one at the end of a run, to cancel drift)."""
+    avg = lambda x, y: (x + y) / 2  # noqa: E731
+    return Costs(avg(a.t1, b.t1), monotone([avg(x, y) for x, y in zip(a.v, b.v)]),
+                 {k: avg(a.c[k], b.c.get(k, a.c[k])) for k in a.c}, a.position)
+
+
+def probe_tokens(model: Model, n: int) -> list[int]:
+    """n tokens of ordinary text (repeated as needed) to time decodes with."""
+    toks = model.tokenize(PROBE_TEXT, add_special=False) or [0]
+    return (toks * (n // len(toks) + 1))[:n]
+
+
+def timed_decode(model: Model, tokens: Sequence[int], rows: int) -> float:
+    """Seconds to decode `tokens` with logits for the last `rows` rows, then rewind them."""
+    base = model.n_past
+    t0 = time.perf_counter()
+    try:
+        model.decode(list(tokens), rows)
+        return time.perf_counter() - t0
+    finally:
+        model.rewind(base)
+
+
+def _out_of_time(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int, deadline: float | None) -> dict[str, float]:
+    """Minimum of each timer over `repeats` interleaved rounds after one warm-up round (first calls allocate
+    compute buffers and start thread pools); stops after the first timed round once past the deadline."""
+    best: dict[str, float] = {}
+    for rep in range(repeats + 1):
+        for key, fn in timers.items():
+            s = fn()
+            if rep:
+                best[key] = min(s, best.get(key, float("inf")))
+        if rep and _out_of_time(deadline):
+            break
+    return best
+
+
+def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapping[str, Model] | None = None,
+            lookup: bool = False, repeats: int = 3, deadline: float | None = None) -> Costs:
+    """v(0..k_max) and c at the end of `context` (appended after what the caches hold; everything rewound).
+    `drafters` maps a name (a source like "model", or a bench label) to its model; `lookup` adds prompt
+    lookup's c."""
+    drafters = dict(drafters or {})
+    room = target.n_ctx - target.n_past - 1
+    k_max = max(0, min(k_max, room - 2))
+    ctx = list(context) or [0]
+    while len(ctx) < k_max + 2:
+        ctx += ctx
+    pos = len(ctx) - k_max - 1
+    prefix, follow = ctx[:pos], ctx[pos:]
+    models = [target, *drafters.values()]
+    bases = [m.n_past for m in models]
+    try:
+        for m in models:
+            if prefix:
+                m.decode(prefix, 0)
+        timers: dict[str, Callable[[], float]] = {
+            f"t{n}": (lambda n=n: timed_decode(target, follow[:n], n)) for n in range(1, k_max + 2)}
+        timers |= {f"d:{name}": (lambda m=m: timed_decode(m, follow[:1], 1)) for name, m in drafters.items()}
+        if lookup and k_max:
+            timers["lookup"] = _lookup_timer(ctx[:pos + 1], k_max)
+        best = _interleaved(timers, repeats, deadline)
+    finally:
+        for m, b in zip(models, bases):
+            m.rewind(b)
+    t1 = best["t1"]
+    c = {name: best[f"d:{name}"] / t1 for name in drafters}
+    if "lookup" in best:
+        c["lookup"] = best["lookup"] / t1
+    return Costs(t1, monotone([best[f"t{n}"] / t1 for n in range(1, k_max + 2)]), c, bases[0] + pos)
+
+
+def _lookup_timer(context: list[int], k: int) -> Callable[[], float]:
+    """Seconds per drafted token of one prompt-lookup proposal."""
+    lk, params, rng = PromptLookup(), SamplingParams(), np.random.default_rng(0)
+
+    def fn() -> float:
+        t0 = time.perf_counter()
+        lk.propose(context, lambda source: k, params, rng)
+        return (time.perf_counter() - t0) / k
+
+    return fn
+
+
+def thread_times(model: Model, counts: Sequence[int], tokens: Sequence[int], *, rows: int = 1, repeats: int = 3,
+                 deadline: float | None = None) -> dict[int, float]:
+    """Seconds per token to decode `tokens` (logits for `rows` rows) at each thread count, interleaved so every
+    count sees the same machine load. The model's thread counts are restored afterwards."""
+    before = model.threads
+
+    def at(n: int) -> Callable[[], float]:
+        def fn() -> float:
+            model.set_threads(n, n)
+            return timed_decode(model, tokens, rows) / len(tokens)
+        return fn
+
+    try:
+        best = _interleaved({str(n): at(n) for n in counts}, repeats, deadline)
+    finally:
+        model.set_threads(*before)
+    return {int(n): s for n, s in best.items()}
+
+
+def flash_attn_times(model: Model, tokens: Sequence[int], *, repeats: int = 3,
+                     deadline: float | None = None) -> dict[bool, float]:
+    """Seconds for one row after `tokens` with flash attention on and off (each setting rebuilds the context,
+    so the cache must be empty). The model is left with the faster setting."""
+    if model.n_past:
+        raise ValueError("flash_attn_times needs an empty cache (it rebuilds the context)")
+    out: dict[bool, float] = {}
+    for on in (True, False):
+        model.set_flash_attn(on)
+        try:
+            model.decode(list(tokens[:-1]), 0)
+            out[on] = min(_interleaved({"t": lambda: timed_decode(model, tokens[-1:], 1)}, repeats, deadline).values())
+        finally:
+            model.rewind(0)
+    best = min(out, key=out.__getitem__)
+    if best is not False:
+        model.set_flash_attn(best)
+    return out
+
+
+def with_c(costs: Costs, c: Mapping[str, float]) -> Costs:
+    """The same costs with c re-keyed (a bench label -> the source name `Step.source` reports)."""
+    return replace(costs, c=dict(c))

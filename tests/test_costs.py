@@ -1,0 +1,97 @@
+"""Cost measurement (localspec/costs.py) and load-time calibration (localspec/calibration.py) on the real
+SmolLM2-135M: caches are left as found, thread counts are restored, the budget cuts measurement short, and the
+cache makes the second start measure nothing. Behaviour only; speed is measured by scripts/bench_threads.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from localspec import calibration as cal_mod
+from localspec.calibration import Calibration, cache_key, calibrate, measure_calibration
+from localspec.costs import Costs, measure, merge, monotone, probe_tokens, thread_times
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_target):
+    return smollm2_target
+
+
+@pytest.fixture(scope="module")
+def twin(smollm2_twin):
+    return smollm2_twin
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_measure_leaves_caches_as_found_and_reports_monotone_v(target, twin):
+    target.decode(target.tokenize("Hello there"), 0)
+    before = list(target.tokens)
+    try:
+        c = measure(target, probe_tokens(target, 20), 4, drafters={"model": twin}, lookup=True, repeats=1)
+    finally:
+        assert target.tokens == before and twin.tokens == []
+        target.rewind(0)
+    assert len(c.v) == 5 and c.v[0] == 1.0 and list(c.v) == sorted(c.v)
+    assert c.t1 > 0 and c.c["model"] > 0 and c.c["lookup"] >= 0 and c.position == len(before) + 20 - 5
+    d = c.to_dict()
+    assert set(d["v"]) == {"1", "2", "3", "4"} and Costs.from_dict(d).v == pytest.approx(c.v)
+
+
+def test_thread_times_cover_every_count_and_restore_the_setting(target):
+    target.set_threads(2, 1)
+    times = thread_times(target, [1, 2], probe_tokens(target, 1), repeats=1)
+    assert set(times) == {1, 2} and all(t > 0 for t in times.values())
+    assert target.threads == (2, 1) and target.tokens == []
+
+
+def test_merge_and_monotone():
+    a = Costs(0.01, (1.0, 1.5, 2.0), {"model": 0.4})
+    b = Costs(0.03, (1.0, 1.3, 1.2), {"model": 0.6})
+    m = merge(a, b)
+    assert m.t1 == pytest.approx(0.02) and m.c["model"] == pytest.approx(0.5) and m.v[2] >= m.v[1]
+    assert monotone([1.0, 1.4, 1.3, 2.0]) == (1.0, 1.4, 1.4, 2.0)
+
+
+def test_calibration_measures_every_phase_within_a_generous_budget(target, twin):
+    cal = measure_calibration(target, k_max=3, draft_model=twin, budget_s=60.0, cores=2)
+    assert cal.complete and set(cal.threads) == {"target", "draft", "prompt"}
+    assert set(cal.threads["target"]) == {1, 2} and cal.costs.c["model"] > 0 and len(cal.v) == 4
+    assert cal.flash_attn in (True, False) and target.options.flash_attn in (cal.flash_attn, None)
+    assert target.tokens == [] and twin.tokens == []
+
+
+def test_budget_cuts_calibration_short_but_keeps_the_thread_prior(target):
+    cal = measure_calibration(target, k_max=3, budget_s=0.0, cores=2)
+    assert not cal.complete and cal.costs is None and set(cal.threads["target"]) == {1, 2}
+    assert target.tokens == []
+
+
+def test_second_start_reads_the_cache(target, cache, monkeypatch):
+    first = calibrate(target, k_max=2, budget_s=60.0, cores=2)
+    assert not first.cached and first.complete
+    assert list((cache / "calibration").glob("*.json"))
+    monkeypatch.setattr(cal_mod, "measure_calibration", lambda *a, **k: pytest.fail("measured again"))
+    second = calibrate(target, k_max=2, budget_s=60.0, cores=2)
+    assert second.cached and second.v == pytest.approx(first.v) and second.threads == first.threads
+
+
+def test_partial_cache_entry_is_measured_again_and_merged(target, cache):
+    partial = calibrate(target, k_max=2, budget_s=0.0, cores=2)
+    assert not partial.complete
+    again = calibrate(target, k_max=2, budget_s=60.0, cores=2)
+    assert not again.cached and again.complete and again.costs is not None
+    for n, s in again.threads["target"].items():
+        assert s <= partial.threads["target"][n]
+
+
+def test_cache_key_follows_the_file_and_the_machine(target, tmp_path):
+    key = cache_key(target, None, 4, 2)
+    assert key["target"]["size"] == os.path.getsize(target.path) and "llama-cpp-python" in key["build"]
+    assert cache_key(target, None, 4, 3) != key and cache_key(target, None, 8, 2) != key
+    assert Calibration.from_dict(Calibration(None, {"target": {1: 0.1}}).to_dict()).threads == {"target": {1: 0.1}}
