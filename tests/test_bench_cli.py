@@ -21,7 +21,7 @@ def quick_run(smollm2_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["bench", "--quick", "--model", str(smollm2_path), "--tasks", "edit,prose", "--max-tokens", "12",
             "--k", "2,auto", "--ctx", "1024", "--json", str(out / "b.json"), "--plot", str(out / "b.png"),
-            "--markdown", str(out / "b.md")]
+            "--markdown", str(out / "b.md"), "--busy", "1"]
     res = CliRunner().invoke(main, args)
     return res, out
 
@@ -32,12 +32,13 @@ def test_quick_prints_table_and_verdict(quick_run):
     assert "plain" in res.output and "lookup k=2" in res.output
     assert "verdict: On " in res.output
     assert "greedy agreement:" in res.output
+    assert "Machine made busy: 1 CPU-bound background process" in res.output  # --busy 1 is noted
 
 
 def test_json_schema(quick_run):
     _, out = quick_run
     d = json.loads((out / "b.json").read_text())
-    assert d["schema"] == "localspec.bench/1"
+    assert d["schema"] == "localspec.bench/1" and d["settings"]["busy"] == 1
     assert {"command", "machine", "settings", "targets", "results", "best", "agreement", "runs", "verdict"} <= set(d)
     assert d["settings"]["ks"] == [2] and d["settings"]["max_tokens"] == 12
     (t,) = d["targets"]

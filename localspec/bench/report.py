@@ -52,7 +52,7 @@ def to_json(rep: Report) -> dict:
         "machine": machine(),
         "settings": {"ks": list(plan.ks), "auto": plan.auto,
                      "temps": list(plan.temps), "repeats": plan.repeats, "max_tokens": plan.max_tokens,
-                     "n_ctx": plan.n_ctx, "threads": plan.threads, "seed": plan.seed,
+                     "n_ctx": plan.n_ctx, "threads": plan.threads, "seed": plan.seed, "busy": plan.busy,
                      "tasks": list(dict.fromkeys(p.task for p in plan.prompts)),
                      "prompts": [p.id for p in plan.prompts]},
         "targets": [{"label": r.label, "path": r.path, "desc": r.n_params_desc, "chat_template": r.chat_template,
@@ -116,8 +116,12 @@ def _costs_line(res: TargetResult) -> str:
     return f"target step {res.costs.t_target_ms:.2f} ms at position {res.costs.position}; c: {c}; v(γ): {v}"
 
 
+def busy_line(plan: Plan) -> str:
+    return f"Machine made busy: {plan.busy} CPU-bound background process(es) ran for the whole bench (--busy)."
+
+
 def text_table(rep: Report) -> str:
-    out = []
+    out = [busy_line(rep.plan), ""] if rep.plan.busy else []
     for res, temp, rows in _families(rep):
         head, body = _matrix(rows)
         widths = [max(len(x) for x in col) for col in zip(head, *body)]
@@ -159,6 +163,7 @@ def markdown(rep: Report, plot_name: str | None = None, note: str | None = None)
            f"Settings: k = {', '.join(map(str, rep.plan.ks))}{' + auto' if rep.plan.auto else ''}; "
            f"temperatures {', '.join(f'{t:g}' for t in rep.plan.temps)}; {len(rep.plan.prompts)} prompts; "
            f"{rep.plan.repeats} repeat(s); max {rep.plan.max_tokens} new tokens; n_ctx {rep.plan.n_ctx}.", "",
+           *([busy_line(rep.plan), ""] if rep.plan.busy else []),
            *([note, ""] if note else []),
            "## Verdict", "", rep.verdict, ""]
     if plot_name:

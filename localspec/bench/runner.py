@@ -49,6 +49,7 @@ class Plan:
     n_ctx: int = 2048
     threads: int | None = None
     seed: int = 1234
+    busy: int = 0  # CPU-bound background processes during the run (bench --busy N)
     cost_repeats: int = 7
 
 

@@ -64,6 +64,8 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--ctx", "n_ctx", type=click.IntRange(256), default=2048, show_default=True, help="Context length.")
 @click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores).")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Sampling seed (T > 0).")
+@click.option("--busy", type=click.IntRange(0), default=0, metavar="N",
+              help="Run N CPU-bound background processes during the bench (always stopped; noted in the report).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the full results as JSON.")
 @click.option("--markdown", "md_file", type=click.Path(dir_okay=False), help="Write a Markdown report.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Write a PNG plot.")
@@ -72,7 +74,7 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
               help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
 @friendly_errors
 def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeats,
-          max_tokens, quick, n_ctx, threads, seed, json_file, md_file, plot_file, note, log_file):
+          max_tokens, quick, n_ctx, threads, seed, busy, json_file, md_file, plot_file, note, log_file):
     """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
 
     \b
@@ -83,6 +85,7 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     """
     if log_file:
         return _from_log(log_file, json_file)
+    from ..bench.busy import busy as busy_machine
     from ..bench.report import Report, text_table, write_json, write_markdown
     from ..bench.runner import Plan, count_runs, run_bench
     from ..bench.tasks import builtin_prompts, load_prompts, select
@@ -95,10 +98,10 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     targets = _targets(models, drafts, pairs, lookup, all_drafters)
     plan = Plan(targets=tuple(targets), prompts=tuple(prompts), ks=k_list, auto=auto,
                 temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
-                max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed)
+                max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed, busy=busy)
     total = count_runs(plan)
-    with click.progressbar(length=total, label="bench", file=sys.stderr, show_pos=True,
-                           item_show_func=lambda s: s) as bar:
+    with busy_machine(busy), click.progressbar(length=total, label="bench", file=sys.stderr, show_pos=True,
+                                               item_show_func=lambda s: s) as bar:
         results = run_bench(plan, progress=_progress(bar, total), log=log_err)
     command = "localspec bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench") \
         if Path(sys.argv[0]).name == "localspec" else "localspec bench (API)"
