@@ -215,17 +215,17 @@ class ThreadControl:
         self.choosers = {p: ThreadChooser(p, self.cores, prior=prior.get(p), start=pinned, clock=clock)
                          for p in phases}
         self._round: dict[str, int] = {}
-        self._applied: dict[int, tuple[int, int]] = {}
 
     @classmethod
     def pinned(cls, target: ThreadModel, draft: ThreadModel | None, n: int) -> "ThreadControl":
         """`--threads N`: every phase uses N, nothing is measured or switched."""
         return cls(target, draft, pinned=n)
 
-    def _set(self, model: ThreadModel | None, n: int, n_batch: int) -> None:
-        if model is not None and self._applied.get(id(model)) != (n, n_batch):
+    @staticmethod
+    def _set(model: ThreadModel | None, n: int, n_batch: int) -> None:
+        """Every round (two ints in the context: cheap), so engines sharing a model never see another's count."""
+        if model is not None:
             model.set_threads(n, n_batch)
-            self._applied[id(model)] = (n, n_batch)
 
     def _pick(self, phase: str) -> int:
         if self.pinned_n is not None:
