@@ -8,7 +8,7 @@ machine that took 24–30 s per start, so:
   per thread count, the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention;
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
   version and CPU features) + the load options that change costs, so the next start measures nothing;
-- a cache entry cut short by the budget is measured again at the next start and merged (minimum per entry);
+- a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
   a stale entry (the machine is busier than when it was measured) is corrected online by the controllers,
   which start from these priors and follow what the rounds measure.
 """
@@ -62,39 +62,41 @@ def _best(times: Mapping[int, float]) -> int | None:
 
 
 def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
-                        cores: int | None = None, flash_attn: bool = True, repeats: int = 2) -> Calibration:
-    """Measure everything a start needs, most useful first, stopping at the budget. The caches are left as
-    found (flash attention, when measured, needs them empty and leaves the faster setting in place)."""
+                        cores: int | None = None, counts: list[int] | None = None, flash_attn: bool = True,
+                        repeats: int = 2, have: Calibration | None = None) -> Calibration:
+    """Measure what a start needs, most useful first, stopping at the budget; stages `have` (an earlier
+    partial entry) already holds are skipped, so a budget too short for everything still completes over a few
+    starts. The caches are left as found (flash attention needs them empty and leaves the faster setting)."""
     t0 = time.perf_counter()
     deadline = t0 + budget_s
-    counts = candidates(cores or cpu_count())
+    counts = counts or candidates(cores or cpu_count())
     toks = probe_tokens(target, max(CONTEXT + k_max + 1, PROMPT_CHUNK + 1))
-    threads: dict[str, dict[int, float]] = {}
-    costs, fa = None, None
+    threads = {p: dict(d) for p, d in (have.threads if have else {}).items()}
+    costs, fa = (have.costs, have.flash_attn) if have else (None, None)
     done = lambda: time.perf_counter() > deadline  # noqa: E731
 
     def per_count(model: Model, phase: str, tokens: list[int], rows: int) -> None:
-        base = model.n_past
-        try:
-            model.decode(toks[:CONTEXT], 0)
-            threads[phase] = thread_times(model, counts, tokens, rows=rows, repeats=repeats, deadline=deadline)
-        finally:
-            model.rewind(base)
+        if phase not in threads and (phase == "target" or not done()):  # the target's always: threads need it
+            base = model.n_past
+            try:
+                model.decode(toks[:CONTEXT], 0)
+                threads[phase] = thread_times(model, counts, tokens, rows=rows, repeats=repeats, deadline=deadline)
+            finally:
+                model.rewind(base)
+        if phase in threads and phase != "prompt":
+            model.set_threads(*(2 * [_best(threads[phase])]))
 
     per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
-    target.set_threads(*(2 * [_best(threads["target"])]))
-    if draft_model is not None and not done():
+    if draft_model is not None:
         per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
-        draft_model.set_threads(*(2 * [_best(threads["draft"])]))
-    if not done():
+    if costs is None and not done():
         costs = measure(target, toks[:CONTEXT + k_max + 1], k_max, repeats=repeats, deadline=deadline,
                         drafters={"model": draft_model} if draft_model is not None else None)
-    if not done():
-        per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
-    if flash_attn and not done() and target.n_past == 0:
-        fa_times = flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=deadline)
-        fa = _best(fa_times)
-    complete = not done() and (not flash_attn or fa is not None)
+    per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
+    if flash_attn and fa is None and not done() and target.n_past == 0:
+        fa = _best(flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=deadline))
+    phases = {"target", "prompt"} | ({"draft"} if draft_model is not None else set())
+    complete = costs is not None and phases <= set(threads) and (fa is not None or not flash_attn)
     return Calibration(costs, threads, fa, complete, time.perf_counter() - t0)
 
 
@@ -153,34 +155,21 @@ def write_cached(key: Mapping, cal: Calibration) -> None:
         pass  # a read-only cache only costs the next start its calibration
 
 
-def refine(old: Calibration, new: Calibration) -> Calibration:
-    """Merge a fresh (maybe partial) measurement into an older partial one: minimum per entry."""
-    threads = {p: dict(old.threads.get(p, {})) for p in set(old.threads) | set(new.threads)}
-    for p, d in new.threads.items():
-        for n, s in d.items():
-            threads[p][n] = min(s, threads[p].get(n, s))
-    costs = new.costs or old.costs
-    if old.costs and new.costs and new.costs.t1 > old.costs.t1:
-        costs = old.costs
-    return Calibration(costs, threads, new.flash_attn if new.flash_attn is not None else old.flash_attn,
-                       new.complete or (costs is not None and old.flash_attn is not None), new.seconds)
-
-
 def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
-              use_cache: bool = True, cores: int | None = None) -> Calibration:
+              use_cache: bool = True, cores: int | None = None, threads: int | None = None) -> Calibration:
     """The cached calibration when there is a complete one (its flash-attention choice applied), else measure
-    within `budget_s`, merge with any partial entry, and cache the result."""
+    what the cache entry lacks within `budget_s` and cache the result. `threads` (pinned): measure at that
+    count only."""
     cores = cores or cpu_count()
-    key = cache_key(target, draft_model, k_max, cores) if use_cache else None
+    key = cache_key(target, draft_model, k_max, cores) | {"pinned": threads} if use_cache else None
     old = read_cached(key) if key else None
+    if old is not None and old.flash_attn is not None and target.n_past == 0:
+        target.set_flash_attn(old.flash_attn)
     if old is not None and old.complete:
-        if old.flash_attn is not None and target.n_past == 0:
-            target.set_flash_attn(old.flash_attn)
         _apply_threads(target, draft_model, old)
         return old
-    cal = measure_calibration(target, k_max=k_max, draft_model=draft_model, budget_s=budget_s, cores=cores)
-    if old is not None:
-        cal = refine(old, cal)
+    cal = measure_calibration(target, k_max=k_max, draft_model=draft_model, budget_s=budget_s, cores=cores,
+                              counts=[threads] if threads else None, have=old)
     if key:
         write_cached(key, cal)
     _apply_threads(target, draft_model, cal)

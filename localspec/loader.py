@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .backend import LoadOptions, Model, in_own_thread
+from .calibration import Calibration
 from .compat import check_pair
 from .controller import DEFAULT_K, Adaptive, Controller, FixedK
 from .drafters import LOOKUP, NO_DRAFTER, Drafter, HybridDrafter, ModelDrafter, PromptLookup
 from .errors import IncompatibleDrafter
 from .registry import load_registry, resolve_model
 from .session import Engine
+from .threads import ThreadControl
 
 
 @dataclass(frozen=True)
@@ -81,25 +83,49 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     elif draft == LOOKUP:
         drafter = PromptLookup()
     target = Model.load(target_ref.path, opts)
+    cal = load_calibration(spec, target, drafter, draft_model)
     if controller is None and drafter is not None:
-        controller = make_controller(spec, k, target, drafter, draft_model)
+        controller = make_controller(spec, k, drafter, cal)
     template = target_ref.entry.chat_template if target_ref.entry else None
     return Engine(target, drafter, controller=controller, name=target_ref.name,
-                  drafter_name=draft if drafter else NO_DRAFTER, chat_template=template)
+                  drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
+                  threads=make_threads(spec, target, draft_model, cal))
 
 
-def make_controller(spec: EngineSpec, k: int, target: Model, drafter: Drafter,
-                    draft_model: Model | None) -> Controller:
-    """FixedK(k) with adaptive=False; else an `Adaptive` controller seeded by a short calibration of
+def _k_range(spec: EngineSpec) -> tuple[int, int]:
+    """An explicit -k pins γ; else the adaptive range."""
+    return (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
+
+
+def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
+                     draft_model: Model | None) -> Calibration | None:
+    """One budgeted, cached calibration (calibration.py) seeds both controllers: γ's v and c, and the step
+    time per thread count. None when neither needs it (threads pinned and no adaptive drafting)."""
+    adaptive = drafter is not None and spec.adaptive
+    if spec.threads and not adaptive:
+        return None
+    from .calibration import calibrate
+
+    # off this thread: a server loads on its main thread and decodes on a worker (backend.py, "Threads")
+    return in_own_thread(calibrate, target, k_max=_k_range(spec)[1] if adaptive else 0, draft_model=draft_model,
+                         threads=spec.threads)
+
+
+def make_threads(spec: EngineSpec, target: Model, draft_model: Model | None,
+                 cal: Calibration | None) -> ThreadControl:
+    """`--threads N` pins every phase; else the thread controller starts from the calibrated step times."""
+    if spec.threads:
+        return ThreadControl.pinned(target, draft_model, spec.threads)
+    return ThreadControl(target, draft_model, prior=cal.threads if cal else None, v=cal.v if cal else ())
+
+
+def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration | None) -> Controller:
+    """FixedK(k) with adaptive=False; else an `Adaptive` controller seeded by the load-time calibration of
     v(γ) (and c for a model drafter). An explicit -k pins γ but keeps auto-off."""
     if not spec.adaptive:
         return FixedK(k)
-    from .calibration import calibrate
-
-    k_min, k_max = (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
-    # off this thread: a server loads on its main thread and decodes on a worker (backend.py, "Threads")
-    cal = in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model)
-    costs = cal.costs
+    k_min, k_max = _k_range(spec)
+    costs = cal.costs if cal else None
     measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v, t1=costs.t1 if costs else None,
                    c={**drafter.cost, **measured})

@@ -24,6 +24,7 @@ from .errors import LocalspecError
 from .sampling import SamplingParams
 from .speculative import Step, generate
 from .stats import Stats, StatsCounter
+from .threads import ThreadControl
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,10 @@ class Engine:
     draft (`controller.state()` says what it chose; nothing else here stores a draft length)."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, controller: Controller | None = None,
-                 name: str = "", drafter_name: str = "", chat_template: str | None = None) -> None:
+                 name: str = "", drafter_name: str = "", chat_template: str | None = None,
+                 threads: ThreadControl | None = None) -> None:
         self.target = target
+        self.threads = threads  # the thread controller (threads.py); None: llama.cpp's counts as loaded
         self.drafter = drafter
         self.controller: Controller = controller or FixedK(DEFAULT_K if drafter else 0)
         self.name = name or target.path.name
@@ -151,6 +154,8 @@ class Engine:
         text = TextStream(stop)
         steps = generate(self.target, tokens, drafter=drafter, controller=controller or self.controller,
                          params=params, max_tokens=max_tokens)
+        if self.threads is not None:
+            steps = self.threads.follow(steps)  # thread counts chosen between rounds
         with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
             for step in steps:
                 counter.add(step)

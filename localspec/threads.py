@@ -29,7 +29,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence, TYPE_CHECKING
+from typing import Callable, Iterator, Mapping, Protocol, Sequence, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .speculative import Step
@@ -200,8 +200,10 @@ class ThreadModel(Protocol):
 class ThreadControl:
     """The thread choosers of one engine (target, drafter, prompt), applied between rounds.
 
-    The loop calls `before_prefill()`, then per round `before_round()` and `observe(step)`. A verify pass of
-    γ+1 rows costs v(γ) single rows (`v`, from calibration), so rounds of any γ compare per row."""
+    `follow(steps)` wraps the loop's generator: `before_prefill()` before it starts, then after each round
+    `observe(step)` and `before_round()` (the generator is suspended between rounds, so the counts change exactly
+    there). A verify pass of γ+1 rows costs v(γ) single rows (`v`, from calibration), so rounds of any γ compare
+    per row."""
 
     def __init__(self, target: ThreadModel, draft: ThreadModel | None = None, *, cores: int | None = None,
                  prior: Mapping[str, Mapping[int, float]] | None = None, v: Sequence[float] = (),
@@ -232,9 +234,28 @@ class ThreadControl:
             return self.pinned_n
         return self.choosers[phase].choose()
 
+    def follow(self, steps: Iterator["Step"]) -> Iterator["Step"]:
+        """The loop's steps with the thread counts applied around them. The first round runs at the prompt's
+        count (prefill and that round are one resumption of the loop), so it only informs the prompt phase."""
+        try:
+            self.before_prefill()
+            first = True
+            for step in steps:
+                self.observe(step, prompt_only=first)
+                first = False
+                yield step
+                self.before_round()
+        finally:
+            close = getattr(steps, "close", None)
+            if close:
+                close()
+
     def before_prefill(self) -> None:
         n = self._round["prompt"] = self._pick("prompt")
         self._set(self.target, n, n)
+        if self.draft is not None:  # a model drafter catches up on the prompt during the first round
+            d = self._round["draft"] = self._pick("draft")
+            self._set(self.draft, d, d)
 
     def before_round(self) -> None:
         """Counts for this round. A verify pass of γ+1 > 1 rows runs on n_threads_batch, one row on
@@ -245,16 +266,18 @@ class ThreadControl:
             d = self._round["draft"] = self._pick("draft")
             self._set(self.draft, d, d)
 
-    def observe(self, step: "Step") -> None:
+    def observe(self, step: "Step", *, prompt_only: bool = False) -> None:
         if self.pinned_n is not None:
+            return
+        if step.n_prompt > 8 and step.t_prompt > 0:  # a prompt long enough to time per token
+            self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
+        if prompt_only:
             return
         rows = step.drafted + 1
         v = self.v[step.drafted] if step.drafted < len(self.v) else float(rows) if self.v else 1.0
         self._feed("target", step.t_verify / max(v, 1e-9))
         if step.drafted and step.source == "model":
             self._feed("draft", step.t_draft / step.drafted)
-        if step.n_prompt > 8 and step.t_prompt > 0:  # a prompt long enough to time per token
-            self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
 
     def _feed(self, phase: str, seconds: float) -> None:
         if phase in self.choosers and phase in self._round:

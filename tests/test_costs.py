@@ -81,13 +81,18 @@ def test_second_start_reads_the_cache(target, cache, monkeypatch):
     assert second.cached and second.v == pytest.approx(first.v) and second.threads == first.threads
 
 
-def test_partial_cache_entry_is_measured_again_and_merged(target, cache):
+def test_partial_cache_entry_is_completed_at_the_next_start(target, cache, monkeypatch):
+    """A budget too short for everything still completes over starts: each measures only what is missing."""
     partial = calibrate(target, k_max=2, budget_s=0.0, cores=2)
-    assert not partial.complete
+    assert not partial.complete and "target" in partial.threads
+    seen = []
+    real = cal_mod.thread_times
+    monkeypatch.setattr(cal_mod, "thread_times", lambda m, c, t, **k: seen.append(len(t)) or real(m, c, t, **k))
     again = calibrate(target, k_max=2, budget_s=60.0, cores=2)
     assert not again.cached and again.complete and again.costs is not None
-    for n, s in again.threads["target"].items():
-        assert s <= partial.threads["target"][n]
+    assert again.threads["target"] == partial.threads["target"]  # kept, not measured again
+    assert seen == [cal_mod.PROMPT_CHUNK]  # only the prompt phase was timed per count this time
+    assert calibrate(target, k_max=2, budget_s=60.0, cores=2).cached
 
 
 def test_cache_key_follows_the_file_and_the_machine(target, tmp_path):
