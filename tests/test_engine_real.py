@@ -11,6 +11,7 @@ from localspec.drafters import ModelDrafter, PromptLookup
 from localspec.sampling import SamplingParams
 from localspec.session import Engine
 from localspec.speculative import generate
+from localspec.threads import ThreadControl
 
 
 CODE = """def fib(n):
@@ -75,6 +76,46 @@ def test_self_drafting_greedy_accepts_and_every_token_is_target_argmax(target, s
     accepted = sum(s.accepted for s in steps)
     print(f"\nself-drafting greedy: accepted {accepted}/{drafted} = {accepted / drafted:.3f}")
     assert accepted / drafted >= 0.9
+
+
+class ScriptedThreads:
+    """A thread chooser that follows a script (count per round), to force switches mid-generation."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script, self.i = script, 0
+        self.current, self.est, self.changes = script[0], {}, []
+
+    def choose(self) -> int:
+        self.i += 1
+        return self.script[min(self.i - 1, len(self.script) - 1)]
+
+    def observe(self, n: int, seconds: float) -> None:
+        pass
+
+
+def test_every_token_is_target_argmax_across_thread_switches(target, self_drafter):
+    """Issue 12, must-show 6: the target and the drafter switch thread counts in the middle of a greedy
+    generation (2 -> 1 -> 2), and every emitted token is still the target's own argmax of the logits it computed."""
+    calls: list[tuple[str, int]] = []
+    seen = _record_logits(target)
+    ctl = ThreadControl(target, self_drafter.model, cores=2)
+    switch = [2] * 4 + [1] * 4 + [2] * 100
+    ctl.choosers["target"], ctl.choosers["draft"] = ScriptedThreads(switch), ScriptedThreads(switch[2:])
+    for name, m in (("target", target), ("draft", self_drafter.model)):
+        inner = m.set_threads
+        m.set_threads = lambda n, nb, inner=inner, name=name: calls.append((name, n)) or inner(n, nb)
+    try:
+        toks = target.tokenize(PROMPTS[3])
+        steps = list(ctl.follow(generate(target, toks, drafter=self_drafter, controller=FixedK(4), max_tokens=48)))
+    finally:
+        del target.decode, target.set_threads, self_drafter.model.set_threads
+        target.set_threads(2, 2)
+    for model in ("target", "draft"):
+        assert {n for name, n in calls if name == model} == {1, 2}
+    assert len(seen) == len(steps)
+    for step, rows in zip(steps, seen):
+        for j, t in enumerate(step.tokens):
+            assert t == int(rows[j].argmax())
 
 
 def test_prompt_lookup_accepts_on_code_repeat(target):

@@ -132,3 +132,29 @@ def test_many_cores_climb_to_the_best_count():
 def test_candidates_and_neighbours():
     assert candidates(2) == [1, 2] and candidates(12) == [1, 2, 4, 8, 12]
     assert neighbours(1, 2) == [2] and neighbours(8, 16) == [4, 7, 9, 16] and neighbours(1, 1) == []
+
+
+def test_follow_applies_counts_between_rounds_and_closes_the_loop():
+    """The first round runs at the prompt's count and informs only the prompt phase; each later round runs at
+    the count chosen after the previous one; closing the wrapper closes the loop (its KV rollback runs)."""
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": {1: 0.01, 2: 0.02}, "prompt": {2: 0.001, 1: 0.002}},
+                        clock=clock)
+    closed = []
+
+    def loop():
+        try:
+            yield Step((1,), 0, 0, 0.0, 0.5, n_prompt=20, t_prompt=0.019)  # prefill + first round
+            while True:
+                yield Step((1,), 0, 0, 0.0, 0.01)
+        finally:
+            closed.append(True)
+
+    steps = ctl.follow(loop())
+    next(steps)
+    assert model.calls[0] == (2, 2)  # prompt evaluation: its own count
+    assert ctl.choosers["target"].est == {1: 0.01, 2: 0.02}  # the slow first round did not count as a round
+    next(steps)
+    assert model.calls[-1] == (1, 1)  # the target's count from then on
+    steps.close()
+    assert closed == [True]
