@@ -21,13 +21,15 @@ from typing import Any, Iterator, Mapping
 
 from .controller import ControllerState
 from .stats import Stats
+from .threads import ThreadState
 
 SCHEMA = 1
 
 
 def request_record(*, model: str, drafter: str, mode: str, stats: Stats, finish: str | None = None,
                    task: str | None = None, controller: ControllerState | None = None,
-                   before: ControllerState | None = None, **extra: Any) -> dict[str, Any]:
+                   before: ControllerState | None = None, threads: ThreadState | None = None,
+                   threads_before: ThreadState | None = None, **extra: Any) -> dict[str, Any]:
     """One log line for one request. `before` is the controller's state when the request started, so
     `k_chosen` counts this request's rounds only (the controller lives across requests)."""
     k_chosen: dict[str, int] = {}
@@ -50,8 +52,17 @@ def request_record(*, model: str, drafter: str, mode: str, stats: Stats, finish:
     if controller is not None:
         rec.update(adaptive=controller.adaptive, c=controller.c, v=list(controller.v),
                    spec_disabled_reason=controller.spec_disabled_reason)
+    if threads is not None:
+        rec.update(thread_fields(threads, threads_before))
     rec.update(extra)
     return rec
+
+
+def thread_fields(state: ThreadState, before: ThreadState | None = None) -> dict[str, Any]:
+    """Thread counts in use and this request's switches with their reasons (`before`: state at its start)."""
+    new = state.changes[len(before.changes):] if before else state.changes
+    return {"threads": state.threads, "threads_batch": state.threads_batch, "threads_draft": state.threads_draft,
+            "threads_pinned": state.pinned, "thread_changes": [c.to_dict() for c in new]}
 
 
 class MetricsLog:

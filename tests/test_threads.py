@@ -3,6 +3,8 @@ follows the machine when it gets busy and quiet again mid-generation, and pinnin
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from localspec.speculative import Step
@@ -158,3 +160,20 @@ def test_follow_applies_counts_between_rounds_and_closes_the_loop():
     assert model.calls[-1] == (1, 1)  # the target's count from then on
     steps.close()
     assert closed == [True]
+
+
+def test_run_json_reports_thread_counts(smollm2_path):
+    """`run --json` carries threads, threads_batch, threads_draft; `-t 1` pins them all (nothing switches)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    res = CliRunner().invoke(main, ["run", "--json", "-m", str(smollm2_path), "--no-spec", "-n", "4", "-t", "1", "Hi"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output.strip().splitlines()[-1])
+    assert (d["threads"], d["threads_batch"], d["threads_draft"], d["thread_changes"]) == (1, 1, None, [])
+    res = CliRunner().invoke(main, ["run", "--json", "-m", str(smollm2_path), "--no-spec", "-n", "4", "Hi"])
+    d = json.loads(res.output.strip().splitlines()[-1])
+    assert 1 <= d["threads"] <= os.cpu_count() and isinstance(d["thread_changes"], list)

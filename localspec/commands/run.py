@@ -45,6 +45,7 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
     mlog = MetricsLog(opts["metrics_log"]) if opts["metrics_log"] else None
     engine = load_engine(spec, log=log_err)
     before = engine.controller.state() if engine.drafter else None
+    thr_before = engine.threads.state() if engine.threads else None
     if chat:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         text = engine.chat_prompt(msgs)
@@ -57,10 +58,12 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             sys.stdout.flush()
     stats = last.stats
     ctl = engine.controller.state() if engine.drafter else None
+    thr = engine.threads.state() if engine.threads else None
     # "auto-off": a drafter was configured but the controller decoded the whole request plainly
     mode = "plain" if not engine.drafter else "spec" if stats.draft_n else "auto-off"
     rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
-                         finish=last.finish, task=opts["task"], controller=ctl, before=before)
+                         finish=last.finish, task=opts["task"], controller=ctl, before=before, threads=thr,
+                         threads_before=thr_before)
     if mlog:
         mlog.write(rec)
     if as_json:
@@ -76,11 +79,14 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             "k_chosen": rec["k_chosen"], "c": rec.get("c", {}), "v": rec.get("v", []),
             "spec_disabled_reason": rec.get("spec_disabled_reason"), "by_source": rec["by_source"],
             "adaptive": bool(ctl and ctl.adaptive),
+            **{key: rec.get(key) for key in ("threads", "threads_batch", "threads_draft", "thread_changes")},
         }))
     else:
         sys.stdout.write("\n")
         how = f"{mode}: {engine.drafter_name}, k={ctl.label}" if ctl else "plain"
-        log_err(f"[{engine.name} | {how}] {stats.line()}")
+        log_err(f"[{engine.name} | {how}] {stats.line()}" + (f" | {thr.line()}" if thr else ""))
+        for change in rec.get("thread_changes", []):
+            log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
         if ctl and ctl.spec_disabled_reason:
             log_err(f"speculation off: {ctl.spec_disabled_reason}")
 
