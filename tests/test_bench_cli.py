@@ -33,6 +33,7 @@ def test_quick_prints_table_and_verdict(quick_run):
     assert "verdict: On " in res.output
     assert "greedy agreement:" in res.output
     assert "Machine made busy: 1 CPU-bound background process" in res.output  # --busy 1 is noted
+    assert "threads at the end of runs:" in res.output
 
 
 def test_json_schema(quick_run):
@@ -59,7 +60,7 @@ def test_json_schema(quick_run):
             assert len(r["accept_hist"]) == 3 and sum(r["accept_hist"]) >= 1
     # 2 prompts x (plain, lookup k=2, maybe auto): every run generated tokens from an empty cache
     assert all(run["n_generated"] > 0 and run["n_prompt"] > 1 for run in d["runs"])
-    assert "tokens" not in d["runs"][0]
+    assert "tokens" not in d["runs"][0] and all(run["threads"] >= 1 for run in d["runs"])
     # greedy agreement: one record per spec run, divergences explained by the target's top-2
     assert len(d["agreement"]) == sum(run["drafter"] != "none" for run in d["runs"])
     for a in d["agreement"]:

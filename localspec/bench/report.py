@@ -8,6 +8,7 @@ JSON carries everything (rows, raw runs without token ids, costs, agreement, win
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import platform
 import sys
@@ -116,6 +117,12 @@ def _costs_line(res: TargetResult) -> str:
     return f"target step {res.costs.t_target_ms:.2f} ms at position {res.costs.position}; c: {c}; v(γ): {v}"
 
 
+def _threads_line(res: TargetResult, temp: float) -> str:
+    """How many threads the runs ended on (chosen at run time unless --threads pinned them)."""
+    used = Counter(r.threads for r in res.runs if r.temp == temp)
+    return "threads at the end of runs: " + ", ".join(f"{n} ({c} runs)" for n, c in sorted(used.items()))
+
+
 def busy_line(plan: Plan) -> str:
     return f"Machine made busy: {plan.busy} CPU-bound background process(es) ran for the whole bench (--busy)."
 
@@ -130,6 +137,7 @@ def text_table(rep: Report) -> str:
         out.append(f"{res.label}  T={temp:g}  (decode speedup vs plain per task; pred = formula with measured α, c, v; e2e = whole request)")
         out.append("  " + _costs_line(res))
         out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
+        out.append("  " + _threads_line(res, temp))
         lost = [r for r in rows if r.drafter != PLAIN and r.task != ALL and r.speedup < 1.0]
         if lost:
             out.append(f"  speculation lost in {len(lost)} of {sum(r.drafter != PLAIN and r.task != ALL for r in rows)}"

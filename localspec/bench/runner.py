@@ -21,6 +21,7 @@ from ..drafters import LOOKUP, NO_DRAFTER, ModelDrafter, PromptLookup
 from ..errors import IncompatibleDrafter
 from ..sampling import SamplingParams
 from ..session import Engine
+from ..threads import ThreadControl
 from .agreement import Agreement, compare
 from .tasks import Prompt
 
@@ -89,6 +90,7 @@ class Run:
     first_ms: float = 0.0  # the first round (in TTFT; for a model drafter it includes its prompt prefill)
     first_tokens: int = 0
     tokens: tuple[int, ...] = field(repr=False, default=())
+    threads: int = 0  # the target's thread count at the end of the run (chosen at run time unless --threads)
 
     @property
     def config(self) -> Config:
@@ -142,11 +144,15 @@ class _Family:
         self.models: list[Model] = []
         self.target = self._load(spec.path, opts)
         self.draft_models = {label: self._load(path, opts) for label, path in spec.drafters}
-        self.engines: dict[str, Engine] = {PLAIN: Engine(self.target, None, name=spec.label)}
+        thr = lambda draft=None: (ThreadControl.pinned(self.target, draft, plan.threads)  # noqa: E731
+                                  if plan.threads else ThreadControl(self.target, draft))
+        self.engines: dict[str, Engine] = {PLAIN: Engine(self.target, None, name=spec.label, threads=thr())}
         if spec.lookup:
-            self.engines[LOOKUP] = Engine(self.target, PromptLookup(), name=spec.label, drafter_name=LOOKUP)
+            self.engines[LOOKUP] = Engine(self.target, PromptLookup(), name=spec.label, drafter_name=LOOKUP,
+                                          threads=thr())
         for label, m in self.draft_models.items():
-            self.engines[label] = Engine(self.target, ModelDrafter(m), name=spec.label, drafter_name=label)
+            self.engines[label] = Engine(self.target, ModelDrafter(m), name=spec.label, drafter_name=label,
+                                         threads=thr(m))
         self.auto: dict[str, Controller] = {}  # drafter -> adaptive controller, made once costs are measured
 
     def _load(self, path: Path, opts: LoadOptions) -> Model:
@@ -194,7 +200,7 @@ def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams
         last = chunk
     s = last.stats
     return (s.n_prompt, s.n_generated, s.gen_ms, s.ttft_ms, s.rounds, s.draft_n, s.draft_n_accepted, s.draft_ms,
-            s.drafted_at, s.accepted_at, tuple(hist), last.finish, *first, tuple(out))
+            s.drafted_at, s.accepted_at, tuple(hist), last.finish, *first, tuple(out), engine.threads.state().threads)
 
 
 def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: int) -> list[int]:
