@@ -4,8 +4,9 @@ At load the engine needs priors for its two controllers: the γ controller's v(�
 controller's step time per thread count and phase. Measuring them takes a few hundred decodes; on a busy
 machine that took 24–30 s per start, so:
 
-- measurement (all of it in localspec/costs.py) stops at `budget_s`, most useful first: the target's step
-  per thread count, the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention;
+- measurement (all of it in localspec/costs.py) is done most useful first: the target's step per thread count,
+  the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention on/off; a stage
+  that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode);
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
   version and CPU features) + the load options that change costs, so the next start measures nothing;
 - a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
@@ -20,16 +21,17 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
 from .backend import Model, build_info
-from .costs import Costs, flash_attn_times, measure, probe_tokens, thread_times
+from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import cache_dir
 from .threads import candidates, cpu_count
 
 SCHEMA = 1
 CONTEXT = 16  # tokens before the probe position
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,37 +66,53 @@ def _best(times: Mapping[int, float]) -> int | None:
 def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
                         cores: int | None = None, counts: list[int] | None = None, flash_attn: bool = True,
                         repeats: int = 2, have: Calibration | None = None) -> Calibration:
-    """Measure what a start needs, most useful first, stopping at the budget; stages `have` (an earlier
-    partial entry) already holds are skipped, so a budget too short for everything still completes over a few
-    starts. The caches are left as found (flash attention needs them empty and leaves the faster setting)."""
+    """Measure what a start needs, most useful first, within `budget_s`. Stages `have` (an earlier partial
+    entry) holds are skipped. The first stage measured always finishes (so every start makes progress and a
+    budget too short for everything still completes over a few starts); a later stage that cannot finish one
+    timed repeat before the deadline is dropped, so the budget is overrun by at most one decode. The caches
+    are left as found (flash attention needs them empty and leaves the faster setting)."""
     t0 = time.perf_counter()
-    deadline = t0 + budget_s
+    soft, hard = Deadline(t0 + budget_s), Deadline(t0 + budget_s, hard=True)
     counts = counts or candidates(cores or cpu_count())
     toks = probe_tokens(target, max(CONTEXT + k_max + 1, PROMPT_CHUNK + 1))
     threads = {p: dict(d) for p, d in (have.threads if have else {}).items()}
     costs, fa = (have.costs, have.flash_attn) if have else (None, None)
-    done = lambda: time.perf_counter() > deadline  # noqa: E731
+    first = [True]
+
+    def stage(fn: Callable[[Deadline], T]) -> T | None:
+        if not first[0] and time.perf_counter() > hard.at:
+            return None
+        try:
+            return fn(soft if first[0] else hard)
+        except OutOfTime:
+            return None
+        finally:
+            first[0] = False
 
     def per_count(model: Model, phase: str, tokens: list[int], rows: int) -> None:
-        if phase not in threads and (phase == "target" or not done()):  # the target's always: threads need it
+        def run(deadline: Deadline) -> dict[int, float]:
             base = model.n_past
             try:
                 model.decode(toks[:CONTEXT], 0)
-                threads[phase] = thread_times(model, counts, tokens, rows=rows, repeats=repeats, deadline=deadline)
+                return thread_times(model, counts, tokens, rows=rows, repeats=repeats, deadline=deadline)
             finally:
                 model.rewind(base)
+
+        if phase not in threads and (times := stage(run)):
+            threads[phase] = times
         if phase in threads and phase != "prompt":
             model.set_threads(*(2 * [_best(threads[phase])]))
 
     per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
     if draft_model is not None:
         per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
-    if costs is None and not done():
-        costs = measure(target, toks[:CONTEXT + k_max + 1], k_max, repeats=repeats, deadline=deadline,
-                        drafters={"model": draft_model} if draft_model is not None else None)
+    if costs is None:
+        drafters = {"model": draft_model} if draft_model is not None else None
+        costs = stage(lambda d: measure(target, toks[:CONTEXT + k_max + 1], k_max, repeats=repeats, deadline=d,
+                                        drafters=drafters))
     per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
-    if flash_attn and fa is None and not done() and target.n_past == 0:
-        fa = _best(flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=deadline))
+    if flash_attn and fa is None and target.n_past == 0:
+        fa = _best(stage(lambda d: flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=d)) or {})
     phases = {"target", "prompt"} | ({"draft"} if draft_model is not None else set())
     complete = costs is not None and phases <= set(threads) and (fa is not None or not flash_attn)
     return Calibration(costs, threads, fa, complete, time.perf_counter() - t0)

@@ -9,7 +9,8 @@
 Every timing appends a few tokens at the end of the cache and rewinds them, so the caches are left exactly as
 they were found. Repeats are interleaved across the things compared (batch sizes, thread counts, models) so a
 noisy neighbour hits all alike, and each keeps its minimum: on a shared machine noise only ever adds time.
-A budget (`deadline`) stops any measurement early, after at least one timed repeat.
+A `Deadline` stops any measurement early, after at least one timed repeat; a hard one abandons a measurement
+(`OutOfTime`) that cannot finish that repeat in time, so a budget is overrun by at most one decode.
 """
 
 from __future__ import annotations
@@ -88,16 +89,29 @@ def timed_decode(model: Model, tokens: Sequence[int], rows: int) -> float:
         model.rewind(base)
 
 
-def _out_of_time(deadline: float | None) -> bool:
-    return deadline is not None and time.perf_counter() > deadline
+@dataclass(frozen=True)
+class Deadline:
+    at: float  # time.perf_counter() value
+    hard: bool = False  # past it before one timed repeat of everything: raise OutOfTime
 
 
-def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int, deadline: float | None) -> dict[str, float]:
+class OutOfTime(Exception):
+    """A hard deadline passed before the measurement had one timed repeat; its partial results are dropped."""
+
+
+def _out_of_time(deadline: Deadline | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline.at
+
+
+def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int,
+                 deadline: Deadline | None) -> dict[str, float]:
     """Minimum of each timer over `repeats` interleaved rounds after one warm-up round (first calls allocate
     compute buffers and start thread pools); stops after the first timed round once past the deadline."""
     best: dict[str, float] = {}
     for rep in range(repeats + 1):
         for key, fn in timers.items():
+            if key not in best and deadline is not None and deadline.hard and _out_of_time(deadline):
+                raise OutOfTime()
             s = fn()
             if rep:
                 best[key] = min(s, best.get(key, float("inf")))
@@ -107,7 +121,7 @@ def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int, deadli
 
 
 def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapping[str, Model] | None = None,
-            lookup: bool = False, repeats: int = 3, deadline: float | None = None) -> Costs:
+            lookup: bool = False, repeats: int = 3, deadline: Deadline | None = None) -> Costs:
     """v(0..k_max) and c at the end of `context` (appended after what the caches hold; everything rewound).
     `drafters` maps a name (a source like "model", or a bench label) to its model; `lookup` adds prompt
     lookup's c."""
@@ -154,7 +168,7 @@ def _lookup_timer(context: list[int], k: int) -> Callable[[], float]:
 
 
 def thread_times(model: Model, counts: Sequence[int], tokens: Sequence[int], *, rows: int = 1, repeats: int = 3,
-                 deadline: float | None = None) -> dict[int, float]:
+                 deadline: Deadline | None = None) -> dict[int, float]:
     """Seconds per token to decode `tokens` (logits for `rows` rows) at each thread count, interleaved so every
     count sees the same machine load. The model's thread counts are restored afterwards."""
     before = model.threads
@@ -173,22 +187,26 @@ def thread_times(model: Model, counts: Sequence[int], tokens: Sequence[int], *, 
 
 
 def flash_attn_times(model: Model, tokens: Sequence[int], *, repeats: int = 3,
-                     deadline: float | None = None) -> dict[bool, float]:
+                     deadline: Deadline | None = None) -> dict[bool, float]:
     """Seconds for one row after `tokens` with flash attention on and off (each setting rebuilds the context,
-    so the cache must be empty). The model is left with the faster setting."""
+    so the cache must be empty). The model is left with the faster setting (as found if out of time)."""
     if model.n_past:
         raise ValueError("flash_attn_times needs an empty cache (it rebuilds the context)")
+    found = model.options.flash_attn
     out: dict[bool, float] = {}
-    for on in (True, False):
-        model.set_flash_attn(on)
-        try:
-            model.decode(list(tokens[:-1]), 0)
-            out[on] = min(_interleaved({"t": lambda: timed_decode(model, tokens[-1:], 1)}, repeats, deadline).values())
-        finally:
-            model.rewind(0)
-    best = min(out, key=out.__getitem__)
-    if best is not False:
-        model.set_flash_attn(best)
+    try:
+        for on in (True, False):
+            model.set_flash_attn(on)
+            try:
+                model.decode(list(tokens[:-1]), 0)
+                timer = {"t": lambda: timed_decode(model, tokens[-1:], 1)}
+                out[on] = min(_interleaved(timer, repeats, deadline).values())
+            finally:
+                model.rewind(0)
+    except OutOfTime:
+        model.set_flash_attn(found)
+        raise
+    model.set_flash_attn(min(out, key=out.__getitem__))
     return out
 
 

@@ -100,3 +100,16 @@ def test_cache_key_follows_the_file_and_the_machine(target, tmp_path):
     assert key["target"]["size"] == os.path.getsize(target.path) and "llama-cpp-python" in key["build"]
     assert cache_key(target, None, 4, 3) != key and cache_key(target, None, 8, 2) != key
     assert Calibration.from_dict(Calibration(None, {"target": {1: 0.1}}).to_dict()).threads == {"target": {1: 0.1}}
+
+
+def test_a_hard_deadline_drops_the_measurement_and_restores_settings(target):
+    from localspec.costs import Deadline, OutOfTime, flash_attn_times
+
+    past = Deadline(0.0, hard=True)
+    with pytest.raises(OutOfTime):
+        thread_times(target, [1, 2], probe_tokens(target, 1), deadline=past)
+    found = target.options.flash_attn
+    with pytest.raises(OutOfTime):
+        flash_attn_times(target, probe_tokens(target, 4), deadline=past)
+    assert target.options.flash_attn == found and target.tokens == []
+    assert set(thread_times(target, [1, 2], probe_tokens(target, 1), deadline=Deadline(0.0))) == {1, 2}  # soft
