@@ -14,6 +14,8 @@ of the rounds just before it at the current count, so a load change hits both si
   got busier or quieter: noticed within a few rounds), and
 - now and then (`probe_gap_s`, doubling while probes lose, back to the minimum after a switch).
 
+A probe that wins is probed once more before the count switches, so one lucky round does not move it.
+
 `ThreadControl` holds the choosers of one engine, applies them with `Model.set_threads` between rounds, and
 reports a `ThreadState` (counts in use, the changes with their reasons) that every front end reads.
 `ThreadControl.pinned(n)` is `--threads N`: nothing is measured or changed.
@@ -133,6 +135,7 @@ class ThreadChooser:
         self.next_probe = self.t0 + self.gap
         self.queue: list[int] = []
         self.probing: int | None = None
+        self.won: tuple[int, float] | None = None  # a probe that won once: (count, seconds), confirmed next round
         self.changes: list[ThreadChange] = []
 
     def choose(self) -> int:
@@ -175,20 +178,31 @@ class ThreadChooser:
             self.baseline = 0.9 * self.baseline + 0.1 * med
 
     def _judge(self, n: int, seconds: float) -> None:
-        """Compare a probe with the rounds just before it at the current count; switch if clearly faster."""
+        """Compare a probe with the rounds just before it at the current count; switch if clearly faster twice
+        in a row (one lucky round on a noisy machine does not move the count)."""
         now = self._now_median() if self.recent else float("inf")
-        if seconds < now * (1 - self.margin):
-            old = self.current
-            why = "machine busy" if n < old else "machine quiet"
-            self.changes.append(ThreadChange(self.clock() - self.t0, self.phase, old, n,
-                                             f"{why}: {_plural(n)} {'is' if n == 1 else 'are'} {now / seconds:.1f}× faster than {old}"))
-            self.current, self.baseline = n, seconds
-            self.recent.clear()
-            self.queue = [m for m in neighbours(n, self.cores) if m != old]  # keep climbing that way
-            self.gap = self.gap_min
+        won = seconds < now * (1 - self.margin)
+        if won and (self.won is None or self.won[0] != n):
+            self.won = (n, seconds)
+            self.queue.insert(0, n)  # confirm: probe it again next round
+            return
+        if won:
+            self._switch(n, now, max(seconds, self.won[1]))  # the slower of the two probes
         elif not self.queue:
             self.gap = min(2 * self.gap, self.gap_max)  # every neighbour lost: probe less often
+        self.won = None
         self.next_probe = self.clock() + self.gap
+
+    def _switch(self, n: int, now: float, seconds: float) -> None:
+        old = self.current
+        why = "machine busy" if n < old else "machine quiet"
+        verb = "is" if n == 1 else "are"
+        self.changes.append(ThreadChange(self.clock() - self.t0, self.phase, old, n,
+                                         f"{why}: {_plural(n)} {verb} {now / seconds:.1f}× faster than {old}"))
+        self.current, self.baseline = n, seconds
+        self.recent.clear()
+        self.queue = [m for m in neighbours(n, self.cores) if m != old]  # keep climbing that way
+        self.gap = self.gap_min
 
 
 class ThreadModel(Protocol):
