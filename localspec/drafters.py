@@ -17,13 +17,13 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .backend import Model
-from .sampling import SamplingParams, sample, warp
+from .sampling import SamplingParams, Warped, stack, warp
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: tuple[int, ...]
-    probs: np.ndarray | None = None  # q rows [len(tokens), V]; None = point mass on each token
+    probs: Warped | None = None  # q, one row per token; None = point mass on each token
     source: str = ""  # which drafter produced it ("lookup", "model"), for per-source stats
 
     def __len__(self) -> int:
@@ -120,20 +120,18 @@ class ModelDrafter:
             return EMPTY
         logits = m.decode(context[keep:], 1)[0]
         tokens: list[int] = []
-        qs: list[np.ndarray] = []
+        qs: list[Warped] = []
         for i in range(k):
-            if params.greedy:
-                t = int(logits.argmax())
-            else:
-                q = warp(logits, params)[0]
-                t = sample(q, rng)
+            q = warp(logits, params, context, tokens)  # the history the target's verify row i will see
+            t = int(q.ids[0, 0]) if params.greedy else q.sample(rng)
+            if not params.greedy:
                 qs.append(q)
             tokens.append(t)
             if i < k - 1:
                 logits = m.decode([t], 1)[0]
                 if self.p_min > 0 and _top_prob(logits) < self.p_min:
                     break  # the drafter is unsure of the next token: verify what we have
-        return Draft(tuple(tokens), np.stack(qs) if qs else None, self.name)
+        return Draft(tuple(tokens), stack(qs) if qs else None, self.name)
 
     def close(self) -> None:
         self.model.close()

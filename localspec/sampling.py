@@ -1,20 +1,33 @@
-"""Sampling parameters and the warp from logits to the final sampling distribution.
+"""Sampling parameters and the warp from logits to the final sampling distribution, llama.cpp's way.
 
-`warp` is applied identically to the target's rows (p) and the drafter's rows (q): that is what makes the
-verify rule's p and q comparable. Temperature 0 means greedy; the greedy path never builds probabilities.
+The chain is llama.cpp's default order (common/sampling.cpp): penalties → top-k → top-p → min-p → temperature.
+Top-k, top-p and min-p see the UNTEMPERED distribution; the temperature is applied last, to the tokens that
+survive. Top-p normalises over what top-k left (the whole vocabulary when top-k is off); min-p keeps the tokens
+whose probability is at least min_p × the top one. Temperature 0 (or top-k 1) is greedy: the argmax of the
+penalised row, no probabilities.
 
-Order of warps (llama.cpp's default chain order): top-k, top-p, min-p on the temperature-scaled softmax.
+`warp` is applied identically to the target's rows (p) and the drafter's rows (q), with the same token history
+for each position (row i of a verify pass has seen the context and drafts[:i]): that is what makes the verify
+rule's p and q comparable, penalties included.
+
+Cost: the result is sparse (`Warped`: candidate ids and their probabilities). Each pass over the vocabulary is a
+float32 numpy pass (a compare, plus a max or an exp where the filter needs it); everything after the cut works on
+the candidates only, in float64, whose cost does not depend on the vocabulary.
 """
 
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
-# Top-p first looks inside the best `_NUCLEUS_PROBE` tokens; when they already hold top_p of the mass the
-# nucleus lies inside them (exact), else it falls back to a full sort. Avoids sorting the vocabulary per row.
-_NUCLEUS_PROBE = 1024
+from .penalties import penalty_patch
+
+_SUBSAMPLE = 2048  # top-k's threshold is estimated from a strided sample of about this many logits per row
+_NUCLEUS_EPS = (1e-4, 1e-8)  # top-p alone: candidate cuts tried at p_max × eps before the whole vocabulary
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,10 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
+    repeat_penalty: float = 1.0  # 1 = off; llama.cpp's: logit > 0 divided by it, else multiplied
+    repeat_last_n: int = 64  # tokens of history the penalties look at (0 = off, -1 = all)
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token in that window
+    frequency_penalty: float = 0.0  # subtracted per occurrence in that window
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -34,67 +51,205 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (-1 = the whole history), got {self.repeat_last_n}")
+        if not (math.isfinite(self.presence_penalty) and math.isfinite(self.frequency_penalty)):
+            raise ValueError("presence_penalty and frequency_penalty must be finite")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def penalised(self) -> bool:
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)
+
     def rng(self) -> np.random.Generator:
         return np.random.default_rng(self.seed)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (residuals p - q need the precision)."""
-    z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=-1, keepdims=True)
-    return z
+@dataclass(frozen=True)
+class Warped:
+    """Final sampling distributions of `rows` positions, sparse: row r puts probs[r, j] on token ids[r, j].
+
+    Ids are unique within a row; -1 pads short rows (probability 0). Rows sum to 1."""
+
+    ids: np.ndarray  # int64 [rows, m]
+    probs: np.ndarray  # float64 [rows, m]
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def prob(self, tokens: Sequence[int]) -> np.ndarray:
+        """Probability of tokens[r] in row r, for the first len(tokens) rows: float64 [len(tokens)]."""
+        n = len(tokens)
+        hit = self.ids[:n] == np.asarray(tokens, dtype=np.int64)[:, None]
+        return np.where(hit, self.probs[:n], 0.0).sum(axis=1)
+
+    def at(self, row: int, ids: np.ndarray) -> np.ndarray:
+        """Probability of each of `ids` in row `row` (0 outside its support)."""
+        order = np.argsort(self.ids[row], kind="stable")
+        own = self.ids[row][order]
+        pos = np.minimum(np.searchsorted(own, ids), len(own) - 1)
+        return np.where(own[pos] == ids, self.probs[row][order][pos], 0.0)
+
+    def sample(self, rng: np.random.Generator, row: int = 0) -> int:
+        """Draw one token from row `row` by inverse CDF over its candidates."""
+        c = np.cumsum(self.probs[row])
+        j = min(int(np.searchsorted(c, rng.random() * c[-1], side="right")), len(c) - 1)
+        return int(self.ids[row, j])
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        """[rows, n_vocab] float64 (tests and small vocabularies)."""
+        out = np.zeros((len(self), n_vocab))
+        rows, cols = np.nonzero(self.ids >= 0)
+        out[rows, self.ids[rows, cols]] = self.probs[rows, cols]
+        return out
 
 
-def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """logits [rows, V] -> probabilities [rows, V] (float64), after temperature, top-k, top-p, min-p."""
+def point_masses(tokens: np.ndarray) -> Warped:
+    """Greedy rows: probability 1 on each token."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    return Warped(tokens[:, None], np.ones((len(tokens), 1)))
+
+
+def stack(rows: Sequence[Warped]) -> Warped:
+    """Concatenate warped rows (e.g. a drafter's, one position at a time), padding to the widest."""
+    m = max(w.ids.shape[1] for w in rows)
+    ids = np.concatenate([np.pad(w.ids, ((0, 0), (0, m - w.ids.shape[1])), constant_values=-1) for w in rows])
+    probs = np.concatenate([np.pad(w.probs, ((0, 0), (0, m - w.probs.shape[1]))) for w in rows])
+    return Warped(ids, probs)
+
+
+def warp(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (),
+         drafts: Sequence[int] = ()) -> Warped:
+    """logits [rows, V] -> the final sampling distribution of each row (penalties, top-k, top-p, min-p, temp).
+
+    The last row has seen history + drafts, each earlier row one token less (a verify pass: row i has seen the
+    context and drafts[:i]); only the penalties look at them. `logits` is left as it was."""
     logits = np.atleast_2d(logits)
-    if params.greedy:
-        probs = np.zeros(logits.shape, dtype=np.float64)
-        probs[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
-        return probs
-    probs = softmax(logits / params.temperature)
-    for row in probs:
-        _filter_row(row, params)
-    return probs
+    patch = penalty_patch(logits, params, history, drafts) if params.penalised else None
+    with _patched(logits, patch) as row_logits:
+        if params.greedy:
+            return point_masses(row_logits.argmax(axis=1))
+        vals, ids, z = _candidates(row_logits, params)
+    return _filter(vals, ids, z, params)
 
 
-def _filter_row(p: np.ndarray, params: SamplingParams) -> None:
-    """In place: zero what top-k, top-p and min-p cut, renormalise."""
-    V = p.shape[0]
-    if 0 < params.top_k < V:
-        cut = np.argpartition(p, V - params.top_k)[: V - params.top_k]
-        p[cut] = 0.0
-        p /= p.sum()
-    if params.top_p < 1.0:
-        _top_p(p, params.top_p)
-    if params.min_p > 0.0:
-        p[p < params.min_p * p.max()] = 0.0
-        p /= p.sum()
+@contextmanager
+def _patched(logits: np.ndarray, patch: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> Iterator[np.ndarray]:
+    """The logits with the penalised entries written in, for the duration of the block (a few dozen writes
+    instead of a copy of every row); the caller's array is restored on exit."""
+    if patch is None:
+        yield logits
+        return
+    if not logits.flags.writeable:
+        logits = logits.copy()
+    rows, ids, penalised = patch
+    saved = logits[rows, ids]
+    logits[rows, ids] = penalised
+    try:
+        yield logits
+    finally:
+        logits[rows, ids] = saved
 
 
-def _top_p(p: np.ndarray, top_p: float) -> None:
-    V = p.shape[0]
-    m = min(_NUCLEUS_PROBE, V)
-    idx = np.argpartition(p, V - m)[V - m:] if m < V else np.arange(V)
-    idx = idx[np.argsort(-p[idx], kind="stable")]
-    cum = np.cumsum(p[idx])
-    if cum[-1] < top_p and m < V:  # nucleus larger than the probe: sort everything
-        idx = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[idx])
-    keep = int(np.searchsorted(cum, top_p) + 1)  # smallest prefix with mass >= top_p
-    mask = np.zeros(V, dtype=bool)
-    mask[idx[:keep]] = True
-    p[~mask] = 0.0
-    p /= p.sum()
+def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A superset of what the filters keep, per row: (logits, ids) padded to [rows, w] with (-inf, -1), and the
+    full-vocabulary normaliser Σ exp(l - max) when top-p needs it (top-k off), else None.
+
+    Exact: top-k's cut is at or below the k-th largest logit; min-p's at max + log(min_p); top-p alone keeps a
+    cut whose mass reaches top_p (the nucleus is a prefix of the sorted order, so it lies inside)."""
+    R, V = logits.shape
+    k = params.top_k if params.top_k < V else 0
+    z = None
+    if k:
+        t = _kth_bound(logits, k)
+        vals, ids, counts = _gather(logits, t)
+        short = counts < k  # the sample's estimate was too high (rare): the exact k-th largest
+        if short.any():
+            t[short] = np.partition(logits[short], V - k, axis=1)[:, V - k]
+            vals, ids, _ = _gather(logits, t)
+        return vals, ids, z
+    if params.top_p < 1.0 or params.min_p > 0.0:
+        mx = logits.max(axis=1)
+        if params.top_p < 1.0:
+            e = logits - mx[:, None]
+            np.exp(e, out=e)
+            z = e.sum(axis=1, dtype=np.float64)
+        if params.min_p > 0.0:
+            t = mx + np.float32(math.log(params.min_p))
+        else:
+            t = _nucleus_bound(logits, e, z, mx, params.top_p)
+    else:
+        t = np.full(R, -np.inf, dtype=logits.dtype)
+    vals, ids, _ = _gather(logits, t)
+    return vals, ids, z
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token from a probability row by inverse CDF (one uniform, no vocab-sized temporaries but cumsum)."""
-    c = np.cumsum(probs)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(probs) - 1))
+def _kth_bound(logits: np.ndarray, k: int) -> np.ndarray:
+    """Per row, a logit that is at most the k-th largest with high probability, from a strided sample: if the
+    sample holds fewer than j of the top k (Poisson with mean k/s), its j-th largest lies below them all."""
+    V = logits.shape[1]
+    s = max(1, V // _SUBSAMPLE)
+    sub = logits[:, ::s]
+    lam = k / s
+    j = min(sub.shape[1], math.ceil(lam + 4.0 * math.sqrt(lam)) + 2)
+    return np.partition(sub, sub.shape[1] - j, axis=1)[:, sub.shape[1] - j].copy()
+
+
+def _nucleus_bound(logits: np.ndarray, e: np.ndarray, z: np.ndarray, mx: np.ndarray, top_p: float) -> np.ndarray:
+    """Top-p alone: the highest cut among p_max × eps whose candidates hold top_p of the mass, per row."""
+    t = np.full(len(logits), -np.inf, dtype=logits.dtype)
+    todo = np.ones(len(logits), dtype=bool)
+    for eps in _NUCLEUS_EPS:
+        cut = mx + np.float32(math.log(eps))
+        mass = e.sum(axis=1, dtype=np.float64, where=logits >= cut[:, None])
+        ok = todo & (mass >= top_p * z)
+        t[ok] = cut[ok]
+        todo &= ~ok
+        if not todo.any():
+            break
+    return t
+
+
+def _gather(logits: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries with logit >= t[row], left-aligned per row: (logits, ids) [rows, w] padded with (-inf, -1),
+    and the count per row. One compare pass over the rows; flatnonzero on the flat mask (2-D nonzero is slow)."""
+    R, V = logits.shape
+    flat = np.flatnonzero((logits >= t[:, None]).ravel())
+    rows = flat // V
+    counts = np.bincount(rows, minlength=R)
+    pos = np.arange(flat.size) - (np.cumsum(counts) - counts)[rows]
+    w = max(int(counts.max()), 1)
+    vals = np.full((R, w), -np.inf, dtype=logits.dtype)
+    ids = np.full((R, w), -1, dtype=np.int64)
+    vals[rows, pos] = logits.ravel()[flat]
+    ids[rows, pos] = flat - rows * V
+    return vals, ids, counts
+
+
+def _filter(vals: np.ndarray, ids: np.ndarray, z: np.ndarray | None, params: SamplingParams) -> Warped:
+    """Top-k, top-p, min-p on the untempered candidates, then the temperature over what is kept."""
+    R, w = vals.shape
+    if 0 < params.top_k < w:
+        top = np.argpartition(-vals, params.top_k - 1, axis=1)[:, : params.top_k]
+        vals, ids = np.take_along_axis(vals, top, 1), np.take_along_axis(ids, top, 1)
+    mx = vals.max(axis=1, keepdims=True)
+    keep = ids >= 0
+    if params.top_p < 1.0:  # the smallest prefix of the sorted candidates whose mass reaches top_p
+        order = np.argsort(-vals, axis=1, kind="stable")
+        vals, ids = np.take_along_axis(vals, order, 1), np.take_along_axis(ids, order, 1)
+        e = np.exp(vals.astype(np.float64) - mx)
+        norm = e.sum(axis=1) if z is None else z  # over top-k's survivors, else the whole vocabulary
+        n = np.count_nonzero(np.cumsum(e, axis=1) < params.top_p * norm[:, None], axis=1) + 1
+        keep = (ids >= 0) & (np.arange(vals.shape[1]) < n[:, None])
+    if params.min_p > 0.0:  # llama.cpp compares logits: l >= l_max + log(min_p), in float32
+        keep &= vals >= mx + np.float32(math.log(params.min_p))
+    cols = keep.any(axis=0)
+    vals, ids, keep = vals[:, cols], ids[:, cols], keep[:, cols]
+    et = np.where(keep, np.exp((vals.astype(np.float64) - mx) / params.temperature), 0.0)
+    return Warped(np.where(keep, ids, -1), et / et.sum(axis=1, keepdims=True))

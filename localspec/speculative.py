@@ -76,7 +76,7 @@ def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = 
             t1 = time.perf_counter()
             draft = drafter.propose(context, _capped(controller, k_r), params, rng) if k_r > 0 else EMPTY
             t2 = time.perf_counter()
-            n_acc, nxt = _verify_round(target, context[-1], draft, params, rng)
+            n_acc, nxt = _verify_round(target, context, draft, params, rng)
             new, finish = _truncate(target, list(draft.tokens[:n_acc]) + [nxt], budget)
             context.extend(new)
             emitted += len(new)
@@ -99,18 +99,19 @@ def _capped(controller: Controller, cap: int) -> Callable[[str], int]:
     return lambda source: min(controller.k_for(source), cap)
 
 
-def _verify_round(target: Model, last: int, draft: Draft, params: SamplingParams,
+def _verify_round(target: Model, context: Sequence[int], draft: Draft, params: SamplingParams,
                   rng: np.random.Generator) -> tuple[int, int]:
-    """One target pass over [last, d_1..d_k]; logits for exactly those k+1 rows. Rejected drafts are dropped
-    from the cache before returning, whatever happens."""
+    """One target pass over [context[-1], d_1..d_k]; logits for exactly those k+1 rows (row i has seen the
+    context and d_1..d_i). Rejected drafts are dropped from the cache before returning, whatever happens."""
     n_past = target.n_past
     n_acc = 0
     try:
-        logits = target.decode([last, *draft.tokens], len(draft) + 1)
+        logits = target.decode([context[-1], *draft.tokens], len(draft) + 1)
+        p = warp(logits, params, context, draft.tokens)
         if params.greedy:
-            n_acc, nxt = verify_greedy(logits.argmax(axis=-1), draft.tokens)
+            n_acc, nxt = verify_greedy(p.ids[:, 0], draft.tokens)
         else:
-            n_acc, nxt = verify(warp(logits, params), draft.tokens, draft.probs, rng)
+            n_acc, nxt = verify(p, draft.tokens, draft.probs, rng)
         return n_acc, nxt
     finally:
         target.rewind(n_past + 1 + n_acc)
