@@ -165,7 +165,6 @@ def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray,
     cut whose mass reaches top_p (the nucleus is a prefix of the sorted order, so it lies inside)."""
     R, V = logits.shape
     k = params.top_k if params.top_k < V else 0
-    z = None
     if k:
         t = _kth_bound(logits, k)
         vals, ids, counts = _gather(logits, t)
@@ -173,21 +172,20 @@ def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray,
         if short.any():
             t[short] = np.partition(logits[short], V - k, axis=1)[:, V - k]
             vals, ids, _ = _gather(logits, t)
-        return vals, ids, z
-    if params.top_p < 1.0 or params.min_p > 0.0:
-        mx = logits.max(axis=1)
-        if params.top_p < 1.0:
-            e = logits - mx[:, None]
-            np.exp(e, out=e)
-            z = e.sum(axis=1, dtype=np.float64)
-        if params.min_p > 0.0:
-            t = mx + np.float32(math.log(params.min_p))
-        else:
-            t = _nucleus_bound(logits, e, z, mx, params.top_p)
+        return vals, ids, None  # top-p normalises over top-k's survivors: all among the candidates
+    if params.top_p == 1.0 and params.min_p == 0.0:
+        return *_gather(logits, np.full(R, -np.inf, dtype=logits.dtype))[:2], None  # temperature only: every token
+    mx = logits.max(axis=1)
+    z = None
+    if params.top_p < 1.0:  # top-p normalises over the whole vocabulary: one exp pass
+        e = logits - mx[:, None]
+        np.exp(e, out=e)
+        z = e.sum(axis=1, dtype=np.float64)
+    if params.min_p > 0.0:
+        t = mx + np.float32(math.log(params.min_p))
     else:
-        t = np.full(R, -np.inf, dtype=logits.dtype)
-    vals, ids, _ = _gather(logits, t)
-    return vals, ids, z
+        t = _nucleus_bound(logits, e, z, mx, params.top_p)
+    return *_gather(logits, t)[:2], z
 
 
 def _kth_bound(logits: np.ndarray, k: int) -> np.ndarray:
@@ -202,7 +200,8 @@ def _kth_bound(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 def _nucleus_bound(logits: np.ndarray, e: np.ndarray, z: np.ndarray, mx: np.ndarray, top_p: float) -> np.ndarray:
-    """Top-p alone: the highest cut among p_max × eps whose candidates hold top_p of the mass, per row."""
+    """Top-p alone: per row, the highest cut among p_max × eps whose candidates hold top_p of the mass
+    (e = exp(logits - max), z its row sums); -inf when none does."""
     t = np.full(len(logits), -np.inf, dtype=logits.dtype)
     todo = np.ones(len(logits), dtype=bool)
     for eps in _NUCLEUS_EPS:

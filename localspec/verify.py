@@ -31,6 +31,8 @@ def verify_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[i
 def verify(p: Warped, draft: Sequence[int], q: Warped | None, rng: np.random.Generator) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the output is distributed exactly as p."""
     k = len(draft)
+    if k == 0:  # plain decoding
+        return 0, p.sample(rng, 0)
     p_d = p.prob(draft)
     q_d = np.ones(k) if q is None else q.prob(draft)
     u = rng.random(k)
