@@ -12,6 +12,7 @@ import pytest
 from scipy import stats as sstats
 
 from fakes import FakeModel
+from localspec.controller import FixedK
 from localspec.drafters import ModelDrafter, PromptLookup
 from localspec.sampling import SamplingParams, warp
 from localspec.speculative import generate
@@ -64,7 +65,8 @@ def test_first_two_tokens_follow_plain_decoding(drafter: str, params: SamplingPa
     drafted = 0
     for _ in range(N):
         out: list[int] = []
-        for step in generate(target, PROMPT, drafter=d, params=params, k=3, max_tokens=3, rng=rng):
+        for step in generate(target, PROMPT, drafter=d, params=params, controller=FixedK(3),
+                             max_tokens=3, rng=rng):
             out += step.tokens
             drafted += step.drafted
         counts[out[0], out[1]] += 1
