@@ -140,3 +140,12 @@ def test_warped_lookups_stack_and_sampling():
 def test_bad_params_are_refused(kw):
     with pytest.raises(ValueError):
         SamplingParams(**kw)
+
+
+def test_the_warped_rows_are_as_small_as_what_survives():
+    """The sparse form is the point: at Gemma's vocabulary, llama.cpp's defaults leave at most top-k columns, and
+    a pass of several rows is cut together."""
+    logits = (np.random.default_rng(5).gumbel(size=(5, 262_144)) * 2.5).astype(np.float32)
+    w = warp(logits, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), list(range(64)), [1, 2, 3, 4])
+    assert len(w) == 5 and w.ids.shape[1] <= 40
+    assert np.allclose(w.probs.sum(axis=1), 1.0)
