@@ -24,20 +24,24 @@ def penalty_patch(logits: np.ndarray, params: "SamplingParams", history: Sequenc
     """(rows, ids, penalised logits) for logits [R, V] whose last row has seen history + drafts; None if no token
     is in any window."""
     windows = _windows(len(logits), params.repeat_last_n, history, drafts)
-    if windows.size == 0:
+    R, n = windows.shape
+    if n == 0:
         return None
-    s = np.sort(windows, axis=1)
-    first = np.ones(s.shape, dtype=bool)  # first occurrence of each id in its row's sorted window
-    first[:, 1:] = s[:, 1:] != s[:, :-1]
-    rows, cols = np.nonzero(first & (s >= 0))
-    if rows.size == 0:
+    s = np.sort(windows, axis=1).ravel()
+    first = np.ones(s.size, dtype=bool)  # runs of one id within one row's sorted window
+    first[1:] = s[1:] != s[:-1]
+    first[::n] = True
+    starts = np.flatnonzero(first)
+    counts = np.concatenate((starts[1:], [s.size])) - starts
+    real = s[starts] >= 0  # -1 pads windows shorter than n
+    starts, counts = starts[real], counts[real].astype(logits.dtype)
+    if starts.size == 0:
         return None
-    ids = s[rows, cols]
-    counts = (windows[rows] == ids[:, None]).sum(axis=1).astype(logits.dtype)
+    rows, ids = starts // n, s[starts]
     lg = logits[rows, ids]
-    rp = logits.dtype.type(params.repeat_penalty)
-    out = np.where(lg <= 0, lg * rp, lg / rp)
-    out -= counts * logits.dtype.type(params.frequency_penalty) + logits.dtype.type(params.presence_penalty)
+    f = logits.dtype.type
+    out = np.where(lg <= 0, lg * f(params.repeat_penalty), lg / f(params.repeat_penalty))
+    out -= counts * f(params.frequency_penalty) + f(params.presence_penalty)
     return rows, ids, out.astype(logits.dtype)
 
 
@@ -51,4 +55,4 @@ def _windows(n_rows: int, last_n: int, history: Sequence[int], drafts: Sequence[
     need = n + n_rows - 1  # tokens that any row's window reaches back to
     tail = np.asarray([*history[max(0, len(history) - need):], *drafts], dtype=np.int64)[-need:]
     padded = np.concatenate([np.full(need - len(tail), -1, dtype=np.int64), tail])
-    return np.lib.stride_tricks.sliding_window_view(padded, n)  # row r = padded[r : r + n]
+    return padded[np.arange(n_rows)[:, None] + np.arange(n)]  # row r = padded[r : r + n]

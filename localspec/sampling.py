@@ -234,14 +234,15 @@ def _gather(logits: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 def _filter(vals: np.ndarray, ids: np.ndarray, z: np.ndarray | None, params: SamplingParams) -> Warped:
     """Top-k, top-p, min-p on the untempered candidates, then the temperature over what is kept."""
     R, w = vals.shape
+    r = np.arange(R)[:, None]
     if 0 < params.top_k < w:
         top = np.argpartition(-vals, params.top_k - 1, axis=1)[:, : params.top_k]
-        vals, ids = np.take_along_axis(vals, top, 1), np.take_along_axis(ids, top, 1)
+        vals, ids = vals[r, top], ids[r, top]
     mx = vals.max(axis=1, keepdims=True)
     keep = ids >= 0
     if params.top_p < 1.0:  # the smallest prefix of the sorted candidates whose mass reaches top_p
         order = np.argsort(-vals, axis=1, kind="stable")
-        vals, ids = np.take_along_axis(vals, order, 1), np.take_along_axis(ids, order, 1)
+        vals, ids = vals[r, order], ids[r, order]
         e = np.exp(vals.astype(np.float64) - mx)
         norm = e.sum(axis=1) if z is None else z  # over top-k's survivors, else the whole vocabulary
         n = np.count_nonzero(np.cumsum(e, axis=1) < params.top_p * norm[:, None], axis=1) + 1
