@@ -71,7 +71,7 @@ class SamplingParams:
         return np.random.default_rng(self.seed)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compared by identity, never elementwise by accident
 class Warped:
     """Final sampling distributions of `rows` positions, sparse: row r puts probs[r, j] on token ids[r, j].
 
