@@ -205,6 +205,15 @@ class ThreadChooser:
         self.gap = self.gap_min
 
 
+def verify_rows_cost(v: Sequence[float], d: int) -> float:
+    """v(d): a verify pass of d+1 rows in single-row units, from calibration; past the measured points (or
+    without any) each extra row is guessed at 0.45 of the first, as on a quiet CPU."""
+    if d < len(v):
+        return max(v[d], 1e-9)
+    last = len(v) - 1
+    return (v[-1] if v else 1.0) + 0.45 * (d - max(last, 0))
+
+
 class ThreadModel(Protocol):
     """What ThreadControl needs from a model (backend.Model has it)."""
 
@@ -287,9 +296,7 @@ class ThreadControl:
             self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
         if prompt_only:
             return
-        rows = step.drafted + 1
-        v = self.v[step.drafted] if step.drafted < len(self.v) else float(rows) if self.v else 1.0
-        self._feed("target", step.t_verify / max(v, 1e-9))
+        self._feed("target", step.t_verify / verify_rows_cost(self.v, step.drafted))
         if step.drafted and step.source == "model":
             self._feed("draft", step.t_draft / step.drafted)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from localspec.speculative import Step
 from localspec.threads import ThreadChooser, ThreadControl, candidates, neighbours
@@ -194,3 +195,10 @@ def test_noise_alone_rarely_moves_the_count():
         ctl.observe(Step((1,), 0, 0, 0.0, dt))
         rounds += 1
     assert rounds >= 0.95 * 20.0 / 0.010 and len(ctl.state().changes) <= 10
+
+
+def test_verify_rounds_compare_per_row():
+    from localspec.threads import verify_rows_cost
+
+    assert verify_rows_cost((1.0, 1.5, 2.0), 2) == 2.0 and verify_rows_cost((1.0, 1.5, 2.0), 4) == pytest.approx(2.9)
+    assert verify_rows_cost((), 0) == 1.0 and verify_rows_cost((), 2) == pytest.approx(1.9)
