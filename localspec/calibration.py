@@ -8,7 +8,8 @@ machine that took 24–30 s per start, so:
   the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention on/off; a stage
   that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode);
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
-  version and CPU features) + the load options that change costs, so the next start measures nothing;
+  version and CPU features, OpenMP settings) + the load options that change costs, so the next start measures
+  nothing;
 - a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
   a stale entry (the machine is busier than when it was measured) is corrected online by the controllers,
   which start from these priors and follow what the rounds measure.
@@ -26,7 +27,7 @@ from typing import Callable, Mapping, TypeVar
 from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import cache_dir
-from .threads import candidates, cpu_count
+from .threads import candidates, cpu_count, openmp_settings
 
 SCHEMA = 1
 CONTEXT = 16  # tokens before the probe position
@@ -143,7 +144,7 @@ def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) 
     return {"schema": SCHEMA, "target": _file_id(target.path),
             "draft": _file_id(draft_model.path) if draft_model is not None else None,
             "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
-            "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(),
+            "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(), "openmp": openmp_settings(),
             "ngl": o.n_gpu_layers, "type_k": o.type_k, "type_v": o.type_v, "rpc": list(o.rpc_servers),
             "n_batch": o.n_batch}
 

@@ -37,15 +37,25 @@ if TYPE_CHECKING:
     from .speculative import Step
 
 PHASES = ("target", "draft", "prompt")
-# OMP_WAIT_POLICY default (scripts/bench_threads.py measures active vs passive, idle and busy). Passive: an
-# oversubscribed probe or a wrong count costs ~1.2x instead of ~6x, and a sleeping pool does not steal the cores
-# the user's other programs want; idle it costs one wake-up per decode call.
+# OMP_WAIT_POLICY default. ggml's barrier between graph nodes is `#pragma omp barrier`, so the policy decides
+# what a thread does while it waits for its partner: spin (libgomp's default: ~3 ms, then sleep) or sleep at
+# once (passive). Measured on this project's 2 cores under load (SmolLM2-135M, 48 tokens, tok/s):
+#   2 threads: passive 13.6-16.1, libgomp default 0.8, GOMP_SPINCOUNT=10000 2.5, active 0.6
+#   thread controller (prompt at 2 threads, decode at 1): passive 13.8-17.3, libgomp default 1.1-5.0, active 3.2
+# so one wrong count (a probe, a prompt evaluated on 2 threads) costs 1.2x with passive and up to 60x without.
+# Idle, passive costs the wake-ups (llama.cpp PR 13079, 4 idle Pi 5 cores: 24.5 vs 26.4 tok/s);
+# scripts/bench_threads.py measures both policies on an idle and a busy machine.
 OMP_WAIT_POLICY = "passive"
 
 
 def openmp_defaults() -> None:
     """Set localspec's OpenMP defaults unless the user set them; must run before llama.cpp is imported."""
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+
+
+def openmp_settings() -> dict[str, str | None]:
+    """The OpenMP settings in force (step times depend on them: part of the calibration cache key)."""
+    return {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
 
 
 def cpu_count() -> int:
@@ -194,12 +204,16 @@ class ThreadChooser:
         self.next_probe = self.clock() + self.gap
 
     def _switch(self, n: int, now: float, seconds: float) -> None:
-        old = self.current
-        why = "machine busy" if n < old else "machine quiet"
+        why = "machine busy" if n < self.current else "machine quiet"
         verb = "is" if n == 1 else "are"
-        self.changes.append(ThreadChange(self.clock() - self.t0, self.phase, old, n,
-                                         f"{why}: {_plural(n)} {verb} {now / seconds:.1f}× faster than {old}"))
-        self.current, self.baseline = n, seconds
+        self.move(n, f"{why}: {_plural(n)} {verb} {now / seconds:.1f}× faster than {self.current}")
+        self.baseline = seconds
+
+    def move(self, n: int, reason: str) -> None:
+        """Switch to n threads (a won comparison, or another phase's evidence of a load change)."""
+        old = self.current
+        self.changes.append(ThreadChange(self.clock() - self.t0, self.phase, old, n, reason))
+        self.current, self.baseline, self.won = n, None, None
         self.recent.clear()
         self.queue = [m for m in neighbours(n, self.cores) if m != old]  # keep climbing that way
         self.gap = self.gap_min
@@ -296,9 +310,22 @@ class ThreadControl:
             self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
         if prompt_only:
             return
+        target = self.choosers["target"]
+        seen = len(target.changes)
         self._feed("target", step.t_verify / verify_rows_cost(self.v, step.drafted))
+        if len(target.changes) > seen:
+            self._prompt_follows(target.changes[-1])
         if step.drafted and step.source == "model":
             self._feed("draft", step.t_draft / step.drafted)
+
+    def _prompt_follows(self, change: ThreadChange) -> None:
+        """Prompt evaluation learns once per request, too slowly for a load change the target's rounds show
+        within a second: when the machine gets busier it uses no more threads than the target, when quieter
+        no fewer."""
+        prompt = self.choosers["prompt"]
+        busier = change.new < change.old
+        if (busier and prompt.current > change.new) or (not busier and prompt.current < change.new):
+            prompt.move(change.new, f"follows the target ({change.reason})")
 
     def _feed(self, phase: str, seconds: float) -> None:
         if phase in self.choosers and phase in self._round:

@@ -70,9 +70,12 @@ def test_thread_count_follows_the_machine_both_ways():
     assert _count_at(trace, 0.0, 2.0) == {2} and _count_at(trace, 12.0, 20.0) == {2}
     st = ctl.state()
     assert st.threads == 2 and not st.pinned
-    assert [(c.old, c.new) for c in st.changes][:2] == [(2, 1), (1, 2)]
-    assert st.changes[0].reason.startswith("machine busy: 1 thread is") and "faster than 2" in st.changes[0].reason
-    assert st.changes[1].reason.startswith("machine quiet: 2 threads are")
+    target = [c for c in st.changes if c.phase == "target"]
+    assert [(c.old, c.new) for c in target][:2] == [(2, 1), (1, 2)]
+    assert target[0].reason.startswith("machine busy: 1 thread is") and "faster than 2" in target[0].reason
+    assert target[1].reason.startswith("machine quiet: 2 threads are")
+    prompt = [c for c in st.changes if c.phase == "prompt"]  # one prompt per request: it follows the target
+    assert [(c.old, c.new) for c in prompt][:2] == [(2, 1), (1, 2)] and prompt[0].reason.startswith("follows")
 
 
 def test_adaptive_tokens_are_close_to_the_best_pinned_count():
