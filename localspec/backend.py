@@ -33,6 +33,7 @@ openmp_defaults()  # before llama.cpp loads its OpenMP runtime, which reads the 
 import llama_cpp  # noqa: E402
 from llama_cpp import _internals, _logger  # noqa: E402
 
+from . import rpc  # noqa: E402
 from .errors import ContextOverflow, ModelLoadError  # noqa: E402
 
 _GGUF_MAGIC = b"GGUF"
@@ -92,24 +93,41 @@ def build_info() -> str:
 
 
 # -- devices and RPC (ggml's backend registry, through llama_cpp's own handle on libggml) ------------------------
+#
+# Which devices a model's offloaded layers (and their KV cache) go to is llama.cpp's `llama_model_params.devices`,
+# a NULL-terminated ggml_backend_dev_t array. NULL means llama.cpp's default: every registered device of type GPU,
+# RPC ones first ("to minimize network transfers"), then local GPUs, then integrated GPUs if there is no discrete
+# one (src/llama.cpp, llama_prepare_model_devices). localspec passes NULL unless an RPC server is registered in
+# this process; then it passes the same list restricted to the RPC servers this model asked for, so a drafter
+# loaded without --rpc stays local. --tensor-split proportions follow that order: RPC devices, then local GPUs.
 
-_rpc_added: set[str] = set()
+_DEV_TYPES = ("CPU", "GPU", "IGPU", "ACCEL", "META")  # enum ggml_backend_dev_type
+_rpc_devices: dict[str, list[int]] = {}  # endpoint -> its ggml devices, in registration order
+
+
+class _DevProps(ctypes.Structure):
+    """struct ggml_backend_dev_props up to device_id; `caps` is over-sized so a newer ggml cannot overrun it."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("description", ctypes.c_char_p), ("memory_free", ctypes.c_size_t),
+                ("memory_total", ctypes.c_size_t), ("type", ctypes.c_int), ("device_id", ctypes.c_char_p),
+                ("caps", ctypes.c_bool * 32)]
 
 
 def _ggml():
     from llama_cpp._ggml import libggml as g
 
-    c = ctypes
-    g.ggml_backend_dev_count.restype = c.c_size_t
-    g.ggml_backend_dev_get.restype, g.ggml_backend_dev_get.argtypes = c.c_void_p, [c.c_size_t]
-    for f in (g.ggml_backend_dev_name, g.ggml_backend_dev_description):
-        f.restype, f.argtypes = c.c_char_p, [c.c_void_p]
-    g.ggml_backend_dev_type.restype, g.ggml_backend_dev_type.argtypes = c.c_int, [c.c_void_p]
-    g.ggml_backend_dev_memory.argtypes = [c.c_void_p, c.POINTER(c.c_size_t), c.POINTER(c.c_size_t)]
-    g.ggml_backend_reg_by_name.restype, g.ggml_backend_reg_by_name.argtypes = c.c_void_p, [c.c_char_p]
-    g.ggml_backend_reg_get_proc_address.restype = c.c_void_p
-    g.ggml_backend_reg_get_proc_address.argtypes = [c.c_void_p, c.c_char_p]
-    g.ggml_backend_register.argtypes = [c.c_void_p]
+    c, vp = ctypes, ctypes.c_void_p
+    for name, res, args in (
+            ("ggml_backend_dev_count", c.c_size_t, []), ("ggml_backend_dev_get", vp, [c.c_size_t]),
+            ("ggml_backend_dev_name", c.c_char_p, [vp]), ("ggml_backend_dev_description", c.c_char_p, [vp]),
+            ("ggml_backend_dev_type", c.c_int, [vp]), ("ggml_backend_dev_backend_reg", vp, [vp]),
+            ("ggml_backend_dev_memory", None, [vp, c.POINTER(c.c_size_t), c.POINTER(c.c_size_t)]),
+            ("ggml_backend_dev_get_props", None, [vp, c.POINTER(_DevProps)]),
+            ("ggml_backend_reg_name", c.c_char_p, [vp]), ("ggml_backend_reg_by_name", vp, [c.c_char_p]),
+            ("ggml_backend_reg_dev_count", c.c_size_t, [vp]), ("ggml_backend_reg_dev_get", vp, [vp, c.c_size_t]),
+            ("ggml_backend_reg_get_proc_address", vp, [vp, c.c_char_p]), ("ggml_backend_register", None, [vp])):
+        f = getattr(g, name)
+        f.restype, f.argtypes = res, args
     return g
 
 
@@ -117,30 +135,40 @@ def supports_rpc() -> bool:
     return bool(llama_cpp.llama_supports_rpc())
 
 
+def _memory(g, d: int) -> tuple[int, int]:
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def _describe(g, d: int) -> dict:
+    free, total = _memory(g, d)
+    return {"name": g.ggml_backend_dev_name(d).decode(), "description": g.ggml_backend_dev_description(d).decode(),
+            "type": _DEV_TYPES[g.ggml_backend_dev_type(d)],
+            "backend": g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(d)).decode(),
+            "free": free, "total": total}
+
+
 def devices() -> list[dict]:
-    """ggml's devices (CPU, CUDA0, Metal, RPC[host:port], ...) with their memory in bytes."""
+    """ggml's devices (CPU, CUDA0, Metal, RPC0 = a server added by --rpc, ...) with their memory in bytes.
+    An RPC device's memory is what its server reports (one round trip)."""
+    _init_backend(_verbose)
     g = _ggml()
-    out = []
-    for i in range(g.ggml_backend_dev_count()):
-        d = g.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
-        out.append({"name": g.ggml_backend_dev_name(d).decode(), "description":
-                    g.ggml_backend_dev_description(d).decode(), "type": g.ggml_backend_dev_type(d),
-                    "free": free.value, "total": total.value})
-    return out
+    return [_describe(g, g.ggml_backend_dev_get(i)) for i in range(g.ggml_backend_dev_count())]
 
 
-def add_rpc_servers(endpoints: Sequence[str]) -> None:
-    """Register remote rpc-server devices, as llama.cpp's --rpc does (ggml_backend_rpc_add_server).
+def add_rpc_servers(endpoints: Sequence[str], *, timeout: float = rpc.PROBE_TIMEOUT_S) -> list[dict]:
+    """Register remote ggml-rpc-server devices as llama.cpp's --rpc does (ggml_backend_rpc_add_server), after
+    probing each endpoint (llama.cpp's client aborts the process on a dead one). Returns their devices.
 
-    llama-cpp-python 0.3.36 has no rpc_servers parameter; the RPC backend exposes this through ggml's
-    backend registry. Layers then go to those devices like to a GPU, by n_gpu_layers / tensor_split.
+    llama-cpp-python 0.3.36 has no rpc_servers parameter; the RPC backend exposes this through ggml's registry.
     """
     if not supports_rpc():
         raise ModelLoadError("--rpc needs llama-cpp-python built with the RPC backend: "
                              'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
                              "llama-cpp-python (see docs/models.md)")
+    eps = [str(e) for e in rpc.parse_endpoints(endpoints)]
+    _init_backend(_verbose)
     g = _ggml()
     reg = g.ggml_backend_reg_by_name(b"RPC")
     fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
@@ -148,10 +176,57 @@ def add_rpc_servers(endpoints: Sequence[str]) -> None:
         raise ModelLoadError("this llama.cpp build's RPC backend has no ggml_backend_rpc_add_server; "
                              "update llama-cpp-python")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(fn)
-    for ep in endpoints:
-        if ep not in _rpc_added:
-            g.ggml_backend_register(add_server(ep.encode()))
-            _rpc_added.add(ep)
+    for ep in eps:
+        if ep not in _rpc_devices:
+            rpc.probe(rpc.parse_endpoint(ep), timeout)
+            _rpc_devices[ep] = _register(g, add_server, ep)
+    out = [_describe(g, d) for ep in eps for d in _rpc_devices[ep]]
+    empty = [d for d in out if d["total"] == 0]
+    if empty:
+        raise ModelLoadError(f"--rpc {empty[0]['description']}: the rpc server reports no memory on "
+                             f"{empty[0]['name']}; restart ggml-rpc-server")
+    return out
+
+
+def _register(g, add_server, ep: str) -> list[int]:
+    reg = add_server(ep.encode())
+    if not reg:
+        raise ModelLoadError(f"--rpc {ep}: the rpc server has no devices; restart ggml-rpc-server with a backend")
+    g.ggml_backend_register(reg)
+    return [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))]
+
+
+def _offload_devices(rpc_servers: Sequence[str]) -> list[int]:
+    """llama.cpp's default device choice (see above), with only these RPC servers' devices, in --rpc order."""
+    g = _ggml()
+    gpus: list[int] = []
+    igpus: list[int] = []
+    seen_ids: set[bytes] = set()
+    for i in range(g.ggml_backend_dev_count()):
+        d = g.ggml_backend_dev_get(i)
+        kind = _DEV_TYPES[g.ggml_backend_dev_type(d)]
+        backend = g.ggml_backend_dev_backend_reg(d)
+        if kind == "GPU" and g.ggml_backend_reg_name(backend) != b"RPC":
+            props = _DevProps()
+            g.ggml_backend_dev_get_props(d, ctypes.byref(props))
+            if props.device_id and props.device_id in seen_ids:
+                continue  # one GPU seen by two backends (e.g. CUDA and Vulkan): llama.cpp keeps the first
+            seen_ids.add(props.device_id or b"")
+            gpus.append(d)
+        elif kind == "IGPU" and (not igpus or backend == g.ggml_backend_dev_backend_reg(igpus[-1])):
+            igpus.append(d)
+    remote = [d for ep in (str(e) for e in rpc.parse_endpoints(rpc_servers)) for d in _rpc_devices.get(ep, [])]
+    return remote + gpus + ([] if gpus else igpus)
+
+
+def _devices_param(rpc_servers: Sequence[str]):
+    """(value for llama_model_params.devices or None for llama.cpp's default, the device names used)."""
+    g = _ggml()
+    chosen = _offload_devices(rpc_servers)
+    names = tuple(g.ggml_backend_dev_name(d).decode() for d in chosen)
+    if not _rpc_devices:
+        return None, names
+    return (ctypes.c_void_p * (len(chosen) + 1))(*chosen, None), names
 
 
 @dataclass(frozen=True)
@@ -168,7 +243,12 @@ class LoadOptions:
     type_k: int | None = None
     type_v: int | None = None
     verbose: bool = False
-    rpc_servers: tuple[str, ...] = ()  # "host:port" of llama.cpp rpc-server processes (needs a GGML_RPC=on build)
+    rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml-rpc-server processes (needs a GGML_RPC=on build)
+
+    def local(self) -> "LoadOptions":
+        """These options without the RPC servers, for a drafter: it runs γ times a round, so a network hop per
+        draft token would cost more than drafting saves. A split meant for RPC + local devices goes too."""
+        return replace(self, rpc_servers=(), tensor_split=None if self.rpc_servers else self.tensor_split)
 
 
 def check_gguf_file(path: str | Path) -> Path:
@@ -236,6 +316,7 @@ class Model:
     _ctx: _internals.LlamaContext = field(repr=False)
     _batch: ctypes.Structure = field(repr=False)
     tokens: list[int] = field(default_factory=list)
+    offload_devices: tuple[str, ...] = ()  # ggml devices its offloaded layers may use (RPC first); () = CPU
     _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -245,8 +326,11 @@ class Model:
         if options.rpc_servers:
             add_rpc_servers(options.rpc_servers)
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if options.n_gpu_layers < 0 else options.n_gpu_layers
+        mparams.n_gpu_layers = -1 if options.n_gpu_layers < 0 else options.n_gpu_layers  # llama.h: < 0 = all
         mparams.main_gpu = options.main_gpu
+        devs, dev_names = _devices_param(options.rpc_servers)
+        if devs is not None:
+            mparams.devices = ctypes.cast(devs, ctypes.c_void_p)
         split = None
         if options.tensor_split:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
@@ -261,8 +345,9 @@ class Model:
         # llama.cpp may clamp n_batch to n_ctx (and pad n_ctx): chunk by what the context really accepts
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
-        m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch)
-        m._keep = split  # the C side holds a pointer to it
+        m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch,
+                offload_devices=dev_names if options.n_gpu_layers else ())
+        m._keep = (split, devs)  # the C side holds pointers to them
         return m
 
     # -- vocabulary facts -------------------------------------------------------------------------------------

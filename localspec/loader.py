@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .backend import LoadOptions, Model, in_own_thread
+from .backend import LoadOptions, Model, add_rpc_servers, in_own_thread
 from .calibration import Calibration
 from .compat import check_pair
 from .controller import DEFAULT_K, Adaptive, Controller, FixedK
@@ -61,6 +61,8 @@ def _draft_ngl(spec: EngineSpec, target_name: str, draft_ref, ngl: int) -> int:
 def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
     """Resolve, check, load and calibrate: the Engine a front end generates from."""
     target_ref = resolve_model(spec.model, log=log)
+    if spec.load.rpc_servers:  # a dead or wrong address is one line before any model loads
+        add_rpc_servers(spec.load.rpc_servers)
     draft, k = choose_drafter(spec, target_ref.name)
     n_ctx = spec.n_ctx or (target_ref.entry.n_ctx if target_ref.entry and target_ref.entry.n_ctx else 4096)
     ngl = spec.ngl if spec.ngl is not None else _entry_ngl(target_ref.entry, 0)
@@ -74,7 +76,7 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
             raise IncompatibleDrafter(f"drafter {draft_ref.name} cannot draft for {target_ref.name}: "
                                       + "; ".join(reasons) + " (pick a drafter with the same tokenizer, or --lookup)")
         ngl_d = spec.ngl_draft if spec.ngl_draft is not None else _draft_ngl(spec, target_ref.name, draft_ref, ngl)
-        draft_model = Model.load(draft_ref.path, replace(opts, n_gpu_layers=ngl_d))
+        draft_model = Model.load(draft_ref.path, replace(opts.local(), n_gpu_layers=ngl_d))  # stays local
         drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name
         if spec.hybrid:

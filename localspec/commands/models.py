@@ -116,8 +116,10 @@ def pull(spec: str) -> None:
 @click.argument("spec", metavar="NAME|PATH", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
 @click.option("--device", is_flag=True, help="Also show the devices this llama.cpp build can offload to.")
+@click.option("--rpc", metavar="HOST:PORT,..", help="With --device: add these ggml-rpc-server devices first "
+              "(as run --rpc does) and show their memory.")
 @friendly_errors
-def show(spec: str | None, as_json: bool, device: bool) -> None:
+def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None:
     """GGUF facts from the file header (weights are not loaded): arch, params, quant, context, vocab, tokens."""
     from ..compat import describe
 
@@ -127,8 +129,10 @@ def show(spec: str | None, as_json: bool, device: bool) -> None:
     if spec is not None:
         ref = _local_path(spec)
         info = {"model": ref.name, **describe(ref.path)}
+    if rpc and not device:
+        raise click.UsageError("--rpc goes with --device")
     if device:
-        info["device"] = _device_info()
+        info["device"] = _device_info(rpc)
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -153,9 +157,13 @@ def _print_facts(d: dict) -> None:
         click.echo(f"{k:>14}: {v}")
 
 
-def _device_info() -> dict:
+def _device_info(rpc: str | None = None) -> dict:
+    """What llama.cpp can offload to; `rpc` servers are probed and registered first (one line if one is down)."""
     from .. import backend
 
+    endpoints = [x.strip() for x in (rpc or "").split(",") if x.strip()]
+    if endpoints:
+        backend.add_rpc_servers(endpoints)
     return {"gpu_offload": backend.supports_gpu_offload(), "rpc": backend.supports_rpc(),
             "devices": backend.devices(), "system_info": backend.system_info().strip()}
 
@@ -164,7 +172,8 @@ def _print_device(d: dict) -> None:
     click.echo(f"{'gpu offload':>14}: {'yes' if d['gpu_offload'] else 'no (CPU-only build; see docs/models.md)'}")
     click.echo(f"{'rpc':>14}: {'yes' if d['rpc'] else 'no (build with -DGGML_RPC=on)'}")
     for dev in d["devices"]:
-        click.echo(f"{'device':>14}: {dev['name']} - {dev['description']} "
+        where = f"rpc server {dev['description']}" if dev["backend"] == "RPC" else dev["description"]
+        click.echo(f"{'device':>14}: {dev['name']} - {where} "
                    f"({_human(dev['free'])} free of {_human(dev['total'])})")
     click.echo(f"{'system':>14}: {d['system_info']}")
 

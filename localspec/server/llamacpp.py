@@ -40,7 +40,8 @@ def router(state: State) -> APIRouter:
                 "drafter": e.drafter_name, "k": e.controller.state().k_now if e.drafter else 0, "total_slots": 1,
                 "default_generation_settings": {"n_ctx": state.n_ctx, "params": dict(DEFAULTS)},
                 "chat_template": e.chat_template or "", "fim": require_fim_ok(e),
-                "spec_max_queue": state.config.spec_max_queue, "build_info": f"localspec {__version__}"}
+                "spec_max_queue": state.config.spec_max_queue, "build_info": f"localspec {__version__}",
+                "devices": devices_in_use(e)}
 
     @r.post("/completion")
     @r.post("/completions", include_in_schema=False)
@@ -71,6 +72,15 @@ def router(state: State) -> APIRouter:
         return await _answer(state, req, request, build)
 
     return r
+
+
+def devices_in_use(e: Engine) -> list[dict[str, Any]]:
+    """ggml's devices with their free/total memory (an RPC device's as its server reports it); `target` marks
+    the ones the target's offloaded layers use (`--rpc` servers first, then local GPUs)."""
+    from ..backend import devices
+
+    used = set(e.target.offload_devices)
+    return [{**d, "target": d["name"] in used} for d in devices()]
 
 
 def require_fim_ok(e: Engine) -> bool:
