@@ -18,6 +18,7 @@ wait policy is fixed when llama.cpp loads, so it is set (threads.openmp_defaults
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import sys
 from dataclasses import dataclass, field, replace
@@ -92,7 +93,7 @@ def build_info() -> str:
     return f"llama-cpp-python {llama_cpp.__version__}; {system_info().strip()}"
 
 
-# -- devices and RPC (ggml's backend registry, through llama_cpp's own handle on libggml) ------------------------
+# -- devices and RPC (ggml's backend registry, through the libggml that libllama uses) -----------------------------
 #
 # Which devices a model's offloaded layers (and their KV cache) go to is llama.cpp's `llama_model_params.devices`,
 # a NULL-terminated ggml_backend_dev_t array. NULL means llama.cpp's default: every registered device of type GPU,
@@ -113,9 +114,17 @@ class _DevProps(ctypes.Structure):
                 ("caps", ctypes.c_bool * 32)]
 
 
-def _ggml():
-    from llama_cpp._ggml import libggml as g
-
+@functools.lru_cache(maxsize=None)
+def _ggml() -> ctypes.CDLL:
+    """libggml as libllama loaded it. A wheel stores libggml.so and libggml.so.0 as two files, and
+    llama_cpp._ggml loads the first: a second backend registry that llama.cpp never reads (why --rpc devices
+    were once registered but never used). Loading libllama's soname returns libllama's own copy."""
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    sonames = sorted([*lib.glob("libggml.so.[0-9]*"), *lib.glob("libggml.[0-9]*.dylib")], key=lambda p: len(p.name))
+    if sonames:  # libggml.so.0 before libggml.so.0.25.3
+        g = ctypes.CDLL(str(sonames[0]))
+    else:
+        from llama_cpp._ggml import libggml as g
     c, vp = ctypes, ctypes.c_void_p
     for name, res, args in (
             ("ggml_backend_dev_count", c.c_size_t, []), ("ggml_backend_dev_get", vp, [c.c_size_t]),

@@ -110,6 +110,16 @@ def test_build_without_rpc_is_one_line(monkeypatch, smollm2_path, args):
     assert 'CMAKE_ARGS="-DGGML_RPC=on"' in line
 
 
+def test_props_devices_mark_the_targets():
+    from types import SimpleNamespace
+
+    from localspec.server.llamacpp import devices_in_use
+
+    listed = devices_in_use(SimpleNamespace(target=SimpleNamespace(offload_devices=())))
+    cpu = next(d for d in listed if d["name"] == "CPU")
+    assert cpu["target"] is False and cpu["total"] > 0 and cpu["type"] == "CPU"
+
+
 # -- end to end, with llama.cpp's ggml-rpc-server on loopback ---------------------------------------------------
 
 def _rpc_server_binary() -> Path | None:
