@@ -41,8 +41,8 @@ BIN="$LLAMA/build/bin"
 if [ -x "$BIN/ggml-rpc-server" ]; then
   echo "exists: $BIN/ggml-rpc-server (not rebuilt)"
 else
-  cmake -S "$LLAMA" -B "$LLAMA/build" -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
+  cmake -S "$LLAMA" -B "$LLAMA/build" -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF
   cmake --build "$LLAMA/build" -j "$JOBS" --target ggml-rpc-server
 fi
 

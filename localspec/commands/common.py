@@ -68,8 +68,8 @@ def _offload_options() -> list[Callable]:
                      **kw),
         click.option("--cache-type-v", type=click.Choice(_CACHE_TYPES), help="KV cache type for V (default f16; "
                      "quantized V needs --flash-attn on).", **kw),
-        click.option("--rpc", metavar="HOST:PORT,..", help="llama.cpp rpc-server devices to spread the model "
-                     "over (needs a GGML_RPC=on build; see docs/models.md).", **kw),
+        click.option("--rpc", metavar="HOST:PORT,..", help="llama.cpp ggml-rpc-server devices to put the "
+                     "model's layers on, before local GPUs (needs a GGML_RPC=on build; see docs/models.md).", **kw),
     ]
 
 
