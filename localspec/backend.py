@@ -197,6 +197,19 @@ def add_rpc_servers(endpoints: Sequence[str], *, timeout: float = rpc.PROBE_TIME
     return out
 
 
+def serve_rpc(endpoint: str, n_threads: int = 1) -> None:
+    """Serve this machine's CPU as an RPC device at `endpoint`, forever: what ggml-rpc-server does without
+    accelerators (the same ggml_backend_rpc_start_server), for tests on machines without that binary."""
+    _init_backend(_verbose)
+    g = _ggml()
+    fn = g.ggml_backend_reg_get_proc_address(g.ggml_backend_reg_by_name(b"RPC"), b"ggml_backend_rpc_start_server")
+    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_void_p))(fn)
+    cpu = next(d for d in (g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count()))
+               if g.ggml_backend_dev_type(d) == _DEV_TYPES.index("CPU"))
+    start(endpoint.encode(), None, n_threads, 1, (ctypes.c_void_p * 1)(cpu))
+
+
 def _register(g, add_server, ep: str) -> list[int]:
     reg = add_server(ep.encode())
     if not reg:

@@ -1,9 +1,10 @@
 """`--rpc`: the model really goes to llama.cpp's RPC devices, and a bad endpoint is one line before loading.
 
-The end-to-end tests start llama.cpp's `ggml-rpc-server` (from $LLAMA_CPP_BIN, else PATH) on a free loopback
-port; they skip without it (scripts/rpc_check.sh builds one from the vendored sources). The endpoint tests need
-no server, only a llama-cpp-python built with RPC. Anything that registers an RPC device runs in a subprocess:
-a registered device whose server is gone aborts the process the next time ggml asks it for its memory.
+The end-to-end tests start llama.cpp's `ggml-rpc-server` (from $LLAMA_CPP_BIN, else PATH; scripts/rpc_check.sh
+builds one from the vendored sources) on a free loopback port, or without it the same server function from
+llama-cpp-python; they skip only where llama-cpp-python was built without RPC. The endpoint probe tests need
+neither. Anything that registers an RPC device runs in a subprocess: a registered device whose server is
+gone aborts the process the next time ggml asks it for its memory.
 """
 
 from __future__ import annotations
@@ -130,13 +131,15 @@ def _rpc_server_binary() -> Path | None:
 
 @pytest.fixture(scope="module")
 def rpc_server():
-    """'127.0.0.1:PORT' of a ggml-rpc-server (CPU device) running for this module."""
-    binary = _rpc_server_binary()
-    if not backend.supports_rpc() or binary is None:
-        pytest.skip("needs llama-cpp-python with GGML_RPC and ggml-rpc-server ($LLAMA_CPP_BIN or PATH)")
+    """'127.0.0.1:PORT' of an rpc server (CPU device) running for this module: llama.cpp's ggml-rpc-server when
+    it is there, else the same server function from the installed llama-cpp-python (backend.serve_rpc)."""
+    if not backend.supports_rpc():
+        pytest.skip("llama-cpp-python built without GGML_RPC")
     port = _free_port()
-    proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    binary = _rpc_server_binary()
+    cmd = ([str(binary), "-H", "127.0.0.1", "-p", str(port)] if binary else
+           [sys.executable, "-c", f"from localspec.backend import serve_rpc; serve_rpc('127.0.0.1:{port}', 2)"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ep = rpc.Endpoint("127.0.0.1", port)
     try:
         for _ in range(100):
