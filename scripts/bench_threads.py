@@ -98,9 +98,9 @@ def part_decode(model: str, tokens: int, depth: int, hogs: list[int], repeats: i
                 for name in order:
                     res.setdefault(h, {}).setdefault(name, []).append(cfgs[name]())
     print(f"\n## decode: plain, {tokens} tokens at depth {depth}, median tok/s of {repeats} interleaved repeat(s)")
-    print(f"{'configuration':36s}" + "".join(f"{f'{h} hogs':>10s}" for h in hogs))
+    print(f"{'configuration':42s}" + "".join(f"{f'{h} hogs':>10s}" for h in hogs))
     for name in names:
-        print(f"{name:36s}" + "".join(f"{statistics.median(res[h][name]):10.1f}" for h in hogs))
+        print(f"{name:42s}" + "".join(f"{statistics.median(res[h][name]):10.1f}" for h in hogs))
     for h in hogs:
         med = {n: statistics.median(v) for n, v in res[h].items()}
         best_pin = max(v for n, v in med.items() if n.startswith("localspec -t") and "OMP" not in n)
