@@ -1,26 +1,32 @@
-"""TUI parts alone: widgets in a tiny host App with scripted data, the SQLite store, the update batcher,
-and the wording helpers. No model is loaded here."""
+"""TUI parts alone: widgets in a tiny host App with scripted data, the SQLite store, the update batcher, the
+fold of updates into `AnswerStats`, the speculation controls on a stand-in engine, and the wording helpers.
+No model is loaded here."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Markdown, Sparkline
 
-from localspec.controller import FixedK
+from localspec.controller import Adaptive, ControllerState, FixedK
+from localspec.drafters import PromptLookup
 from localspec.session import Chunk
 from localspec.speculative import Step
 from localspec.stats import Stats
+from localspec.tui.answer import AnswerStats, cleared, ended, fold, reloaded
+from localspec.tui.controls import AUTO, K_STEPS, OFF, ON, SpecControls, SpecStatus
+from localspec.tui.palette import chat_commands
 from localspec.tui.screens.loading import LoadingScreen
 from localspec.tui.store import ChatStore
-from localspec.tui.stream import Batcher, Segment, accepted_spans, from_spans, split_accepted
-from localspec.tui.summary import AUTO, meta_line, next_k, set_draft_length, stats_from_dict
+from localspec.tui.stream import Batcher, Segment, Update, accepted_spans, from_spans, rounds_since, split_accepted
+from localspec.tui.summary import answer_record, meta_line, stats_from_dict
 from localspec.tui.widgets.chat_message import ACCEPTED_STYLE, AssistantMessage
 from localspec.tui.widgets.conversation_list import ConversationList
 from localspec.tui.widgets.prompt_input import PromptInput
-from localspec.tui.widgets.stats_panel import StatsPanel, StatsView, lines
+from localspec.tui.widgets.stats_panel import StatsPanel, lines
 
 STATS = Stats(n_prompt=30, n_cached=10, prompt_ms=100.0, ttft_ms=42.0, n_generated=100, gen_ms=500.0, rounds=40,
               draft_n=80, draft_n_accepted=60, drafted_at=(40, 30), accepted_at=(35, 25),
@@ -50,30 +56,42 @@ async def test_stats_panel_shows_scripted_stats():
     panel = StatsPanel()
     async with Host(panel).run_test(size=(60, 30)) as pilot:
         assert "OFF" in panel.text() and "accept –" in panel.text()
-        view = StatsView(stats=STATS, tps_now=187.5, session_draft_n=200, session_accepted=120, drafter="lookup",
-                         mode="spec", k=4, k_used=3, spec_on=True, spec_reason="lookup, k=4",
-                         tps_history=(150.0, 187.5), acc_history=(0.5, 1.0, 0.75))
-        panel.show(view)
+        answer = AnswerStats(stats=STATS, mode="spec", k=4, k_last=3, tps_now=187.5, done_draft_n=120,
+                             done_accepted=60, tps_history=(150.0, 187.5), acc_history=(0.5, 1.0, 0.75))
+        on = SpecStatus(ON, (ON, OFF), "lookup", "4", 4)
+        panel.show(answer, on)
         await pilot.pause()
         text = panel.text()
-        for want in ("speculation ON", "lookup, k=4", "mode   spec · drafter lookup", "k      4 fixed (last round 3)",
-                     "187.5 now", "200.0 message", "75% (60/80) msg", "60% (120/200) session", "2.50 tok/pass",
-                     "ttft   42 ms", "tokens 100 (prompt 30, cached 10)"):
+        for want in ("speculation ON", "lookup: always drafts 4 tokens a round", "mode   spec · drafter lookup",
+                     "k      4 fixed · answer 4", "187.5 now", "200.0 message", "75% (60/80) msg",
+                     "50% (60/120) session", "2.50 tok/pass", "ttft   42 ms", "tokens 100 (prompt 30, cached 10)"):
             assert want in text, want
         assert str(panel.query_one("#tps-now").render()).strip() == "tok/s  187.5 now"  # what the screen shows
         assert list(panel.query_one("#acc-spark", Sparkline).data) == [0.5, 1.0, 0.75]
         assert panel.has_class("-on")
-        panel.show(replace(view, spec_on=False, spec_reason="switched off", mode="plain"))
+        panel.show(replace(answer, live=True), on)  # the answer being written counts for the session
+        assert "60% (120/200) session" in panel.text()
+        panel.show(replace(answer, mode="plain", k=0), replace(on, setting=OFF, label="–", k_now=0))
         await pilot.pause()
-        assert panel.has_class("-off") and "speculation OFF" in panel.text() and "mode   plain" in panel.text()
-        panel.show(replace(view, auto_off=True, spec_reason="auto-off: lookup: spec 0.56× plain"))
+        text = panel.text()
+        assert panel.has_class("-off") and "speculation OFF" in text and "mode   plain" in text
+        assert "k      – (speculation off)" in text and "switched off" in text
+        why = "lookup: it would be 20 % slower here — drafts accepted 35 %, verifying 5 tokens costs 1.7×"
+        panel.show(replace(answer, mode="auto-off", k=0), SpecStatus(AUTO, (AUTO, ON, OFF), "lookup", AUTO, 0, why))
         await pilot.pause()
-        assert panel.has_class("-off") and "speculation AUTO-OFF" in panel.text()
+        text = panel.text()
+        assert panel.has_class("-off") and "speculation AUTO-OFF" in text and f"off now: {why}" in text
+        assert "k      auto · now off · answer –" in text and "mode   auto-off" in text
+        panel.show(answer, SpecStatus(AUTO, (AUTO, ON, OFF), "lookup", AUTO, 6))
+        await pilot.pause()
+        assert panel.has_class("-on") and "speculation AUTO\n" in panel.text()
+        assert "k      auto · now 6 · answer 4" in panel.text()
 
 
 def test_stats_lines_before_any_round():
-    text = "\n".join(lines(StatsView()).values())
-    assert "len    –" in text and "ttft   –" in text and "accept –" in text
+    text = "\n".join(lines(AnswerStats(), SpecStatus()).values())
+    assert "len    –" in text and "ttft   –" in text and "accept –" in text and "mode   –" in text
+    assert "no drafter loaded" in text
 
 
 # -- messages, input, side panel, loading screen -------------------------------------------------------------
@@ -213,29 +231,149 @@ def test_split_accepted():
 
 # -- wording -------------------------------------------------------------------------------------------------
 
-def test_meta_line_and_k_choices():
+def test_meta_line_says_what_happened_in_the_answer():
     d = STATS.to_dict() | {"mode": "spec", "drafter": "lookup", "k": 4, "finish": "cancelled"}
     line = meta_line(d)
     assert "100 tok" in line and "200 tok/s" in line and "accepted 60/80 (75%)" in line
     assert "spec: lookup k=4" in line and line.endswith("cancelled")
-    assert meta_line({"n_generated": 3, "mode": "plain"}).endswith("plain")
-    assert next_k(4, auto=False) == 6 and next_k(8, auto=False) == 1
-    assert next_k(8, auto=True) == AUTO and next_k(AUTO, auto=True) == 1
+    assert meta_line({"n_generated": 3, "mode": "plain", "drafter": "none"}).endswith("· plain")
+    assert meta_line({"mode": "plain", "drafter": "lookup"}).endswith("plain: lookup drafted nothing")
+    why = "lookup: it would be 20 % slower here — drafts accepted 35 %, verifying 5 tokens costs 1.7× (α 0.35)"
+    line = meta_line({"mode": "auto-off", "drafter": "lookup", "k": 0, "spec_disabled_reason": why})
+    assert line.endswith("auto-off: lookup: it would be 20 % slower here") and "k=" not in line
 
 
-def test_set_draft_length_pins_and_restores():
-    class Eng:
-        drafter, controller = None, FixedK(4)
+# -- the fold: updates -> AnswerStats ------------------------------------------------------------------------
 
-    e = Eng()
-    assert "k = 6" in set_draft_length(e, 6, None) and e.controller.k == 6
-    adaptive = object()
-    e.controller = adaptive
-    set_draft_length(e, 2, adaptive)
-    assert isinstance(e.controller, FixedK) and e.controller.k == 2
-    set_draft_length(e, AUTO, adaptive)
-    assert e.controller is adaptive
-    assert "no adaptive" in set_draft_length(e, AUTO, None)
+def ctl_state(k_chosen: dict[int, int], *, off: str | None = None, k_now: int = 4) -> ControllerState:
+    return ControllerState(True, k_chosen, {}, (), {}, {}, {}, off, label="auto", k_now=0 if off else k_now)
+
+
+def update(stats: Stats, *, controller=None, k_chosen=None, finish=None, tps=100.0, acc=(0.5,)) -> Update:
+    return Update((Segment("x", False),), stats, "spec" if stats.draft_n else "plain", 2 if stats.draft_n else 0,
+                  tps, acc, finish, controller, k_chosen or {})
+
+
+def test_fold_names_the_answer_as_run_json_does():
+    spec = replace(STATS, draft_n=10, draft_n_accepted=5)
+    a = fold(AnswerStats(), update(spec, controller=ctl_state({6: 30, 4: 3}), k_chosen={6: 3, 4: 5}))
+    assert (a.mode, a.k, a.live) == ("spec", 4, True)  # k: the γ chosen in most rounds of *this* answer
+    assert (a.session_draft_n, a.session_accepted) == (10, 5)  # the live answer counts for the session
+    a = fold(a, update(replace(spec, draft_n=20, draft_n_accepted=15), controller=ctl_state({6: 40}),
+                       k_chosen={6: 13, 4: 5}, finish="stop"))
+    assert (a.mode, a.k, a.live, a.finish) == ("spec", 6, False, "stop")
+    assert (a.done_draft_n, a.done_accepted, a.session_draft_n) == (20, 15, 20)
+    assert a.tps_history == (100.0, 100.0) and a.acc_history == (0.5, 0.5)
+    # the next answer: the controller switched drafting off before it began and never chose to draft
+    plain = replace(STATS, draft_n=0, draft_n_accepted=0, drafted_at=(), accepted_at=(), by_source={})
+    why = "lookup: it would be 20 % slower here — drafts accepted 35 %"
+    b = fold(a, update(plain, controller=ctl_state({0: 9}, off=why), k_chosen={0: 9}, finish="stop", acc=()))
+    assert (b.mode, b.k, b.off_reason) == ("auto-off", 0, why)
+    assert b.done_draft_n == 20  # nothing drafted: the session rate stays
+    record = answer_record(b, drafter="lookup", accepted_spans=[])
+    assert (record["mode"], record["drafter"], record["k"], record["spec_disabled_reason"]) == ("auto-off", "lookup", 0,
+                                                                                               why)
+    # drafting on, the controller chose γ = 4, but the drafter found nothing to propose: plain, not auto-off
+    c = fold(a, update(plain, controller=ctl_state({4: 9}), k_chosen={4: 9}, finish="stop", acc=()))
+    assert (c.mode, c.k) == ("plain", 4)
+    # speculation off: no controller in the request
+    d = fold(a, update(plain, finish="length", acc=()))
+    assert (d.mode, d.k, d.controller) == ("plain", 0, None)
+    assert answer_record(d, drafter="lookup", accepted_spans=[])["drafter"] == "none"
+
+
+def test_answer_stats_across_chats():
+    a = fold(AnswerStats(), update(replace(STATS, draft_n=10, draft_n_accepted=5), controller=ctl_state({4: 1}),
+                                   k_chosen={4: 1}))
+    failed = ended(a)  # the worker let go without a final update (an error mid-answer): its drafts still count
+    assert not failed.live and failed.done_draft_n == 10 and ended(failed) == failed
+    new = cleared(failed)
+    assert (new.stats, new.mode, new.k, new.tps_now) == (Stats(), "", 0, 0.0)
+    assert new.done_draft_n == 10 and new.tps_history == a.tps_history  # the session and sparklines stay
+    saved = STATS.to_dict() | {"mode": "spec", "drafter": "lookup", "k": 6, "finish": "stop"}
+    r = reloaded(new, stats_from_dict(saved), saved)
+    assert (r.stats, r.mode, r.k, r.live) == (STATS, "spec", 6, False)
+    assert reloaded(new, STATS, {"mode": "spec", "k": "auto"}).k == 0  # records written before k was a number
+
+
+def test_rounds_since_counts_this_request_only():
+    before, now = ctl_state({4: 10, 0: 2}), ctl_state({4: 13, 6: 2, 0: 2})
+    assert rounds_since(before, now) == {4: 3, 6: 2}
+
+
+# -- the controls: the one place the chat changes the engine -------------------------------------------------
+
+def adaptive_engine():
+    """A stand-in engine (the controls read drafter, drafter_name and controller) with a real Adaptive controller
+    that has seen rejected drafts until it switched speculation off."""
+    ctl = Adaptive(sources=("lookup",), c={"lookup": 0.0}, v=[1.0 + 0.5 * d for d in range(9)], learn_costs=False)
+    for _ in range(40):
+        ctl.choose_k()
+        ctl.observe(Step(tokens=(1,), drafted=4, accepted=0, t_draft=0.0, t_verify=0.01, source="lookup"))
+    return SimpleNamespace(drafter=PromptLookup(), drafter_name="lookup", controller=ctl)
+
+
+def test_controls_cycle_auto_on_off():
+    engine = adaptive_engine()
+    adaptive = engine.controller
+    controls = SpecControls(engine)
+    assert (controls.setting, controls.choices, controls.drafting) == (AUTO, (AUTO, ON, OFF), True)
+    st = controls.status(controls.snapshot())
+    assert st.auto_off and st.off_reason.startswith("lookup: it would be") and st.k_now == 0
+    # auto -> on: forced on, at the γ the adaptive controller chose most (its latest snapshot says which)
+    assert controls.cycle(ctl_state({6: 5, 3: 1}, off="off")) == "speculation on: always draft k = 6"
+    assert controls.setting == ON and isinstance(engine.controller, FixedK) and engine.controller.k == 6
+    st = controls.status(controls.snapshot())
+    assert (st.label, st.k_now, st.auto_off) == ("6", 6, False)
+    assert "off" in controls.cycle() and controls.setting == OFF and not controls.drafting
+    assert controls.status(None) == SpecStatus(OFF, (AUTO, ON, OFF), "lookup")
+    controls.cycle()  # off -> auto: the session's adaptive controller again, with what it learned
+    assert controls.setting == AUTO and engine.controller is adaptive
+    controls.set(ON)
+    assert engine.controller.k == 6  # "on" remembers its γ
+
+
+def test_controls_draft_length():
+    engine = adaptive_engine()
+    controls = SpecControls(engine)
+    assert "k = 1" in controls.cycle_k() and (controls.setting, engine.controller.k) == (ON, 1)  # auto -> 1
+    fixed = engine.controller
+    for want in (2, 3, 4, 6, 8):
+        controls.cycle_k()
+        assert engine.controller is fixed and fixed.k == want  # live: a running answer follows next round
+    controls.cycle_k()
+    assert controls.setting == AUTO and engine.controller is controls.adaptive  # 8 -> auto
+    controls.set(OFF)
+    controls.set_k(3)  # picking a length means drafting it
+    assert (controls.setting, fixed.k) == (ON, 3)
+    assert "at least 1" in controls.set_k(0)
+
+
+def test_controls_without_adaptive_or_drafter():
+    fixed = FixedK(4)
+    engine = SimpleNamespace(drafter=PromptLookup(), drafter_name="lookup", controller=fixed)
+    controls = SpecControls(engine)
+    assert (controls.setting, controls.choices) == (ON, (ON, OFF))
+    controls.cycle()
+    controls.cycle()
+    assert controls.setting == ON and engine.controller is fixed  # on <-> off, never an "auto" that is not there
+    assert "adaptive" in controls.set(AUTO) and controls.setting == ON
+    for _ in K_STEPS:
+        controls.cycle_k()
+    assert fixed.k == 4  # 4 -> 6 -> 8 -> 1 -> 2 -> 3 -> 4
+    plain = SpecControls(SimpleNamespace(drafter=None, drafter_name="none", controller=FixedK(0)))
+    assert (plain.setting, plain.choices, plain.drafting) == (OFF, (OFF,), False)
+    assert "no drafter" in plain.cycle() and "no drafter" in plain.set_k(4) and plain.snapshot() is None
+
+
+def test_palette_entries_are_data():
+    controls = SpecControls(adaptive_engine())
+    commands = list(chat_commands(controls))
+    titles = [c.title for c in commands]
+    assert {"Speculation: auto (now)", "Speculation: on", "Speculation: off", "Change draft length",
+            "Draft length k=4", "New chat", "Copy last answer"} <= set(titles)
+    assert next(c for c in commands if c.title == "Speculation: on").action == "spec('on')"
+    assert not any("Speculation" in t or "Draft" in t for t in (c.title for c in chat_commands(None)))
 
 
 # -- the command ---------------------------------------------------------------------------------------------

@@ -1,43 +1,47 @@
 """`localspec chat`: a Textual chat that shows speculative decoding at work.
 
-Threading: the models load in a thread worker, and each answer is generated in a thread worker that iterates
-`Engine.generate` (through `stream.stream_updates`, which batches rounds to <= 20 UI updates a second) and posts
-Messages. The UI thread never calls the model. A lock serialises workers on the engine (one thread owns a llama
-context at a time); cancelling (Esc, ctrl+c) sets the worker's flag, the engine stops after the current round,
-and its `finally` leaves both KV caches consistent for the next prompt.
+The app is the wiring: the layout, the keys, loading the models, and the saved-conversation list. The parts:
+
+- `widgets/chat.py` `Chat`: the conversation (history, the saved chat, the log) and streaming (a thread worker
+  per answer that iterates `Engine.generate` through `stream.stream_updates`); it folds each batch of rounds into
+  an `AnswerStats` (`answer.py`, pure) and says so with `Chat.StatsChanged`.
+- `controls.py` `SpecControls`: the only code that changes the engine (speculation auto / on / off, γ).
+- `widgets/stats_panel.py`: renders the `AnswerStats` and the controls' `SpecStatus`; never reads the engine.
+- `palette.py`: the command palette entries, as (title, help, action) data.
+
+Threading: the models load in a thread worker (`load`), answers are generated in the Chat's thread worker, and the
+UI thread never calls the model. One lock serialises workers on the engine; closing the app waits for it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import Iterable
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
-from textual.worker import get_current_worker
 
+from ..controller import ControllerState
 from ..errors import LocalspecError
 from ..sampling import SamplingParams
-from ..session import ChatTemplateError, Engine
-from ..stats import Stats
+from ..session import Engine
+from .controls import AUTO, OFF, ON, SpecControls, SpecStatus
+from .messages import EngineFailed, EngineReady, LoadProgress
 from .palette import chat_commands
-from .messages import EngineFailed, EngineReady, Generated, GenerationEnded, GenerationFailed, LoadProgress
 from .screens.loading import LoadingScreen
 from .store import ChatStore
-from .saved import saved_widgets
-from .stream import accepted_spans, log_request, stream_updates
-from .summary import (AUTO, auto_off_reason, current_k, is_adaptive, meta_line, next_k, set_draft_length, spec_reason,
-                      stats_from_dict)
-from .widgets.chat_message import AssistantMessage, UserMessage
+from .widgets.chat import Chat
 from .widgets.conversation_list import ConversationList
 from .widgets.prompt_input import PromptInput
-from .widgets.stats_panel import HISTORY, StatsPanel, StatsView
+from .widgets.stats_panel import StatsPanel
+
+NEEDS_ENGINE = ("new_chat", "cycle_spec", "spec", "cycle_k", "set_k", "copy_last", "toggle_colour")
 
 
 class ChatApp(App):
@@ -45,7 +49,8 @@ class ChatApp(App):
     TITLE = "localspec chat"
     BINDINGS = [
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
-        Binding("ctrl+s", "toggle_spec", "Spec on/off", priority=True),
+        # one ctrl+s binding per setting, shown only for the current one: the footer names the setting
+        *(Binding("ctrl+s", f"cycle_spec('{s}')", f"Spec: {s}", priority=True) for s in (AUTO, ON, OFF)),
         Binding("ctrl+k", "cycle_k", "Change k", priority=True),
         Binding("ctrl+t", "toggle_colour", "Colour drafts", priority=True),
         Binding("ctrl+y", "copy_last", "Copy answer", priority=True),
@@ -64,49 +69,29 @@ class ChatApp(App):
         self.engine = engine
         self.spec = spec
         self._owns_engine = engine is None
-        self.system = system
-        self.params = params
-        self.max_tokens = max_tokens
         self.store_path = store_path
-        self.coloured = coloured
-        self.metrics_log, self.task_label = metrics_log, task  # a metrics.MetricsLog: one JSON line per answer
-        self.spec_on = bool(engine and engine.drafter)
-        self.history: list[dict] = []  # the conversation as chat-template messages (no system)
-        self.conv_id: int | None = None
-        self.gen_id = 0
-        self.running: set[int] = set()  # generation workers that still hold (or wait for) the engine
-        self.current: AssistantMessage | None = None
-        self.last_answer = ""
-        self.updates_applied = 0  # Generated messages shown: each is one repaint of the answer and stats
         self._lock = threading.Lock()
-        self._stats = Stats()
-        self._mode = "plain"
-        self._k_used = 0
-        self._inflight: Stats | None = None
-        self._tps_now = 0.0
-        self._session = [0, 0]  # finished answers: draft_n, draft_n_accepted
-        self._tps: deque[float] = deque(maxlen=HISTORY)
-        self._acc: deque[float] = deque(maxlen=HISTORY)
+        self.chat = Chat(engine_lock=self._lock, system=system, params=params, max_tokens=max_tokens, coloured=coloured,
+                         metrics_log=metrics_log, task=task, id="chat")
+        self.controls: SpecControls | None = None  # with the engine
         self.store: ChatStore | None = None
         self.load_error: EngineFailed | None = None  # the CLI prints it again after the app closes
-        self._adaptive: object | None = None  # the session's adaptive controller, kept while k is pinned
 
     # -- layout and start-up ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="body"):
             yield ConversationList(id="conversations")
-            with Vertical(id="chat"):
-                yield VerticalScroll(id="log")
+            with Vertical(id="main"):
+                yield self.chat
                 yield PromptInput(id="prompt", placeholder="Message (Enter sends, ↑ history, ctrl+p commands)")
             yield StatsPanel(id="stats")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.store = ChatStore(self.store_path)
+        self.store = self.chat.store = ChatStore(self.store_path)
         self.query_one(PromptInput).history = self.store.recent_inputs()
         self.query_one(PromptInput).remember("")
-        self.query_one("#log", VerticalScroll).anchor()
         self._refresh_conversations()
         if self.engine is not None:
             self._engine_ready(self.engine)
@@ -143,27 +128,27 @@ class ChatApp(App):
         self._engine_ready(msg.engine)
 
     def _engine_ready(self, engine: Engine) -> None:
-        self.engine = engine
-        self.spec_on = engine.drafter is not None
-        self._adaptive = engine.controller if is_adaptive(engine.controller) else None
+        self.engine = self.chat.engine = engine
+        self.controls = SpecControls(engine)
         self.sub_title = f"{engine.name} · drafter {engine.drafter_name}"
         self._show_stats()
+        self.refresh_bindings()
         self.query_one(PromptInput).focus()
 
     async def on_unmount(self) -> None:
-        self.workers.cancel_group(self, "generate")
+        self.workers.cancel_group(self.chat, "generate")
         with self._lock:  # the worker finishes its round first
             if self.engine is not None and self._owns_engine:
                 self.engine.close()
         if self.store:
             self.store.close()
 
-    # -- a turn: submit -> worker -> Generated* -> GenerationEnded --------------------------------------------
+    # -- a turn ---------------------------------------------------------------------------------------------
     async def on_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.value.strip()
         if not text:
             return
-        if self.engine is None:
+        if self.controls is None:
             self.notify("the model is not loaded yet", severity="warning")
             return
         if self.generating:
@@ -171,201 +156,95 @@ class ChatApp(App):
             return
         event.input.value = ""
         self.query_one(PromptInput).remember(text)
-        await self.send(text)
-
-    async def send(self, text: str) -> None:
-        """Add the user's message and start the answer (also the entry point for scripts and tests)."""
-        assert self.engine is not None and self.store is not None
-        if self.conv_id is None:
-            self.conv_id = self.store.new_conversation(text[:60], model=self.engine.name, system=self.system or "")
-            self._refresh_conversations()
-        self.store.add_message(self.conv_id, "user", text)
-        self.history.append({"role": "user", "content": text})
-        log = self.query_one("#log", VerticalScroll)
-        self.current = AssistantMessage(coloured=self.coloured, meta="… (Esc stops)")
-        await log.mount_all([UserMessage(text), self.current])
-        log.anchor()
-        self.gen_id += 1
-        self.running.add(self.gen_id)
-        self._inflight = None
-        msgs = ([{"role": "system", "content": self.system}] if self.system else []) + list(self.history)
-        self.generate(self.gen_id, msgs, self.spec_on)
+        await self.chat.send(text, spec=self.controls.drafting)
 
     @property
     def generating(self) -> bool:
-        return bool(self.running)
+        return self.chat.generating
 
-    @property
-    def answer_stats(self) -> Stats | None:
-        """Running stats of the answer being written (None between answers)."""
-        return self._inflight
-
-    @work(thread=True, exclusive=True, group="generate")
-    def generate(self, gen_id: int, messages: list[dict], spec: bool) -> None:
-        worker = get_current_worker()
-        engine = self.engine
-        assert engine is not None
-        try:
-            with self._lock:
-                prompt = engine.chat_prompt(messages)
-                before = engine.controller.state() if spec and engine.drafter else None
-                upd = None
-                for upd in stream_updates(engine, prompt, params=self.params, max_tokens=self.max_tokens,
-                                          spec=spec, should_stop=lambda: worker.is_cancelled):
-                    self.post_message(Generated(gen_id, upd))
-                if self.metrics_log and upd is not None:
-                    log_request(self.metrics_log, engine, upd, spec=spec, before=before, task=self.task_label)
-        except (LocalspecError, ChatTemplateError) as e:
-            self.post_message(GenerationFailed(gen_id, str(e)))
-        except Exception as e:  # a bug, but the chat (and the saved conversation) should survive it
-            self.post_message(GenerationFailed(gen_id, f"{type(e).__name__}: {e}"))
-        finally:
-            self.post_message(GenerationEnded(gen_id))
-
-    async def on_generated(self, msg: Generated) -> None:
-        if msg.gen_id != self.gen_id or self.current is None:
-            return  # from a request the user left (new chat, reload)
-        upd = msg.update
-        self.updates_applied += 1
-        await self.current.add(upd.segments)
-        if upd.tps_now:
-            self._tps.append(upd.tps_now)
-        self._acc.extend(upd.acceptance)
-        self._stats, self._mode, self._k_used, self._inflight = upd.stats, upd.mode, upd.k_used, upd.stats
-        if upd.finish:
-            await self.current.end_stream()
-            self._finish_answer(upd.finish)
-        self._tps_now = upd.tps_now or self._tps_now
+    def on_chat_stats_changed(self, msg: Chat.StatsChanged) -> None:
         self._show_stats()
 
-    def _finish_answer(self, finish: str) -> None:
-        assert self.current is not None and self.engine is not None and self.store is not None
-        s = self._stats
-        self._session[0] += s.draft_n
-        self._session[1] += s.draft_n_accepted
-        self._inflight = None
-        spec = bool(s.draft_n)
-        d = s.to_dict() | {"mode": "spec" if spec else "plain", "drafter": self.engine.drafter_name if spec else "none",
-                           "k": self.k_label if spec else 0, "finish": finish,
-                           "accepted_spans": accepted_spans(self.current.segments)}
-        self.current.set_meta(meta_line(d))
-        self.last_answer = self.current.text
-        self.history.append({"role": "assistant", "content": self.last_answer})
-        if self.conv_id is not None:
-            self.store.add_message(self.conv_id, "assistant", self.last_answer, stats=d)
-            self._refresh_conversations()
+    def on_chat_saved(self, msg: Chat.Saved) -> None:
+        self._refresh_conversations()
 
-    def on_generation_failed(self, msg: GenerationFailed) -> None:
-        if msg.gen_id != self.gen_id or self.current is None:
-            return
-        self.current.set_meta(f"error: {msg.error}", error=True)
-        if self.history and self.history[-1]["role"] == "user":
-            self.history.pop()  # the next prompt should not carry the one that failed
+    # -- stats ----------------------------------------------------------------------------------------------
+    def controller_state(self) -> ControllerState | None:
+        """The controller's latest state: the worker's snapshot while it owns the controller, else read now."""
+        if self.controls is None:
+            return None
+        return self.chat.answer.controller if self.generating else self.controls.snapshot()
 
-    def on_generation_ended(self, msg: GenerationEnded) -> None:
-        self.running.discard(msg.gen_id)
-        if msg.gen_id == self.gen_id:
-            self.current = None
-            self._show_stats()
-
-    # -- stats ------------------------------------------------------------------------------------------------
-    def stats_view(self) -> StatsView:
-        e = self.engine
-        inflight = self._inflight or Stats()
-        return StatsView(
-            stats=self._stats, tps_now=self._tps_now, session_draft_n=self._session[0] + inflight.draft_n,
-            session_accepted=self._session[1] + inflight.draft_n_accepted,
-            drafter=e.drafter_name if e else "none", mode=self._mode,
-            k=current_k(e) if e and e.drafter and self.spec_on else 0, k_used=self._k_used,
-            k_mode="auto" if e and is_adaptive(e.controller) else "fixed",
-            spec_on=bool(e and e.drafter and self.spec_on),
-            auto_off=bool(e and e.drafter and self.spec_on and auto_off_reason(e.controller)),
-            spec_reason=spec_reason(e, self.spec_on, last_mode=self._mode, rounds=self._stats.rounds) if e else "",
-            tps_history=tuple(self._tps), acc_history=tuple(self._acc))
-
-    @property
-    def k_label(self) -> str | int:
-        e = self.engine
-        return "auto" if e is None or is_adaptive(e.controller) else current_k(e)
+    def spec_status(self) -> SpecStatus:
+        return self.controls.status(self.controller_state()) if self.controls else SpecStatus()
 
     def _show_stats(self) -> None:
-        self.query_one(StatsPanel).show(self.stats_view())
+        self.query_one(StatsPanel).show(self.chat.answer, self.spec_status())
 
     # -- actions (footer keys and command palette) ------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in ("new_chat", "toggle_spec", "cycle_k", "set_k", "copy_last", "toggle_colour") \
-                and self.engine is None:
+        if action in NEEDS_ENGINE and self.controls is None:
             return False
+        if action == "cycle_spec":  # the binding of the current setting is the one shown (and run)
+            return parameters[0] == self.controls.setting
         return True
 
     def action_stop(self) -> None:
-        if self.generating:
-            self.workers.cancel_group(self, "generate")
+        self.chat.stop()
 
     def action_stop_or_hint(self) -> None:
         if self.generating:
-            self.action_stop()
+            self.chat.stop()
         else:
             self.notify("press ctrl+q to quit")
 
     async def action_new_chat(self) -> None:
-        self._leave_current()
-        self.conv_id = None
-        self.history = []
-        await self.query_one("#log", VerticalScroll).remove_children()
-        self._stats, self._mode, self._k_used, self._tps_now = Stats(), "plain", 0, 0.0
-        self._show_stats()
+        await self.chat.clear()
         self.query_one(PromptInput).focus()
 
-    def _leave_current(self) -> None:
-        """Stop the running answer, if any; its late messages are ignored (gen_id moves on)."""
-        if self.generating:
-            self.workers.cancel_group(self, "generate")
-        self.gen_id += 1
-        self.current = None
+    def action_cycle_spec(self, current: str) -> None:
+        self._control(self.controls.cycle(self.controller_state()), setting=True)
 
-    def action_toggle_spec(self) -> None:
-        if self.engine is None or self.engine.drafter is None:
-            self.notify("no drafter loaded: start with --lookup or --draft MODEL", severity="warning")
-            return
-        self.spec_on = not self.spec_on
-        self._show_stats()
-        self.notify(f"speculation {'on' if self.spec_on else 'off'} (from the next answer)")
+    def action_spec(self, setting: str) -> None:
+        self._control(self.controls.set(setting, self.controller_state()), setting=True)
 
     def action_cycle_k(self) -> None:
-        if self.engine is not None:
-            now = AUTO if is_adaptive(self.engine.controller) else current_k(self.engine)
-            self.action_set_k(next_k(now, auto=self._adaptive is not None))
+        self._control(self.controls.cycle_k())
 
     def action_set_k(self, k: int) -> None:
-        if self.engine is not None:
-            self.notify(set_draft_length(self.engine, int(k), self._adaptive))
-            self._show_stats()
+        self._control(self.controls.set_k(int(k)))
+
+    def _control(self, notice: str, *, setting: bool = False) -> None:
+        """After a control changed the engine: say what changed, repaint the panel and the footer."""
+        later = setting and self.generating
+        self.notify(notice + (" (from the next answer)" if later else ""))
+        self._show_stats()
+        self.refresh_bindings()
 
     async def action_toggle_colour(self) -> None:
-        self.coloured = not self.coloured
-        for m in self.query(AssistantMessage):
-            await m.set_coloured(self.coloured)
-        self.notify("accepted drafts coloured" if self.coloured else "Markdown view")
+        await self.chat.set_coloured(not self.chat.coloured)
+        self.notify("accepted drafts coloured" if self.chat.coloured else "Markdown view")
 
     def action_copy_last(self) -> None:
-        if not self.last_answer:
+        last = self.chat.last_answer
+        if not last:
             self.notify("no answer to copy yet", severity="warning")
             return
-        self.copy_to_clipboard(self.last_answer)
-        self.notify(f"copied the last answer ({len(self.last_answer)} characters)")
+        self.copy_to_clipboard(last)
+        self.notify(f"copied the last answer ({len(last)} characters)")
 
     def action_toggle_sidebar(self) -> None:
         self.query_one(ConversationList).toggle_class("-hidden")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield from chat_commands(self)
+        for c in chat_commands(self.controls):
+            yield SystemCommand(c.title, c.help, partial(self.run_action, c.action))
 
     # -- saved conversations ----------------------------------------------------------------------------------
     def _refresh_conversations(self) -> None:
         if self.store:
-            self.query_one(ConversationList).set_conversations(self.store.conversations(), current=self.conv_id)
+            self.query_one(ConversationList).set_conversations(self.store.conversations(), current=self.chat.conv_id)
 
     async def on_conversation_list_chosen(self, msg: ConversationList.Chosen) -> None:
         await self.open_conversation(msg.conversation_id)
@@ -373,26 +252,14 @@ class ChatApp(App):
     async def on_conversation_list_deleted(self, msg: ConversationList.Deleted) -> None:
         assert self.store is not None
         self.store.delete(msg.conversation_id)
-        if msg.conversation_id == self.conv_id:
+        if msg.conversation_id == self.chat.conv_id:
             await self.action_new_chat()
         self._refresh_conversations()
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Show a saved chat and continue it; each answer shows the stats it was written with."""
-        assert self.store is not None
-        conv = self.store.conversation(conversation_id)
-        if conv is None:
+        if not await self.chat.open(conversation_id):
             self.notify("that conversation is gone", severity="warning")
             return
-        self._leave_current()
-        log = self.query_one("#log", VerticalScroll)
-        await log.remove_children()
-        widgets, self.history, last = saved_widgets(self.store, conversation_id, coloured=self.coloured)
-        await log.mount_all(widgets)
-        log.scroll_end(animate=False)
-        self.conv_id, self.system = conv.id, conv.system or self.system
-        self.last_answer = last.content if last else ""
-        self._stats = stats_from_dict(last.stats) if last and last.stats else Stats()
-        self._mode = (last.stats or {}).get("mode", "plain") if last else "plain"
-        self._show_stats()
+        self._refresh_conversations()
         self.query_one(PromptInput).focus()

@@ -1,5 +1,7 @@
 """Messages the worker threads post to the UI. Workers never touch widgets; the UI never calls the model.
 
+The load worker posts to the app; a generation worker posts to the `Chat` that started it (they do not bubble).
+
 Each generation carries an id so an update from a request the user already left (new chat, reload)
 is recognised and dropped.
 """
@@ -38,7 +40,7 @@ class EngineFailed(Message):
 
 
 @dataclass
-class Generated(Message):
+class Generated(Message, bubble=False):
     """A batch of new text and the running stats (at most ~20 per second)."""
 
     gen_id: int
@@ -46,7 +48,7 @@ class Generated(Message):
 
 
 @dataclass
-class GenerationFailed(Message):
+class GenerationFailed(Message, bubble=False):
     """The request could not run (context full, no chat template): one line for the chat log."""
 
     gen_id: int
@@ -54,7 +56,7 @@ class GenerationFailed(Message):
 
 
 @dataclass
-class GenerationEnded(Message):
+class GenerationEnded(Message, bubble=False):
     """The worker is done with the engine (after the last Generated or GenerationFailed)."""
 
     gen_id: int

@@ -32,12 +32,12 @@ async def capture(out_dir: str, *, after_tokens: int = 60) -> str:
             if text is None:
                 await pilot.press("ctrl+n")
                 continue
-            g = app.gen_id
+            g = app.chat.gen_id
             await pilot.press(*text, "enter")
-            await wait(lambda: app.gen_id > g)
+            await wait(lambda: app.chat.gen_id > g)
             if i < len(PROMPTS) - 1:
                 await wait(lambda: not app.generating)
-        await wait(lambda: (app.answer_stats is not None and app.answer_stats.n_generated >= after_tokens)
+        await wait(lambda: (app.chat.answer.live and app.chat.answer.stats.n_generated >= after_tokens)
                    or not app.generating)
         path = app.save_screenshot("chat.svg", path=out_dir)
         await pilot.press("escape")

@@ -6,18 +6,22 @@ and the last round always go out at once: time to first token and the final stat
 
 An `Update` splits its text into segments marked `accepted=True` where the text came from drafts the target
 accepted (`step.tokens[:step.accepted]`): the UI colours those so a person sees where the drafter was right.
+It also carries a snapshot of the controller taken here, on the worker that owns it, so the UI never reads
+a controller while the loop updates it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
+from ..drafters import NO_DRAFTER
 from ..sampling import SamplingParams
 from ..stats import Stats
 
 if TYPE_CHECKING:
+    from ..controller import ControllerState
     from ..session import Chunk, Engine
 
 INTERVAL = 0.05  # seconds between UI updates: <= 20 repaints per second
@@ -38,6 +42,8 @@ class Update:
     tps_now: float  # tokens/s over the rounds in this update
     acceptance: tuple[float, ...]  # accepted/drafted of each speculative round in this update
     finish: str | None = None  # "stop", "length", "context", "cancelled"; None while going
+    controller: "ControllerState | None" = None  # after these rounds; None when the request runs without a drafter
+    k_chosen: Mapping[int, int] = field(default_factory=dict)  # the request's rounds so far by the γ chosen
 
     @property
     def text(self) -> str:
@@ -114,34 +120,49 @@ class Batcher:
     def due(self) -> bool:
         return self.clock() - self._last >= self.interval
 
-    def take(self) -> Update:
+    def take(self, *, controller: "ControllerState | None" = None, k_chosen: Mapping[int, int] = {}) -> Update:
         c = self._chunk
         upd = Update(tuple(self._segments), c.stats, c.mode, c.step.drafted,
-                     self._tokens / self._seconds if self._seconds > 0 else 0.0, tuple(self._acceptance), c.finish)
+                     self._tokens / self._seconds if self._seconds > 0 else 0.0, tuple(self._acceptance), c.finish,
+                     controller, dict(k_chosen))
         self._last = self.clock()
         self._reset()
         return upd
 
 
+def rounds_since(before: "ControllerState", now: "ControllerState") -> dict[int, int]:
+    """Rounds by the γ the controller chose, counted since `before` (the controller lives across requests)."""
+    prev = before.k_chosen
+    return {k: n - prev.get(k, 0) for k, n in sorted(now.k_chosen.items()) if n > prev.get(k, 0)}
+
+
 def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = SamplingParams(),
                    max_tokens: int = 512, spec: bool = True, should_stop: Callable[[], bool] | None = None,
                    interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> Iterator[Update]:
-    """Run one request on the calling thread; yield batched Updates, the last one with `finish` set."""
+    """Run one request on the calling thread; yield batched Updates, the last one with `finish` set.
+    The controller is taken once, here: one the UI installs meanwhile applies from the next request."""
     batcher = Batcher(interval=interval, clock=clock)
     piece = engine.target.piece
-    for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, spec=spec, should_stop=should_stop):
+    ctl = engine.controller
+    before = ctl.state() if spec and engine.drafter is not None else None
+    for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, spec=spec, controller=ctl,
+                                 should_stop=should_stop):
         accepted = b"".join(piece(t) for t in chunk.step.tokens[:chunk.step.accepted])
         batcher.add(chunk, accepted.decode("utf-8", errors="ignore"))
         if chunk.finish or batcher.due():
-            yield batcher.take()
+            now = ctl.state() if before is not None else None
+            yield batcher.take(controller=now, k_chosen=rounds_since(before, now) if now and before else {})
 
 
-def log_request(mlog, engine: "Engine", update: Update, *, spec: bool, before, task: str | None = None) -> None:
-    """Append the finished request to the --metrics-log JSONL file (on the worker: it owns the controller)."""
+def log_request(mlog, engine: "Engine", update: Update, *, task: str | None = None) -> None:
+    """Append the finished request to the --metrics-log JSONL file, named as the chat labels it."""
     from ..metrics import request_record
+    from .answer import answer_mode
 
-    drafting = spec and engine.drafter is not None
-    mlog.write(request_record(model=engine.name, drafter=engine.drafter_name if drafting else "none",
-                              mode="spec" if drafting else "plain", stats=update.stats, finish=update.finish,
-                              task=task, controller=engine.controller.state() if drafting else None,
-                              before=before, front_end="chat"))
+    drafting = update.controller is not None
+    mode = answer_mode(update.stats, drafting=drafting, k_chosen=update.k_chosen)
+    drafter = engine.drafter_name if drafting else NO_DRAFTER
+    # k_chosen: this request's rounds, already counted by `stream_updates` (it holds the state from before)
+    mlog.write(request_record(model=engine.name, drafter=drafter, mode=mode, stats=update.stats,
+                              finish=update.finish, task=task, controller=update.controller,
+                              k_chosen={str(k): n for k, n in update.k_chosen.items()}, front_end="chat"))

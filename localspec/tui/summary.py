@@ -1,81 +1,50 @@
-"""Small pure helpers the app uses to describe the engine's state in words (kept out of app.py to test alone)."""
+"""An answer's record and its one-line summary (pure: data in, data or words out; nothing here touches the engine).
+
+`answer_record` is what is saved with each assistant message (`Stats.to_dict()` plus mode, drafter, k, finish and
+the auto-off reason, named as `run --json` names them); `meta_line` turns a record, live or reloaded, into the
+line under the answer; `stats_from_dict` rebuilds the `Stats` of a reloaded answer.
+"""
 
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping
 
-from ..controller import FixedK
+from ..drafters import NO_DRAFTER
 from ..stats import Stats
-
-if TYPE_CHECKING:
-    from ..session import Engine
-
-K_STEPS = (1, 2, 3, 4, 6, 8)  # what "change k" cycles through (then back to the adaptive controller, if any)
-AUTO = 0  # "k = auto": hand γ back to the adaptive controller
+from .answer import AUTO_OFF, PLAIN, SPEC, AnswerStats
 
 
-def is_adaptive(controller: object) -> bool:
-    return not isinstance(controller, FixedK) and controller is not None
+def answer_record(a: AnswerStats, *, drafter: str, accepted_spans: list[list[int]]) -> dict[str, Any]:
+    """The finished answer `a` as saved with its message. `drafter`: the engine's; saved as "none" when the answer
+    ran without it (speculation off)."""
+    return a.stats.to_dict() | {
+        "mode": a.mode, "drafter": drafter if a.controller is not None else NO_DRAFTER, "k": a.k,
+        "finish": a.finish, "spec_disabled_reason": a.off_reason if a.mode == AUTO_OFF else None,
+        "accepted_spans": accepted_spans}
 
 
-def current_k(engine: "Engine") -> int:
-    """The draft length in use now (0 = off), as the controller reports it. Read from the UI thread while the
-    worker updates the controller: a torn read gives 0 (the next repaint reads again)."""
-    try:
-        return engine.controller.state().k_now
-    except Exception:
-        return 0
+def in_words(reason: str) -> str:
+    """The words of a controller's reason, without the numbers that follow them ("lookup: it would be 20 %
+    slower here — drafts accepted …" -> "lookup: it would be 20 % slower here"), one clause per source."""
+    return "; ".join(part.split(" — ")[0] for part in reason.split("; "))
 
 
-def next_k(k: int, *, auto: bool) -> int:
-    """The next choice after k (AUTO = adaptive): auto -> 1 -> 2 -> ... -> 8 -> auto (or back to 1)."""
-    nxt = next((s for s in K_STEPS if s > k), None) if k != AUTO else K_STEPS[0]
-    return nxt if nxt is not None else (AUTO if auto else K_STEPS[0])
+def how_decoded(d: Mapping[str, Any]) -> str:
+    """"spec: lookup k=6", "auto-off: lookup: it would be 20 % slower here", "plain: lookup drafted nothing",
+    or "plain": the same words the stats panel and `run` use."""
+    mode = d.get("mode", PLAIN)
+    if mode == SPEC:
+        return f"spec: {d.get('drafter', NO_DRAFTER)} k={d.get('k', 0)}"
+    if mode == AUTO_OFF:
+        why = d.get("spec_disabled_reason")
+        return f"auto-off: {in_words(why)}" if why else AUTO_OFF
+    drafter = d.get("drafter", NO_DRAFTER)
+    return f"plain: {drafter} drafted nothing" if drafter != NO_DRAFTER else PLAIN
 
 
-def set_draft_length(engine: "Engine", k: int, adaptive: object | None) -> str:
-    """Pin γ = k with a FixedK (live: a running answer with a FixedK picks it up next round), or hand γ back
-    to the session's adaptive controller (k = AUTO). The controller is the only thing changed; no reload."""
-    if k == AUTO:
-        if adaptive is None:
-            return "no adaptive controller in this session; pick a number"
-        engine.controller = adaptive
-        return "draft length: adaptive (the controller picks γ each round)"
-    if isinstance(engine.controller, FixedK):
-        engine.controller.k = k
-    else:
-        engine.controller = FixedK(k)
-    return f"draft length k = {k}"
-
-
-def auto_off_reason(controller: object) -> str | None:
-    """An adaptive controller's reason for decoding plainly now, if any. Read from the UI thread while the
-    worker updates the controller: a torn read is skipped (the next repaint, 50 ms later, reads again)."""
-    try:
-        why = getattr(controller, "spec_disabled_reason", None)
-    except Exception:
-        return None
-    return why if isinstance(why, str) and why else None
-
-
-def spec_reason(engine: "Engine", spec_on: bool, *, last_mode: str, rounds: int) -> str:
-    if engine.drafter is None:
-        return "no drafter loaded (--no-spec); use --lookup or --draft"
-    if not spec_on:
-        return "switched off (ctrl+s to switch on)"
-    why = auto_off_reason(engine.controller)
-    if why:
-        return f"auto-off: {why}"
-    k = current_k(engine)
-    if k == 0:
-        return f"{engine.drafter_name}: the controller chose plain decoding"
-    tail = " (last round: no draft)" if rounds and last_mode == "plain" else ""
-    return f"{engine.drafter_name}, k={k}{tail}"
-
-
-def meta_line(d: dict[str, Any]) -> str:
-    """An answer's stats in one line, from `Stats.to_dict()` plus mode/drafter/k/finish (live or reloaded)."""
+def meta_line(d: Mapping[str, Any]) -> str:
+    """An answer's stats in one line, from `answer_record` (live or reloaded)."""
     parts = [f"{d.get('n_generated', 0)} tok", f"{d.get('tokens_per_second', 0.0):.0f} tok/s",
              f"ttft {d.get('ttft_ms', 0.0):.0f} ms"]
     dn = d.get("draft_n", 0)
@@ -83,14 +52,13 @@ def meta_line(d: dict[str, Any]) -> str:
         acc = d.get("draft_n_accepted", 0)
         parts.append(f"accepted {acc}/{dn} ({100 * acc / dn:.0f}%)")
         parts.append(f"{d.get('mean_acceptance_length', 0.0):.2f} tok/pass")
-    mode = d.get("mode", "plain")
-    parts.append(f"{mode}: {d.get('drafter', 'none')} k={d.get('k', 0)}" if mode == "spec" else "plain")
+    parts.append(how_decoded(d))
     if d.get("finish") not in (None, "stop"):
         parts.append(str(d["finish"]))
     return " · ".join(parts)
 
 
-def stats_from_dict(d: dict[str, Any]) -> Stats:
+def stats_from_dict(d: Mapping[str, Any]) -> Stats:
     """Inverse of `Stats.to_dict()` (extra keys ignored): a reloaded message shows its stats again."""
     names = {f.name for f in fields(Stats)}
     kw = {k: v for k, v in d.items() if k in names}
