@@ -384,7 +384,7 @@ def test_chat_command_help_and_pair_errors():
     from localspec.cli import main
 
     r = CliRunner().invoke(main, ["chat", "--help"])
-    assert r.exit_code == 0 and "ctrl+s speculation on/off" in r.output and "--pair NAME" in r.output
+    assert r.exit_code == 0 and "ctrl+s speculation auto/on/off" in r.output and "--pair NAME" in r.output
     r = CliRunner().invoke(main, ["chat", "--pair", "no-such-pair"])
     assert r.exit_code == 2 and r.output.startswith("error: no pair named 'no-such-pair'")
     assert "Traceback" not in r.output and "smollm2-135m-lookup" in r.output

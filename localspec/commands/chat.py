@@ -27,7 +27,7 @@ def chat(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbo
     """Chat in the terminal with live tokens/s and draft acceptance.
 
     \b
-    Keys: ctrl+n new chat · ctrl+s speculation on/off · ctrl+k change k · ctrl+t colour accepted drafts
+    Keys: ctrl+n new chat · ctrl+s speculation auto/on/off · ctrl+k change k · ctrl+t colour accepted drafts
           ctrl+y copy answer · Esc stop · ↑ history · ctrl+p commands · ctrl+q quit
     Conversations are saved in $LOCALSPEC_HOME/chats.sqlite.
     """
