@@ -56,7 +56,7 @@ async def test_stats_panel_shows_scripted_stats():
     panel = StatsPanel()
     async with Host(panel).run_test(size=(60, 30)) as pilot:
         assert "OFF" in panel.text() and "accept –" in panel.text()
-        answer = AnswerStats(stats=STATS, mode="spec", k=4, k_last=3, tps_now=187.5, done_draft_n=120,
+        answer = AnswerStats(stats=STATS, mode="spec", k=4, tps_now=187.5, done_draft_n=120,
                              done_accepted=60, tps_history=(150.0, 187.5), acc_history=(0.5, 1.0, 0.75))
         on = SpecStatus(ON, (ON, OFF), "lookup", "4", 4)
         panel.show(answer, on)
@@ -86,6 +86,9 @@ async def test_stats_panel_shows_scripted_stats():
         await pilot.pause()
         assert panel.has_class("-on") and "speculation AUTO\n" in panel.text()
         assert "k      auto · now 6 · answer 4" in panel.text()
+        model_off = "model: it would be 40 % slower here — drafts accepted 20 %"
+        panel.show(answer, SpecStatus(AUTO, (AUTO, ON, OFF), "lookup+smollm2", AUTO, 6, None, (model_off,)))
+        assert f"lookup+smollm2: drafting; off now: {model_off}" in panel.text()
 
 
 def test_stats_lines_before_any_round():
@@ -331,6 +334,14 @@ def test_controls_cycle_auto_on_off():
     assert controls.setting == AUTO and engine.controller is adaptive
     controls.set(ON)
     assert engine.controller.k == 6  # "on" remembers its γ
+
+
+def test_controls_status_names_a_source_the_controller_stopped():
+    ctl = Adaptive(sources=("lookup", "model"), c={"lookup": 0.0, "model": 5.0})  # the model drafter cannot pay
+    controls = SpecControls(SimpleNamespace(drafter=PromptLookup(), drafter_name="lookup+m", controller=ctl))
+    st = controls.status(controls.snapshot())
+    assert not st.auto_off and st.k_now > 0 and len(st.sources_off) == 1
+    assert st.sources_off[0].startswith("model: it would be")
 
 
 def test_controls_draft_length():

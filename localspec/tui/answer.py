@@ -9,7 +9,7 @@ over this answer's rounds); acceptance is accepted / drafted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..stats import Stats
@@ -27,7 +27,6 @@ class AnswerStats:
     stats: Stats = Stats()  # running totals of the current (or last) answer
     mode: str = ""  # that answer: SPEC | PLAIN | AUTO_OFF ("" before the first answer)
     k: int = 0  # γ the controller chose in most rounds of that answer (0: it never chose to draft)
-    k_last: int = 0  # tokens drafted in the latest round
     tps_now: float = 0.0  # tokens/s over the latest batch of rounds
     controller: "ControllerState | None" = None  # the controller after the latest round (None: decoded plainly)
     live: bool = False  # an answer is being written
@@ -36,7 +35,6 @@ class AnswerStats:
     done_accepted: int = 0
     tps_history: tuple[float, ...] = ()  # tokens/s of recent batches
     acc_history: tuple[float, ...] = ()  # acceptance of recent speculative rounds
-    k_chosen: Mapping[int, int] = field(default_factory=dict)  # this answer's rounds by the γ the controller chose
 
     @property
     def session_draft_n(self) -> int:
@@ -73,9 +71,8 @@ def fold(a: AnswerStats, upd: "Update") -> AnswerStats:
     drafting = upd.controller is not None
     tps = (a.tps_history + (upd.tps_now,))[-HISTORY:] if upd.tps_now else a.tps_history
     out = replace(a, stats=upd.stats, mode=answer_mode(upd.stats, drafting=drafting, k_chosen=upd.k_chosen),
-                  k=answer_k(upd.controller, upd.k_chosen), k_last=upd.k_used, tps_now=upd.tps_now or a.tps_now,
-                  controller=upd.controller, live=True, finish=upd.finish, k_chosen=dict(upd.k_chosen),
-                  tps_history=tps, acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])
+                  k=answer_k(upd.controller, upd.k_chosen), tps_now=upd.tps_now or a.tps_now,
+                  controller=upd.controller, live=True, finish=upd.finish, tps_history=tps, acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])
     return ended(out) if upd.finish else out
 
 
@@ -89,7 +86,7 @@ def ended(a: AnswerStats) -> AnswerStats:
 
 def cleared(a: AnswerStats) -> AnswerStats:
     """A new chat: no answer on screen; the session totals and the sparklines stay."""
-    return replace(ended(a), stats=Stats(), mode="", k=0, k_last=0, tps_now=0.0, finish=None, k_chosen={})
+    return replace(ended(a), stats=Stats(), mode="", k=0, tps_now=0.0, finish=None)
 
 
 def reloaded(a: AnswerStats, stats: Stats, saved: Mapping[str, Any]) -> AnswerStats:

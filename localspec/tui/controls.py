@@ -37,6 +37,7 @@ class SpecStatus:
     label: str = "–"  # how γ is chosen: "auto", or the pinned γ ("4"); "–" while off
     k_now: int = 0  # γ the controller would draft next round (0: it decodes plainly)
     off_reason: str | None = None  # the controller's words while it has switched drafting off itself
+    sources_off: tuple[str, ...] = ()  # while some source still drafts: the controller's words for those it stopped
 
     @property
     def auto_off(self) -> bool:
@@ -135,6 +136,8 @@ class SpecControls:
         if self.setting == OFF:
             return SpecStatus(OFF, self.choices, drafter)
         label = self.auto_label if self.setting == AUTO else str(self.k_pinned)
-        k_now = state.k_now if state else 0
-        return SpecStatus(self.setting, self.choices, drafter, label, k_now,
-                          state.spec_disabled_reason if state else None)
+        if state is None:
+            return SpecStatus(self.setting, self.choices, drafter, label)
+        why = state.spec_disabled_reason
+        return SpecStatus(self.setting, self.choices, drafter, label, state.k_now, why,
+                          () if why else tuple(state.off.values()))

@@ -34,6 +34,8 @@ def reason_line(s: SpecStatus) -> str:
         return "switched off: plain decoding (ctrl+s)"
     if s.auto_off:
         return f"off now: {s.off_reason}"
+    if s.sources_off:  # a hybrid drafter: one source drafts, the controller stopped the other
+        return f"{s.drafter}: drafting; off now: " + "; ".join(s.sources_off)
     if s.setting == AUTO:
         return f"{s.drafter}: the controller picks γ and switches drafting off when it does not pay"
     return f"{s.drafter}: always drafts {s.label} tokens a round"
