@@ -16,6 +16,7 @@ from localspec.drafters import PromptLookup
 from localspec.session import Chunk
 from localspec.speculative import Step
 from localspec.stats import Stats
+from localspec.threads import ThreadChange, ThreadState
 from localspec.tui.answer import AnswerStats, cleared, ended, fold, reloaded
 from localspec.tui.controls import AUTO, K_STEPS, OFF, ON, SpecControls, SpecStatus
 from localspec.tui.palette import chat_commands
@@ -89,6 +90,18 @@ async def test_stats_panel_shows_scripted_stats():
         model_off = "model: it would be 40 % slower here — drafts accepted 20 %"
         panel.show(answer, SpecStatus(AUTO, (AUTO, ON, OFF), "lookup+smollm2", AUTO, 6, None, (model_off,)))
         assert f"lookup+smollm2: drafting; off now: {model_off}" in panel.text()
+
+
+def test_stats_panel_shows_thread_counts_and_why_they_changed():
+    calibrated = ThreadState(threads=2, threads_batch=2, threads_draft=None, pinned=False)
+    text = "\n".join(lines(AnswerStats(), SpecStatus(), calibrated).values())
+    assert "threads 2 (batch 2)" in text and "as calibrated at load" in text
+    busy = ThreadChange(12.5, "target", 2, 1, "machine busy: 1 thread is 1.8× faster than 2")
+    text = "\n".join(lines(AnswerStats(), SpecStatus(), replace(calibrated, threads=1, changes=(busy,))).values())
+    assert "threads 1 (batch 2)" in text and "target 2 -> 1: machine busy: 1 thread is 1.8× faster than 2" in text
+    pinned = ThreadState(threads=1, threads_batch=1, threads_draft=1, pinned=True)
+    assert lines(AnswerStats(), SpecStatus(), pinned)["threads-why"] == "pinned (--threads)"
+    assert lines(AnswerStats(), SpecStatus())["threads"] == "threads –"
 
 
 def test_stats_lines_before_any_round():
@@ -267,6 +280,9 @@ def test_fold_names_the_answer_as_run_json_does():
     assert (a.mode, a.k, a.live, a.finish) == ("spec", 6, False, "stop")
     assert (a.done_draft_n, a.done_accepted, a.session_draft_n) == (20, 15, 20)
     assert a.tps_history == (100.0, 100.0) and a.acc_history == (0.5, 0.5)
+    counts = ThreadState(threads=2, threads_batch=2, threads_draft=None, pinned=False)
+    assert fold(a, replace(update(spec), threads=counts)).threads is counts
+    assert fold(fold(a, replace(update(spec), threads=counts)), update(spec)).threads is counts  # kept until the next
     # the next answer: the controller switched drafting off before it began and never chose to draft
     plain = replace(STATS, draft_n=0, draft_n_accepted=0, drafted_at=(), accepted_at=(), by_source={})
     why = "lookup: it would be 20 % slower here — drafts accepted 35 %"

@@ -16,6 +16,7 @@ from ..stats import Stats
 
 if TYPE_CHECKING:
     from ..controller import ControllerState
+    from ..threads import ThreadState
     from .stream import Update
 
 SPEC, PLAIN, AUTO_OFF = "spec", "plain", "auto-off"
@@ -33,6 +34,7 @@ class AnswerStats:
     finish: str | None = None  # how the last answer ended ("stop", "length", "cancelled", ...)
     done_draft_n: int = 0  # drafted and accepted over the finished answers of this session
     done_accepted: int = 0
+    threads: "ThreadState | None" = None  # thread counts after the latest round (None: as loaded, never measured)
     tps_history: tuple[float, ...] = ()  # tokens/s of recent batches
     acc_history: tuple[float, ...] = ()  # acceptance of recent speculative rounds
 
@@ -72,7 +74,8 @@ def fold(a: AnswerStats, upd: "Update") -> AnswerStats:
     tps = (a.tps_history + (upd.tps_now,))[-HISTORY:] if upd.tps_now else a.tps_history
     out = replace(a, stats=upd.stats, mode=answer_mode(upd.stats, drafting=drafting, k_chosen=upd.k_chosen),
                   k=answer_k(upd.controller, upd.k_chosen), tps_now=upd.tps_now or a.tps_now,
-                  controller=upd.controller, live=True, finish=upd.finish, tps_history=tps, acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])
+                  controller=upd.controller, threads=upd.threads or a.threads, live=True, finish=upd.finish,
+                  tps_history=tps, acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])
     return ended(out) if upd.finish else out
 
 

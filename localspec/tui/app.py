@@ -6,7 +6,8 @@ The app is the wiring: the layout, the keys, loading the models, and the saved-c
   per answer that iterates `Engine.generate` through `stream.stream_updates`); it folds each batch of rounds into
   an `AnswerStats` (`answer.py`, pure) and says so with `Chat.StatsChanged`.
 - `controls.py` `SpecControls`: the only code that changes the engine (speculation auto / on / off, γ).
-- `widgets/stats_panel.py`: renders the `AnswerStats` and the controls' `SpecStatus`; never reads the engine.
+- `widgets/stats_panel.py`: renders the `AnswerStats`, the controls' `SpecStatus` and the engine's `ThreadState`
+  (thread counts in use and why they changed); it never reads the engine.
 - `palette.py`: the command palette entries, as (title, help, action) data.
 
 Threading: the models load in a thread worker (`load`), answers are generated in the Chat's thread worker, and the
@@ -31,6 +32,7 @@ from ..controller import ControllerState
 from ..errors import LocalspecError
 from ..sampling import SamplingParams
 from ..session import Engine
+from ..threads import ThreadState
 from .controls import AUTO, OFF, ON, SpecControls, SpecStatus
 from .messages import EngineFailed, EngineReady, LoadProgress
 from .palette import chat_commands
@@ -178,8 +180,14 @@ class ChatApp(App):
     def spec_status(self) -> SpecStatus:
         return self.controls.status(self.controller_state()) if self.controls else SpecStatus()
 
+    def thread_state(self) -> ThreadState | None:
+        """Thread counts in use: the worker's snapshot while it owns the thread controller, else read now."""
+        if self.engine is None or self.engine.threads is None:
+            return None
+        return self.chat.answer.threads if self.generating else self.engine.threads.state()
+
     def _show_stats(self) -> None:
-        self.query_one(StatsPanel).show(self.chat.answer, self.spec_status())
+        self.query_one(StatsPanel).show(self.chat.answer, self.spec_status(), self.thread_state())
 
     # -- actions (footer keys and command palette) ------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:

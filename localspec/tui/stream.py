@@ -6,8 +6,8 @@ and the last round always go out at once: time to first token and the final stat
 
 An `Update` splits its text into segments marked `accepted=True` where the text came from drafts the target
 accepted (`step.tokens[:step.accepted]`): the UI colours those so a person sees where the drafter was right.
-It also carries a snapshot of the controller taken here, on the worker that owns it, so the UI never reads
-a controller while the loop updates it.
+It also carries snapshots of the draft-length controller and the thread controller, taken here, on the worker
+that owns them, so the UI never reads a controller while the loop updates it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from ..stats import Stats
 
 if TYPE_CHECKING:
     from ..controller import ControllerState
+    from ..metrics import MetricsLog
     from ..session import Chunk, Engine
+    from ..threads import ThreadState
 
 INTERVAL = 0.05  # seconds between UI updates: <= 20 repaints per second
 
@@ -44,6 +46,7 @@ class Update:
     finish: str | None = None  # "stop", "length", "context", "cancelled"; None while going
     controller: "ControllerState | None" = None  # after these rounds; None when the request runs without a drafter
     k_chosen: Mapping[int, int] = field(default_factory=dict)  # the request's rounds so far by the γ chosen
+    threads: "ThreadState | None" = None  # thread counts in use and their changes; None: counts as loaded
 
     @property
     def text(self) -> str:
@@ -120,11 +123,12 @@ class Batcher:
     def due(self) -> bool:
         return self.clock() - self._last >= self.interval
 
-    def take(self, *, controller: "ControllerState | None" = None, k_chosen: Mapping[int, int] = {}) -> Update:
+    def take(self, *, controller: "ControllerState | None" = None, k_chosen: Mapping[int, int] = {},
+             threads: "ThreadState | None" = None) -> Update:
         c = self._chunk
         upd = Update(tuple(self._segments), c.stats, c.mode, c.step.drafted,
                      self._tokens / self._seconds if self._seconds > 0 else 0.0, tuple(self._acceptance), c.finish,
-                     controller, dict(k_chosen))
+                     controller, dict(k_chosen), threads)
         self._last = self.clock()
         self._reset()
         return upd
@@ -138,31 +142,33 @@ def rounds_since(before: "ControllerState", now: "ControllerState") -> dict[int,
 
 def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = SamplingParams(),
                    max_tokens: int = 512, spec: bool = True, should_stop: Callable[[], bool] | None = None,
+                   metrics_log: "MetricsLog | None" = None, task: str | None = None,
                    interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> Iterator[Update]:
-    """Run one request on the calling thread; yield batched Updates, the last one with `finish` set.
-    The controller is taken once, here: one the UI installs meanwhile applies from the next request."""
+    """Run one request on the calling thread; yield batched Updates, the last one with `finish` set; then, with
+    `metrics_log`, append the request's line (named as the chat labels the answer). The controller is taken
+    once, here: one the UI installs meanwhile applies from the next request."""
     batcher = Batcher(interval=interval, clock=clock)
     piece = engine.target.piece
-    ctl = engine.controller
-    before = ctl.state() if spec and engine.drafter is not None else None
+    ctl, threads = engine.controller, engine.threads
+    drafting = spec and engine.drafter is not None
+    before = ctl.state() if drafting else None
+    threads_before = threads.state() if threads else None
+    upd = None
     for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, spec=spec, controller=ctl,
                                  should_stop=should_stop):
         accepted = b"".join(piece(t) for t in chunk.step.tokens[:chunk.step.accepted])
         batcher.add(chunk, accepted.decode("utf-8", errors="ignore"))
         if chunk.finish or batcher.due():
             now = ctl.state() if before is not None else None
-            yield batcher.take(controller=now, k_chosen=rounds_since(before, now) if now and before else {})
+            upd = batcher.take(controller=now, k_chosen=rounds_since(before, now) if now and before else {},
+                               threads=threads.state() if threads else None)
+            yield upd
+    if metrics_log is not None and upd is not None:
+        from ..metrics import request_record
+        from .answer import answer_mode
 
-
-def log_request(mlog, engine: "Engine", update: Update, *, task: str | None = None) -> None:
-    """Append the finished request to the --metrics-log JSONL file, named as the chat labels it."""
-    from ..metrics import request_record
-    from .answer import answer_mode
-
-    drafting = update.controller is not None
-    mode = answer_mode(update.stats, drafting=drafting, k_chosen=update.k_chosen)
-    drafter = engine.drafter_name if drafting else NO_DRAFTER
-    # k_chosen: this request's rounds, already counted by `stream_updates` (it holds the state from before)
-    mlog.write(request_record(model=engine.name, drafter=drafter, mode=mode, stats=update.stats,
-                              finish=update.finish, task=task, controller=update.controller,
-                              k_chosen={str(k): n for k, n in update.k_chosen.items()}, front_end="chat"))
+        metrics_log.write(request_record(
+            model=engine.name, drafter=engine.drafter_name if drafting else NO_DRAFTER,
+            mode=answer_mode(upd.stats, drafting=drafting, k_chosen=upd.k_chosen), stats=upd.stats,
+            finish=upd.finish, task=task, controller=upd.controller, before=before, threads=upd.threads,
+            threads_before=threads_before, front_end="chat"))

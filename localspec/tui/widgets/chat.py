@@ -29,7 +29,7 @@ from ..answer import AnswerStats, cleared, ended, fold, reloaded
 from ..messages import Generated, GenerationEnded, GenerationFailed
 from ..saved import saved_widgets
 from ..store import ChatStore
-from ..stream import accepted_spans, log_request, stream_updates
+from ..stream import accepted_spans, stream_updates
 from ..summary import answer_record, meta_line, stats_from_dict
 from .chat_message import AssistantMessage, UserMessage
 
@@ -108,12 +108,10 @@ class Chat(Vertical):
         try:
             with self.engine_lock:
                 prompt = engine.chat_prompt(messages)
-                upd = None
                 for upd in stream_updates(engine, prompt, params=self.params, max_tokens=self.max_tokens,
-                                          spec=spec, should_stop=lambda: worker.is_cancelled):
+                                          spec=spec, should_stop=lambda: worker.is_cancelled,
+                                          metrics_log=self.metrics_log, task=self.task_label):
                     self.post_message(Generated(gen_id, upd))
-                if self.metrics_log and upd is not None:
-                    log_request(self.metrics_log, engine, upd, task=self.task_label)
         except (LocalspecError, ChatTemplateError) as e:
             self.post_message(GenerationFailed(gen_id, str(e)))
         except Exception as e:  # a bug, but the chat (and the saved conversation) should survive it

@@ -4,11 +4,14 @@ Shows the speculation setting (AUTO, AUTO-OFF when the adaptive controller has s
 OFF) and why, what the answer did (mode spec / plain / auto-off, as `run --json` names it), the draft length
 (how it is chosen, the γ the controller would use now, the γ it chose most in the answer), tokens/s (latest batch
 and the whole answer), acceptance (answer and session), mean acceptance length (tokens per target pass, vLLM's
-definition), time to first token, and sparklines of tokens/s and acceptance over recent rounds.
-The panel renders an `AnswerStats` and a `SpecStatus`; it never reads the engine, so scripted values drive it.
+definition), time to first token, the thread counts in use and why they last changed, and sparklines of tokens/s
+and acceptance over recent rounds. The panel renders an `AnswerStats`, a `SpecStatus` and a `ThreadState`; it
+never reads the engine, so scripted values drive it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -16,6 +19,9 @@ from textual.widgets import Label, Sparkline
 
 from ..answer import HISTORY, AnswerStats
 from ..controls import AUTO, OFF, SpecStatus
+
+if TYPE_CHECKING:
+    from ...threads import ThreadState
 
 
 def pct(accepted: int, drafted: int) -> str:
@@ -50,7 +56,17 @@ def k_line(a: AnswerStats, s: SpecStatus) -> str:
     return f"k      {s.label} fixed · {answer}"
 
 
-def lines(a: AnswerStats, s: SpecStatus) -> dict[str, str]:
+def threads_why(t: "ThreadState | None") -> str:
+    """The latest thread-count change as `run` prints it ("target 2 -> 1: machine busy: …"), or why none."""
+    if t is None:
+        return "as llama.cpp loaded them"
+    if t.changes:
+        c = t.changes[-1]
+        return f"{c.phase} {c.old} -> {c.new}: {c.reason}"
+    return "pinned (--threads)" if t.pinned else "as calibrated at load"
+
+
+def lines(a: AnswerStats, s: SpecStatus, t: "ThreadState | None" = None) -> dict[str, str]:
     """Label id -> text; a pure function so tests can check the words without a terminal."""
     st = a.stats
     return {
@@ -65,11 +81,13 @@ def lines(a: AnswerStats, s: SpecStatus) -> dict[str, str]:
         "mal": f"len    {st.mean_acceptance_length:.2f} tok/pass" if st.rounds else "len    –",
         "ttft": f"ttft   {st.ttft_ms:.0f} ms" if st.rounds else "ttft   –",
         "tokens": f"tokens {st.n_generated} (prompt {st.n_prompt}, cached {st.n_cached})",
+        "threads": t.line() if t else "threads –",
+        "threads-why": threads_why(t),
     }
 
 
 class StatsPanel(Vertical):
-    """Right-hand panel; call `show(answer, status)` (the app does so at most ~20 times a second)."""
+    """Right-hand panel; call `show(answer, status, threads)` (the app does so at most ~20 times a second)."""
 
     DEFAULT_CSS = """
     StatsPanel { width: 36; padding: 0 1; border-left: vkey $primary 30%; }
@@ -78,6 +96,8 @@ class StatsPanel(Vertical):
     StatsPanel.-on #spec { color: $success; }
     StatsPanel.-off #spec { color: $warning; }
     StatsPanel #reason { color: $text-muted; margin-bottom: 1; }
+    StatsPanel #threads { margin-top: 1; }
+    StatsPanel #threads-why { color: $text-muted; }
     StatsPanel .caption { margin-top: 1; color: $text-muted; }
     StatsPanel Sparkline { height: 3; }
     StatsPanel #acc-spark > .sparkline--max-color { color: $success; }
@@ -87,20 +107,21 @@ class StatsPanel(Vertical):
         super().__init__(id=id)
         self.answer = AnswerStats()
         self.status = SpecStatus()
+        self.threads: ThreadState | None = None
 
     def compose(self) -> ComposeResult:
-        for key, text in lines(self.answer, self.status).items():
+        for key, text in lines(self.answer, self.status, self.threads).items():
             yield Label(text, id=key, markup=False)
         yield Label("tokens/s, recent rounds", classes="caption")
         yield Sparkline([], id="tps-spark")
         yield Label("acceptance, recent rounds", classes="caption")
         yield Sparkline([], id="acc-spark")
 
-    def show(self, answer: AnswerStats, status: SpecStatus) -> None:
-        self.answer, self.status = answer, status
+    def show(self, answer: AnswerStats, status: SpecStatus, threads: "ThreadState | None" = None) -> None:
+        self.answer, self.status, self.threads = answer, status, threads
         if not self.is_mounted:
             return
-        for key, text in lines(answer, status).items():
+        for key, text in lines(answer, status, threads).items():
             self.query_one(f"#{key}", Label).update(text)
         drafting = status.setting != OFF and not status.auto_off
         self.set_class(drafting, "-on")
@@ -109,8 +130,8 @@ class StatsPanel(Vertical):
         self.query_one("#acc-spark", Sparkline).data = list(answer.acc_history[-HISTORY:])
 
     def on_mount(self) -> None:
-        self.show(self.answer, self.status)
+        self.show(self.answer, self.status, self.threads)
 
     def text(self) -> str:
         """Everything the panel says, one label a line (for tests and screen readers)."""
-        return "\n".join(lines(self.answer, self.status).values())
+        return "\n".join(lines(self.answer, self.status, self.threads).values())
