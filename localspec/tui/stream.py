@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 from ..drafters import NO_DRAFTER
 from ..sampling import SamplingParams
 from ..stats import Stats
+from .answer import answer_mode
 
 if TYPE_CHECKING:
     from ..controller import ControllerState
@@ -165,7 +166,6 @@ def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = Sa
             yield upd
     if metrics_log is not None and upd is not None:
         from ..metrics import request_record
-        from .answer import answer_mode
 
         metrics_log.write(request_record(
             model=engine.name, drafter=engine.drafter_name if drafting else NO_DRAFTER,
