@@ -76,9 +76,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_rpc_server(binary: str, threads: int | None) -> tuple[subprocess.Popen, Endpoint]:
+def start_rpc_server(binary: str, threads: int | None, cpus: str | None) -> tuple[subprocess.Popen, Endpoint]:
     ep = Endpoint("127.0.0.1", free_port())
     cmd = [binary, "-H", ep.host, "-p", str(ep.port)] + (["-t", str(threads)] if threads else [])
+    cmd = ["taskset", "-c", cpus, *cmd] if cpus else cmd
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
         try:
@@ -124,6 +125,8 @@ def main() -> None:
     ap.add_argument("--per-task", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, help="localspec's threads (and the rpc server's)")
+    ap.add_argument("--server-cpus", help="pin the rpc server to these CPUs (taskset -c), e.g. 1: on one small "
+                    "machine client and server otherwise compete for the same cores")
     ap.add_argument("--markdown", help="also write the table here")
     args = ap.parse_args()
 
@@ -131,7 +134,7 @@ def main() -> None:
     configs = {"plain": ["--no-spec"], "lookup": ["--lookup"]}
     if args.draft:
         configs[f"draft {Path(args.draft).name}"] = ["--draft", args.draft]
-    proc, ep = start_rpc_server(args.rpc_server, args.threads)
+    proc, ep = start_rpc_server(args.rpc_server, args.threads, args.server_cpus)
     proxies: list[DelayProxy] = []
     try:
         places: dict[str, list[str]] = {"local": []}
@@ -151,6 +154,7 @@ def main() -> None:
                 print(f"{place:>14} {name:>20}: {s['tok_s']:.1f} tok/s", file=sys.stderr)
     finally:
         proc.terminate()
+        proc.wait(timeout=10)
     table = ["| placement | config | tok/s | × plain | α | tok/pass | target ms/tok | v(1..4) |",
              "|---|---|---|---|---|---|---|---|"]
     for place, name, s, speedup, ms in rows:
