@@ -86,23 +86,31 @@ def round_rate(alphas: Sequence[float], c: float, v: Sequence[float], k: int) ->
 
 
 def best_k(alphas: Sequence[float], c: float, v: Sequence[float], k_min: int, k_max: int) -> tuple[int, float]:
-    """(γ, rate) maximising rate(γ) over k_min..k_max (ties go to the shorter draft)."""
+    """(γ, rate) maximising rate(γ) over k_min..k_max (ties go to the shorter draft). One pass: E(γ) is
+    accumulated, so a long range (lookup drafts up to 32) costs O(k_max), not O(k_max²), per decision."""
     if not 1 <= k_min <= k_max:
         raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
-    best = (k_min, round_rate(alphas, c, v, k_min))
-    for k in range(k_min + 1, k_max + 1):
-        r = round_rate(alphas, c, v, k)
-        if r > best[1] + 1e-12:
-            best = (k, r)
+    best = (k_min, -1.0)
+    e, run = 1.0, 1.0
+    for k in range(1, k_max + 1):
+        run *= alphas[min(k - 1, len(alphas) - 1)] if alphas else 0.0
+        e += run
+        if k >= k_min:
+            r = e / (k * c + _v_at(v, k))
+            if r > best[1] + 1e-12:
+                best = (k, r)
     return best
 
 
 def _v_at(v: Sequence[float], k: int) -> float:
-    """v(k), extrapolating linearly past the last measured point."""
+    """v(k), extrapolating linearly past the last measured point with the mean slope from v(1) on (v(0) → v(1)
+    carries the fixed cost of a batch; the last two points alone are noise)."""
     if k < len(v):
         return v[k]
-    if len(v) >= 2:
-        return v[-1] + (k - len(v) + 1) * max(v[-1] - v[-2], 0.0)
+    if len(v) >= 3:
+        return v[-1] + (k - len(v) + 1) * max((v[-1] - v[1]) / (len(v) - 2), 0.0)
+    if len(v) == 2:
+        return v[-1] + (k - 1) * max(v[-1] - v[0], 0.0)
     return 1.0 + k
 
 
@@ -127,6 +135,7 @@ class SourceEstimate:
     k: int = 0
     reason: str | None = None
     hopeless: bool = False  # off, and would be even if every draft were accepted
+    probe_due: bool = False  # off, and a probe is owed the next round this source drafts
 
     def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
         """α_1..α_k; an unobserved position leans on the one before it."""
@@ -242,9 +251,10 @@ class Adaptive:
 
     def _learn_alpha(self, step: "Step", decide: bool = True) -> SourceEstimate:
         name = step.source or "draft"
-        est = self.src.get(name)
-        if est is None:
-            est = self.src[name] = SourceEstimate(alpha_prior=self.alpha_prior, c=_C_UNKNOWN)
+        est = self._estimate(name)
+        if est.probe_due:  # the probe was drafted: the next one waits a doubled interval
+            est.probe_due = False
+            est.probe_every = min(2 * est.probe_every, self.probe_max)
         est.update(step.drafted, step.accepted, self.decay)
         if decide:
             self._decide(name)
@@ -254,8 +264,22 @@ class Adaptive:
 
     def k_for(self, source: str) -> int:
         """This round's draft length for one source (set by the last `choose_k()`): 0 = do not draft from it.
-        A hybrid drafter asks this for each source it tries."""
+        A hybrid drafter asks this for each source it tries; a bucketed drafter asks for the bucket its match
+        falls in. A bucket the controller was not told about ("lookup:long" when built with "lookup") starts
+        from its family's cost and prior."""
+        if source not in self._round_k and family(source) in self.src and source not in self.src:
+            self._estimate(source)
+            self._round_k[source] = self._next_k(self.src[source])
         return self._round_k.get(source, 0)
+
+    def _estimate(self, source: str) -> SourceEstimate:
+        """The estimate for `source`, made on first sight (c from its family when known)."""
+        est = self.src.get(source)
+        if est is None:
+            fam = self.src.get(family(source))
+            est = self.src[source] = SourceEstimate(alpha_prior=self.alpha_prior, c=fam.c if fam else _C_UNKNOWN)
+            self._decide(source)
+        return est
 
     def _next_k(self, est: SourceEstimate) -> int:
         """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);
@@ -271,9 +295,10 @@ class Adaptive:
         if est.hopeless:
             return 0
         est.since_probe += 1
-        if est.since_probe >= est.probe_every:
-            est.since_probe = 0
-            est.probe_every = min(2 * est.probe_every, self.probe_max)
+        if est.since_probe >= est.probe_every or est.probe_due:
+            # due until the source actually drafts: a bucketed source (lookup by match length) is asked only
+            # in rounds whose match falls in it, and a round it did not draft teaches nothing
+            est.since_probe, est.probe_due = 0, True
             if self.probe_k:
                 return self.probe_k
             # the longest γ ≤ its best whose drafting costs at most one target step: long probes for
@@ -327,6 +352,11 @@ class Adaptive:
             spec_disabled_reason=self.spec_disabled_reason,
             off={s: e.reason for s, e in self.src.items() if not e.on and e.reason},
             label=label, k_now=max(k.values(), default=0))
+
+
+def family(source: str) -> str:
+    """"lookup" for "lookup:long": the drafter a bucketed source belongs to."""
+    return source.split(":", 1)[0]
 
 
 def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: float) -> str:

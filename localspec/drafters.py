@@ -18,6 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .backend import Model
 from .sampling import SamplingParams, Warped, stack, warp
+from .suffix import MAX_MATCH, Match, MatchIndex, SuffixCache
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,9 @@ class Draft:
 
 
 EMPTY = Draft(())
-LOOKUP = "lookup"  # the name of prompt lookup, as a drafter choice and as a draft source
+LOOKUP = "lookup"  # the name of prompt lookup, as a drafter choice and as the family of its draft sources
+LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG = "lookup:short", "lookup:mid", "lookup:long"  # by match length
+LOOKUP_CACHE = "lookup:cache"  # a match in earlier requests (the engine's SuffixCache)
 NO_DRAFTER = "none"  # "no speculation", as a drafter choice and in reports
 
 KFor = Callable[[str], int]  # source -> draft length allowed this round (the controller's decision)
@@ -58,37 +61,67 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PromptLookup:
-    """Prompt lookup decoding (Saxena 2023): find the most recent earlier occurrence of the context's last
-    n-gram (longest n first) and propose the tokens that followed it. Free, and strong on edits and RAG."""
+    """Prompt lookup decoding (Saxena 2023), match-aware: find the longest earlier occurrence of the context's
+    ending (most recent first, from an index kept as tokens arrive: localspec/suffix.py) and propose the tokens
+    that followed it. Free, and strong on edits, RAG and extraction.
+
+    The match length names the draft's source, a bucket the controller keeps its own acceptance for
+    (`LOOKUP_SHORT` < `mid_at` ≤ `LOOKUP_MID` < `long_at` ≤ `LOOKUP_LONG`), so weak 1-3-token matches that fail
+    do not switch off the strong ones; the controller answers `k_for(bucket)` from that bucket's estimate.
+    With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
+    searched too when the context itself has no longer match (`LOOKUP_CACHE`); the context is handed to the
+    cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
-    sources = (LOOKUP,)
-    cost = {LOOKUP: 0.0}  # a vectorised scan: microseconds against a target step of milliseconds
+    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_CACHE)
+    cost = {s: 0.0 for s in sources}  # dict look-ups: microseconds against a target step of milliseconds
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, max_draft: int = 16) -> None:
-        if not 1 <= ngram_min <= ngram_max:
-            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}..{ngram_max}")
-        self.ngram_max, self.ngram_min, self.max_draft = ngram_max, ngram_min, max_draft
+    def __init__(self, *, mid_at: int = 4, long_at: int = 12, cache: SuffixCache | None = None,
+                 cache_min: int = 8, max_draft: int = 64) -> None:
+        if not 1 < mid_at < long_at:
+            raise ValueError(f"need 1 < mid_at < long_at, got {mid_at}, {long_at}")
+        self.mid_at, self.long_at, self.cache_min, self.max_draft = mid_at, long_at, cache_min, max_draft
+        self.cache = cache
+        self.index = MatchIndex()
+        self._synced: Sequence[int] | None = None  # the context list last indexed (see `sync`)
+
+    def bucket(self, length: int) -> str:
+        return LOOKUP_LONG if length >= self.long_at else LOOKUP_MID if length >= self.mid_at else LOOKUP_SHORT
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Bring the index to `context` by common prefix; what a rewind drops goes to the cache. Within a
+        request the loop passes the same list, only ever extended: then nothing needs comparing."""
+        idx = self.index
+        same = context is self._synced and len(context) >= len(idx)
+        keep = len(idx) if same else common_prefix(idx.tokens, context)
+        self._synced = context
+        if keep < len(idx):
+            if self.cache is not None:  # the kept prefix stays searchable here; a margin keeps matches across it
+                self.cache.add(idx.tokens[max(0, keep - MAX_MATCH):])
+            idx.truncate(keep)
+        idx.extend(context[keep:])
+
+    def find(self, context: Sequence[int]) -> tuple[str, MatchIndex, Match] | None:
+        """(source, where, match) for the strongest match: the context's own, unless the cache matches longer."""
+        self.sync(context)
+        idx = self.index
+        m = idx.longest(idx.tokens, len(idx) - 1)
+        if self.cache is not None and (m is None or m.length < self.long_at):
+            cm = self.cache.longest(idx.tokens)
+            if cm is not None and cm.length >= self.cache_min and (m is None or cm.length > m.length):
+                return LOOKUP_CACHE, self.cache.index, cm
+        return (self.bucket(m.length), idx, m) if m is not None else None
 
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        k = min(k_for(self.name), self.max_draft)
+        found = self.find(context)
+        if found is None:
+            return EMPTY
+        source, where, m = found
+        k = min(k_for(source), self.max_draft)
         if k <= 0:
             return EMPTY
-        ctx = np.asarray(context)
-        L = len(ctx)
-        for n in range(self.ngram_max, self.ngram_min - 1, -1):
-            if L <= n:
-                continue
-            # windows starting at 0..L-n-1 (the final n-gram itself is excluded)
-            hit = ctx[: L - n] == ctx[L - n]
-            for j in range(1, n):
-                hit &= ctx[j: L - n + j] == ctx[L - n + j]
-            starts = np.flatnonzero(hit)
-            if starts.size:
-                s = int(starts[-1]) + n
-                return Draft(tuple(int(t) for t in ctx[s: s + k]), None, self.name)
-        return EMPTY
+        return Draft(tuple(where.continuation(m, k)), None, source)
 
     def close(self) -> None:
         pass

@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 from .backend import LoadOptions, Model, add_rpc_servers, in_own_thread
 from .calibration import Calibration
 from .compat import check_pair
-from .controller import DEFAULT_K, Adaptive, Controller, FixedK
+from .controller import DEFAULT_K, Adaptive, Controller, FixedK, family
 from .drafters import LOOKUP, NO_DRAFTER, Drafter, HybridDrafter, ModelDrafter, PromptLookup
 from .errors import IncompatibleDrafter
 from .registry import load_registry, resolve_model
 from .session import Engine
+from .suffix import SuffixCache
 from .threads import ThreadControl
 
 
@@ -36,6 +37,9 @@ class EngineSpec:
     k_max: int = 8
     hybrid: bool = False  # with a model drafter: prompt lookup first, the model when lookup has no match
     p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
+    lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
+    k_max_lookup: int = 32  # with lookup and k_max left at its default: a strong match may draft this far
+    # (calibration still measures v(γ) up to k_max; beyond, it is extrapolated and then learnt online)
 
 
 def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
@@ -80,10 +84,10 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
         drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name
         if spec.hybrid:
-            drafter = HybridDrafter(PromptLookup(), drafter)
+            drafter = HybridDrafter(make_lookup(spec), drafter)
             draft = f"{LOOKUP}+{draft}"
     elif draft == LOOKUP:
-        drafter = PromptLookup()
+        drafter = make_lookup(spec)
     target = Model.load(target_ref.path, opts)
     cal = load_calibration(spec, target, drafter, draft_model)
     if controller is None and drafter is not None:
@@ -92,6 +96,11 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     return Engine(target, drafter, controller=controller, name=target_ref.name,
                   drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
                   threads=make_threads(spec, target, draft_model, cal))
+
+
+def make_lookup(spec: EngineSpec) -> PromptLookup:
+    """Prompt lookup with its own cross-request cache: one per engine, so per model (token ids are per vocab)."""
+    return PromptLookup(cache=SuffixCache(spec.lookup_cache) if spec.lookup_cache > 0 else None)
 
 
 def _k_range(spec: EngineSpec) -> tuple[int, int]:
@@ -129,6 +138,8 @@ def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration
     k_min, k_max = _k_range(spec)
     costs = cal.costs if cal else None
     measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
+    if spec.k is None and spec.k_max == EngineSpec.k_max and any(family(s) == LOOKUP for s in drafter.sources):
+        k_max = max(k_max, spec.k_max_lookup)  # copying pays at long γ; calibration stays short (to k_max)
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v, t1=costs.t1 if costs else None,
                    c={**drafter.cost, **measured})
     ctl.calibration = cal

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from localspec.calibration import measure_calibration
 from localspec.cli import main
 from localspec.controller import Adaptive
-from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.drafters import LOOKUP_LONG, HybridDrafter, ModelDrafter, PromptLookup
 from localspec.session import Engine
 from localspec.bench.samples import PROSE as PROSE_PROMPTS, REWRITE, REWRITE_START
 
@@ -66,18 +66,19 @@ def test_lookup_on_code_rewrite_keeps_long_drafts(target):
     """Must-show 3: lookup matches a code rewrite, so the controller drafts γ > 1 and stays on. Costs are
     pinned to the curve measured on a quiet machine (design.md) so the test depends on the real model's
     acceptance, not on how busy the CI cores are; scripts/bench_adaptive.py measures the speed."""
-    ctl = Adaptive(sources=("lookup",), k_max=6, v=QUIET_CPU_V, t1=0.005, c={"lookup": 0.01}, learn_costs=False)
+    ctl = Adaptive(sources=PromptLookup.sources, k_max=6, v=QUIET_CPU_V, t1=0.005,
+                   c=dict.fromkeys(PromptLookup.sources, 0.01), learn_costs=False)
     engine = Engine(target, PromptLookup(), controller=ctl)
     last = None
     prompt = engine.tokenize(engine.chat_prompt([{"role": "user", "content": REWRITE}]) + REWRITE_START)
     for last in engine.generate(prompt, max_tokens=96):
         pass
     st, s = ctl.state(), last.stats
-    print(f"\nlookup rewrite: k_chosen {st.k_chosen}, alpha {[round(a, 2) for a in st.alpha['lookup']]}, "
+    print(f"\nlookup rewrite: k_chosen {st.k_chosen}, alpha {[round(a, 2) for a in st.alpha[LOOKUP_LONG]]}, "
           f"accepted {s.draft_n_accepted}/{s.draft_n}, {s.mean_acceptance_length:.2f} tok/pass")
     drafting = {k: n for k, n in st.k_chosen.items() if k > 0}
     assert sum(n for k, n in drafting.items() if k > 1) > sum(drafting.values()) / 2
-    assert st.k["lookup"] > 1 and st.spec_disabled_reason is None
+    assert st.k[LOOKUP_LONG] > 1 and st.spec_disabled_reason is None
     assert s.acceptance_rate > 0.5 and s.mean_acceptance_length > 1.5
 
 
@@ -89,7 +90,7 @@ def test_run_json_reports_adaptive_fields(smollm2_path):
     d = json.loads(r.output[r.output.index("{"):])
     assert d["adaptive"] is True and d["drafter"].startswith("lookup+")
     assert sum(d["k_chosen"].values()) == d["stats"]["rounds"]
-    assert set(d["c"]) == {"lookup", "model"} and len(d["v"]) == 5 and d["v"][0] == 1.0
+    assert set(d["c"]) == {*PromptLookup.sources, "model"} and len(d["v"]) == 5 and d["v"][0] == 1.0
     assert "spec_disabled_reason" in d and isinstance(d["by_source"], dict)
 
 

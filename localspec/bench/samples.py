@@ -20,3 +20,86 @@ CODE = '''def parse_config(path):
 '''
 REWRITE = f"Rename the variable `result` to `config` in this function:\n```python\n{CODE}```"
 REWRITE_START = "```python\ndef parse_config(path):"
+
+# -- copy-heavy work for prompt lookup (scripts/compare_lookup.py): several prompts per task, written for this
+# project. Each answer mostly repeats text the prompt gives, which is where lookup should beat llama.cpp's own.
+
+_NOTICE = ("The Harbour Street swimming pool will close for maintenance from 3 June to 17 June. During the closure "
+           "the changing rooms will be retiled, the main pool will be drained and repainted, and the filtration "
+           "system will be replaced. Members with a monthly pass will have their pass extended by two weeks at no "
+           "cost. Lessons booked for the closure period will move to the Northgate pool at the same times. The "
+           "sauna and the gym stay open as usual, from 6 am to 10 pm on weekdays and from 8 am to 8 pm at weekends.")
+_MINUTES = ("Minutes of the garden committee, 9 May. Present: Ana, Ben, Chloe, Dev. Ana reported that the new "
+            "compost bins arrived on 2 May and are installed behind the shed. Ben said the water bill for April "
+            "was 84 euros, up from 61 euros in March, because of the leaking tap near the greenhouse. Chloe will "
+            "ask a plumber for a quote by 20 May. Dev proposed a plant swap on Saturday 1 June from 10 am to 1 pm; "
+            "the committee agreed. The next meeting is on 13 June at 7 pm in the community hall.")
+_GUIDE = ("To reset the router, keep it switched on and press the small reset button on the back for ten seconds "
+          "with a paper clip. The lights will blink orange, then turn green after about two minutes. Connect to "
+          "the network named HomeBox-Setup and open 192.168.1.1 in a browser. The default password is printed on "
+          "the sticker under the router. Choose a new network name and a password of at least twelve characters, "
+          "then press Save. The router restarts once more and is ready when the light is steady green.")
+
+_CODE_INVOICE = '''def invoice_total(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item["price"] * item["quantity"]
+    tax = subtotal * tax_rate
+    total = subtotal + tax
+    return round(total, 2)
+
+
+def print_invoice(items, tax_rate):
+    for item in items:
+        print(item["name"], item["quantity"], item["price"])
+    print("total", invoice_total(items, tax_rate))
+'''
+_CODE_JS = '''function averageScore(students) {
+  let sum = 0;
+  for (const s of students) {
+    sum += s.score;
+  }
+  return students.length ? sum / students.length : 0;
+}
+
+function topStudents(students, n) {
+  return [...students].sort((a, b) => b.score - a.score).slice(0, n);
+}
+'''
+
+LOOKUP_TASKS: dict[str, list[str]] = {
+    "rag": [f"Answer from the notice only, quoting it where you can.\n\nNotice: {_NOTICE}\n\n"
+            "Question: What happens to lessons and to monthly passes during the closure?",
+            f"Use the minutes to answer.\n\n{_MINUTES}\n\nQuestion: What was said about the water bill, and who "
+            "will do what about it?",
+            f"Here is a product guide.\n\n{_GUIDE}\n\nQuestion: Give me the steps to reset the router, in order."],
+    "json": [f"Extract every date and what happens on it from this text as a JSON list of objects with the keys "
+             f"\"date\" and \"event\". Copy the wording.\n\n{_MINUTES}",
+             f"Return a JSON object with the keys \"closed_from\", \"closed_until\", \"work\" (a list of the jobs, "
+             f"in the notice's words) and \"open_facilities\".\n\n{_NOTICE}",
+             'Convert to a JSON array of objects with "name", "role" and "email":\n'
+             "Maria Lopez, head of finance, maria.lopez@example.org\nTom Becker, lead engineer, "
+             "tom.becker@example.org\nAisha Khan, designer, aisha.khan@example.org\nJonas Berg, support "
+             "manager, jonas.berg@example.org"],
+    "rename": [f"Rename `subtotal` to `net` everywhere and output the whole code, nothing else.\n"
+               f"```python\n{_CODE_INVOICE}```",
+               f"Rename the function `averageScore` to `meanScore` and output the whole file.\n```js\n{_CODE_JS}```",
+               f"Rename the parameter `items` to `lines` in both functions. Output the complete code.\n"
+               f"```python\n{_CODE_INVOICE}```"],
+    "rewrite": [f"Rewrite this notice with British spelling checked and one sentence per line. Keep every "
+                f"detail.\n\n{_NOTICE}",
+                f"Turn these minutes into a bulleted list, one bullet per sentence, keeping the wording.\n\n{_MINUTES}",
+                f"Rewrite these instructions as numbered steps. Keep the exact wording of each step.\n\n{_GUIDE}"],
+}
+LOOKUP_PROSE = PROSE + ["Describe a city at night in the rain, in a few vivid paragraphs."]
+
+# a multi-turn chat about one document, and editor requests over one file: the cross-request cache's cases
+CHAT_TURNS = [f"Here is a notice from my swimming pool:\n\n{_NOTICE}\n\nSummarise it in three sentences.",
+              "Which facilities stay open, and when exactly?",
+              "Write a short email to a friend telling them about the closure, quoting the dates.",
+              "Now list every change the notice mentions, word for word."]
+EDITOR_FILE = _CODE_INVOICE
+EDITOR_REQUESTS = ["Add a docstring to each function. Output the whole file.",
+                   "Rename `tax_rate` to `vat`. Output the whole file.",
+                   "Make print_invoice use f-strings. Output the whole file.",
+                   "Add type hints to both functions. Output the whole file."]

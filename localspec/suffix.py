@@ -1,0 +1,148 @@
+"""Where did the context's ending occur before? An index kept as tokens arrive, for prompt lookup.
+
+`MatchIndex` answers: the longest suffix of a query (capped at `MAX_MATCH` tokens) that occurs in the indexed
+tokens ending before a given position, and, among those occurrences, the most recent. The tokens that followed
+that occurrence are the draft. Match length is what makes a lookup draft trustworthy (SuffixDecoding, Oliaro et
+al. 2024: draft length scaled by match length; llama.cpp's ngram-simple drafts only after a 12-token match).
+
+Index: for each rung n in `RUNGS` (1, 2, 4, ... 64), a dict from the hash of the n-gram ending at position i to
+the ascending list of such i. Appending a token costs one dict append per rung; rewinding pops the same entries
+(lists are ascending, so the ones to drop are at the ends). A query finds the largest rung whose n-gram occurred:
+the longest match L then lies in [n, 2n), every occurrence of length L is among that rung's positions, and a
+backward comparison over them (most recent first) finds L exactly. Hashes only pick candidates; every length is
+compared token by token, so a collision can never produce a wrong draft.
+
+`SuffixCache` is the same index over earlier requests (prompts and answers), bounded in tokens: the oldest
+documents are dropped first.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+RUNGS = (1, 2, 4, 8, 16, 32, 64)
+MAX_MATCH = RUNGS[-1]  # a match this long is as strong as it gets; longer ones are not told apart
+SEPARATOR = -1  # between cached documents: never equal to a token, so no match or draft crosses it
+
+
+@dataclass(frozen=True)
+class Match:
+    length: int  # tokens of the query's suffix matched (1..MAX_MATCH)
+    end: int  # index just past the earlier occurrence: its continuation starts at tokens[end]
+
+
+class MatchIndex:
+    """The tokens seen so far and, per rung, where each n-gram ended (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._ends: dict[int, dict[int, list[int]]] = {n: {} for n in RUNGS}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def append(self, token: int) -> None:
+        toks = self.tokens
+        toks.append(token)
+        i = len(toks) - 1
+        for n in RUNGS:
+            if n > i + 1:
+                break
+            self._ends[n].setdefault(hash(tuple(toks[i - n + 1:])), []).append(i)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.append(int(t))
+
+    def truncate(self, length: int) -> None:
+        """Forget everything from position `length` on (a rewind: the next request shares only a prefix)."""
+        toks = self.tokens
+        for i in range(len(toks) - 1, length - 1, -1):
+            for n in RUNGS:
+                if n > i + 1:
+                    break
+                key = hash(tuple(toks[i - n + 1:i + 1]))
+                ends = self._ends[n][key]
+                ends.pop()  # ascending, and i is the largest left
+                if not ends:
+                    del self._ends[n][key]
+            toks.pop()
+
+    def longest(self, query: Sequence[int], before: int) -> Match | None:
+        """The longest suffix of `query` (≤ MAX_MATCH) occurring in the index ending at a position < `before`;
+        the most recent such occurrence. None when not even the last token occurred."""
+        m = len(query)
+        rung, cands, hi = 0, [], 0
+        for n in RUNGS:
+            if n > m:
+                break
+            ends = self._ends[n].get(hash(tuple(query[m - n:])))
+            h = bisect_left(ends, before) if ends else 0
+            if not h:
+                break
+            rung, cands, hi = n, ends, h
+        if not rung:
+            return None
+        upper = min(2 * rung - 1, MAX_MATCH, m)  # the next rung missed: no occurrence reaches 2n
+        best: Match | None = None
+        for j in range(hi - 1, -1, -1):  # most recent first; an older one wins only by being strictly longer
+            e = cands[j]
+            length = self._back(query, e, min(upper, e + 1))
+            if best is None or length > best.length:
+                best = Match(length, e + 1)
+                if length == upper:
+                    break
+        return best if best is not None and best.length > 0 else None
+
+    def _back(self, query: Sequence[int], e: int, cap: int) -> int:
+        """How many tokens of query's suffix equal the tokens ending at position e (at most cap)."""
+        toks, m = self.tokens, len(query)
+        n = 0
+        while n < cap and toks[e - n] == query[m - 1 - n]:
+            n += 1
+        return n
+
+    def continuation(self, match: Match, k: int) -> list[int]:
+        """Up to k tokens after the match, stopping at a document separator."""
+        out = self.tokens[match.end: match.end + k]
+        return out[:out.index(SEPARATOR)] if SEPARATOR in out else out
+
+
+class SuffixCache:
+    """Earlier requests' tokens (prompts and answers), searchable like the context, bounded in tokens.
+
+    One per engine, so per model: token ids mean nothing across vocabularies. Documents shorter than
+    `min_doc` tokens are not worth keeping. When the total passes `max_tokens`, the oldest documents are
+    dropped until half is left and the index is rebuilt (amortised O(1) per token)."""
+
+    def __init__(self, max_tokens: int = 16384, min_doc: int = 8) -> None:
+        if max_tokens < 2 * min_doc:
+            raise ValueError(f"max_tokens must be at least {2 * min_doc}, got {max_tokens}")
+        self.max_tokens, self.min_doc = max_tokens, min_doc
+        self.docs: deque[tuple[int, ...]] = deque()
+        self.index = MatchIndex()
+
+    def __len__(self) -> int:
+        """Tokens held, separators included (what the bound applies to)."""
+        return len(self.index)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        doc = tuple(int(t) for t in tokens[-(self.max_tokens // 2 - 1):])
+        if len(doc) < self.min_doc:
+            return
+        self.docs.append(doc)
+        self.index.extend(doc)
+        self.index.append(SEPARATOR)
+        if len(self.index) > self.max_tokens:
+            while sum(len(d) + 1 for d in self.docs) > self.max_tokens // 2:
+                self.docs.popleft()
+            self.index = MatchIndex()
+            for d in self.docs:
+                self.index.extend(d)
+                self.index.append(SEPARATOR)
+
+    def longest(self, query: Sequence[int]) -> Match | None:
+        return self.index.longest(query, len(self.index))

@@ -1,0 +1,208 @@
+"""Prompt lookup: localspec against llama.cpp's n-gram drafters, same model, prompt and threads, interleaved.
+
+For each model and copy-heavy task (RAG, JSON extraction, a code rename, a rewrite of given text) and open prose,
+runs per prompt, in turn: plain decoding (localspec, no drafter), localspec's default lookup (adaptive, match
+buckets, as `localspec run --lookup` builds it; a fresh controller and index per prompt), and
+`llama-speculative-simple --spec-type T` for each llama.cpp n-gram drafter T. Then the cross-request cache: a
+multi-turn chat and a sequence of editor requests over one file, prompt-only lookup against lookup with the cache.
+Reports tok/s (decoding, prefill excluded), acceptance and drafted tokens side by side (not a test).
+
+    python scripts/compare_lookup.py --threads 2 --max-tokens 128 --reps 3 --markdown docs/bench/lookup.md
+    python scripts/compare_lookup.py --quick   # one prompt a task, 16 tokens: proves the script runs
+
+llama.cpp binaries: LLAMA_CPP_BIN or --cpp-bin (build/bin of the llama.cpp that llama-cpp-python vendors); rows
+for llama.cpp are left out when `llama-speculative-simple` is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from localspec.backend import LoadOptions, Model
+from localspec.bench.samples import CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS
+from localspec.drafters import PromptLookup
+from localspec.loader import EngineSpec, make_controller
+from localspec.paths import cache_dir
+from localspec.registry import resolve_model
+from localspec.session import Engine
+from localspec.suffix import SuffixCache
+
+CPP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-cache")  # defaults: 12-token key, up to 48 drafted; cache: 8
+
+
+@dataclass(frozen=True)
+class Result:
+    model: str
+    task: str
+    config: str
+    tok_s: float
+    n: int
+    drafted: int
+    accepted: int
+
+
+def default_models() -> list[str]:
+    gemma = cache_dir() / "fixtures" / "gemma-3-270m-q4_k_m.gguf"  # tests/conftest.py assembles it
+    return [str(resolve_model(None, log=lambda *a: None).path)] + ([str(gemma)] if gemma.exists() else [])
+
+
+def cpp_run(bin_dir: Path, model: str, prompt: str, spec_type: str, a) -> tuple[float, int, int, int] | None:
+    """(tok/s, tokens, drafted, accepted) from llama-speculative-simple's own report."""
+    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", model, "-p", prompt, "-n", str(a.max_tokens),
+           "--temp", "0", "-t", str(a.threads), "-c", str(a.ctx), "-s", "1", "--spec-type", spec_type]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    m = re.search(r"decoded\s+(\d+)\s+tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", out)
+    if r.returncode or not m:
+        print(f"  llama.cpp {spec_type} failed (exit {r.returncode}): {out.strip()[-300:]}", file=sys.stderr)
+        return None
+    drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", out).group(1))
+    accepted = int(re.search(r"n_accept\s*=\s*(\d+)", out).group(1))
+    return float(m.group(2)), int(m.group(1)), drafted, accepted
+
+
+def ours(engine: Engine, tokens: list[int], max_tokens: int, spec: bool = True) -> tuple[float, int, int, int]:
+    """(tok/s, tokens, drafted, accepted): wall clock of the whole request minus its prefill."""
+    return ours_text(engine, tokens, max_tokens, spec)[0]
+
+
+def ours_text(engine: Engine, tokens: list[int], max_tokens: int, spec: bool = True):
+    t0 = time.perf_counter()
+    last, text = None, []
+    for last in engine.generate(tokens, max_tokens=max_tokens, spec=spec):
+        text.append(last.text)
+    s = last.stats
+    wall = time.perf_counter() - t0 - s.prompt_ms / 1e3
+    return (s.n_generated / wall, s.n_generated, s.draft_n, s.draft_n_accepted), "".join(text)
+
+
+class Bench:
+    """One target model loaded once; engines over it for plain decoding and lookup."""
+
+    def __init__(self, path: str, a) -> None:
+        self.a, self.path, self.name = a, path, Path(path).name
+        self.target = Model.load(path, LoadOptions(n_ctx=a.ctx, n_threads=a.threads))
+        self.plain = Engine(self.target, None)
+        spec = EngineSpec(model=path, threads=a.threads)
+        # the default controller, calibrated once; each prompt starts from a copy (a fresh `localspec run`)
+        self.ctl0 = make_controller(spec, 4, self.target, PromptLookup(), None)
+
+    def lookup(self, cache: SuffixCache | None = None) -> Engine:
+        return Engine(self.target, PromptLookup(cache=cache), controller=copy.deepcopy(self.ctl0))
+
+    def render(self, messages: list[dict]) -> tuple[list[int], str]:
+        """Tokens for localspec and text for llama.cpp (which adds BOS itself)."""
+        text = self.plain.chat_prompt(messages) if self.plain.chat_template else messages[-1]["content"]
+        bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
+        return self.plain.tokenize(text), text[len(bos):] if bos and text.startswith(bos) else text
+
+    def fresh(self) -> None:
+        self.target.rewind(0)  # every run pays its own prefill (excluded from tok/s)
+
+
+def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) -> list[Result]:
+    out: list[Result] = []
+    for _ in range(a.reps):
+        for task, prompts in tasks.items():
+            for p in prompts:
+                toks, text = b.render([{"role": "user", "content": p}])
+                runs = {"plain": lambda: ours(b.plain, toks, a.max_tokens, spec=False),
+                        "localspec lookup": lambda: ours(b.lookup(), toks, a.max_tokens)}
+                if bin_dir:
+                    runs.update({f"llama.cpp {t}": (lambda t=t: cpp_run(bin_dir, b.path, text, t, a))
+                                 for t in CPP_TYPES})
+                for config, fn in runs.items():  # interleaved: a noisy neighbour hits every config alike
+                    b.fresh()
+                    r = fn()
+                    if r:
+                        out.append(Result(b.name, task, config, *r))
+    return out
+
+
+def run_sequences(b: Bench, a) -> list[Result]:
+    """A multi-turn chat and editor requests over one file: prompt-only lookup vs lookup with the cache (one
+    engine per sequence, as a chat session or an editor's server would keep it)."""
+    out: list[Result] = []
+    editor = [f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}" for r in EDITOR_REQUESTS]
+    for _ in range(a.reps):
+        for seq, turns in (("chat", CHAT_TURNS), ("editor", editor)):
+            for config, cache in (("lookup, prompt only", None), ("lookup + cache", SuffixCache())):
+                engine, history = b.lookup(cache), []
+                for turn in turns[:a.turns]:
+                    msgs = history + [{"role": "user", "content": turn}]
+                    b.fresh()
+                    r, answer = ours_text(engine, b.render(msgs)[0], a.max_tokens)
+                    out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r))
+                    if seq == "chat":
+                        history = msgs + [{"role": "assistant", "content": answer}]
+    return out
+
+
+def table(results: list[Result]) -> str:
+    """Markdown: one row per model × task × config; tok/s is the median over prompts and repeats."""
+    groups: dict[tuple[str, str, str], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.model, r.task, r.config), []).append(r)
+    med = {k: statistics.median(r.tok_s for r in v) for k, v in groups.items()}
+    lines = ["| model | task | config | tok/s | × plain | × best llama.cpp | accepted / drafted |",
+             "|---|---|---|---|---|---|---|"]
+    for (model, task, config), v in groups.items():
+        tps = med[(model, task, config)]
+        plain = med.get((model, task, "plain"))
+        cpp = [x for (m, t, c), x in med.items() if (m, t) == (model, task) and c.startswith("llama.cpp")]
+        acc, dr = sum(r.accepted for r in v), sum(r.drafted for r in v)
+        cells = [model, task, config, f"{tps:.1f}", f"{tps / plain:.2f}" if plain else "–",
+                 f"{tps / max(cpp):.2f}" if cpp else "–", f"{acc}/{dr} ({100 * acc / dr:.0f} %)" if dr else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", action="append", help="GGUF path (repeat); default: SmolLM2-135M Q4_1 and Gemma-3-270M")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--per-task", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=len(CHAT_TURNS))
+    ap.add_argument("--cpp-bin", default=os.environ.get("LLAMA_CPP_BIN", ""))
+    ap.add_argument("--quick", action="store_true", help="one prompt a task, 16 tokens, 2 turns")
+    ap.add_argument("--markdown", help="write the table here")
+    ap.add_argument("--json", help="write every run here")
+    a = ap.parse_args()
+    if a.quick:
+        a.per_task, a.max_tokens, a.turns, a.reps = 1, 16, 2, 1
+    bin_dir = Path(a.cpp_bin) if a.cpp_bin and (Path(a.cpp_bin) / "llama-speculative-simple").exists() else None
+    if bin_dir is None:
+        print("llama-speculative-simple not found (--cpp-bin / LLAMA_CPP_BIN): llama.cpp rows left out",
+              file=sys.stderr)
+    tasks = {t: ps[:a.per_task] for t, ps in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items()}
+    results: list[Result] = []
+    for path in a.model or default_models():
+        b = Bench(path, a)
+        results += run_tasks(b, tasks, a, bin_dir)
+        results += run_sequences(b, a)
+        b.target.close()
+    md = table(results)
+    cmd = "python scripts/compare_lookup.py " + " ".join(sys.argv[1:])
+    print(md)
+    if a.markdown:
+        Path(a.markdown).write_text(f"# Prompt lookup vs llama.cpp's n-gram drafters\n\nCommand: `{cmd}`\n\n"
+                                    f"{md}\n", encoding="utf-8")
+    if a.json:
+        Path(a.json).write_text(json.dumps([asdict(r) for r in results], indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

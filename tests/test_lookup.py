@@ -1,0 +1,115 @@
+"""Prompt lookup by match strength, as pure units: the drafter names the bucket its match falls in, the
+controller keeps each bucket's acceptance apart, rounds a bucket did not draft never count against it, and the
+cross-request cache feeds drafts after a rewind. No models, no clocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.controller import Adaptive, FixedK
+from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_LONG, LOOKUP_MID, LOOKUP_SHORT,
+                                PromptLookup)
+from localspec.sampling import SamplingParams
+from localspec.speculative import Step
+from localspec.suffix import SuffixCache
+
+CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]
+P, RNG = SamplingParams(), np.random.default_rng(0)
+SOURCES = PromptLookup.sources
+
+
+def asked(k: int = 8):
+    log: list[str] = []
+
+    def k_for(source: str) -> int:
+        log.append(source)
+        return k
+    return k_for, log
+
+
+def test_bucket_follows_match_length():
+    lk = PromptLookup(mid_at=4, long_at=12)
+    text = list(range(100, 130))
+    k_for, log = asked(5)
+    assert lk.propose(text + [7, 100, 101], k_for, P, RNG).tokens == (102, 103, 104, 105, 106)
+    assert log == [LOOKUP_SHORT]
+    d = lk.propose(text + [7] + text[:5], k_for, P, RNG)
+    assert d.source == LOOKUP_MID and d.tokens == tuple(text[5:10])
+    d = lk.propose(text + [7] + text[:20], k_for, P, RNG)
+    assert d.source == LOOKUP_LONG and d.tokens == tuple(text[20:25])
+    assert lk.propose([1, 2, 3], k_for, P, RNG) is EMPTY  # nothing repeats: no source is even asked
+    assert log == [LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG]
+
+
+def test_off_bucket_is_not_asked_for_more_and_draft_is_capped():
+    lk = PromptLookup(max_draft=40)
+    text = list(range(50))
+    assert lk.propose(text + text[:30], {LOOKUP_LONG: 0}.get, P, RNG) is EMPTY
+    assert lk.propose(text + text[:30], lambda s: 100, P, RNG).tokens == tuple(text[30:] + text[:20])
+    assert lk.propose(text + text[:30], lambda s: 100, P, RNG).tokens == tuple(text[30:] + text[:20])
+
+
+def test_cache_drafts_after_a_rewind_and_context_wins_ties():
+    cache = SuffixCache(max_tokens=1000)
+    lk = PromptLookup(cache=cache)
+    doc = list(range(200, 260))
+    lk.propose([1] + doc + [2], lambda s: 4, P, RNG)  # request 1 indexes its context
+    d = lk.propose([1, 3] + doc[:10], lambda s: 4, P, RNG)  # request 2 rewinds: request 1 went to the cache
+    assert d.source == LOOKUP_CACHE and d.tokens == tuple(doc[10:14])
+    assert len(cache) > 0
+    d = lk.propose([1, 3] + doc[:10] + [9] + doc[:10], lambda s: 4, P, RNG)
+    assert d.source != LOOKUP_CACHE  # its own context matches as long: the context is preferred
+
+
+def step(drafted: int, accepted: int, source: str) -> Step:
+    return Step(tuple(range(accepted + 1)), drafted, accepted, 0.0, CPU_V[drafted] * 0.005,
+                source if drafted else "")
+
+
+def round_(ctl: Adaptive, source: str | None, accept: bool) -> int:
+    """One loop round: choose_k, the drafter asks for its match's bucket (None: no match), observe."""
+    ctl.choose_k()
+    k = ctl.k_for(source) if source else 0
+    ctl.observe(step(k, k if accept else 0, source) if k else step(0, 0, ""))
+    return k
+
+
+def test_weak_matches_do_not_switch_off_strong_ones():
+    ctl = Adaptive(sources=SOURCES, v=CPU_V, t1=0.005, c=PromptLookup.cost)
+    for i in range(120):
+        round_(ctl, LOOKUP_SHORT if i % 2 else LOOKUP_LONG, accept=not i % 2)
+    st = ctl.state()
+    assert st.k[LOOKUP_SHORT] == 0 and LOOKUP_SHORT in st.off
+    assert st.k[LOOKUP_LONG] >= 4 and st.spec_disabled_reason is None
+    assert ctl.choose_k() >= 4 and ctl.k_for(LOOKUP_LONG) >= 4
+
+
+def test_rounds_a_source_did_not_draft_never_switch_it_off():
+    ctl = Adaptive(sources=SOURCES, v=CPU_V, t1=0.005, c=PromptLookup.cost)
+    before = ctl.state()
+    for _ in range(500):  # no match at all, or only matches in other buckets that fail
+        round_(ctl, None, accept=False)
+        round_(ctl, LOOKUP_SHORT, accept=False)
+    st = ctl.state()
+    for s in (LOOKUP_MID, LOOKUP_LONG, LOOKUP_CACHE):
+        assert s not in st.off and st.k[s] == before.k[s] > 0 and st.alpha[s] == before.alpha[s]
+
+
+def test_a_probe_waits_for_a_round_its_bucket_drafts():
+    ctl = Adaptive(sources=SOURCES, v=CPU_V, t1=0.005, c=PromptLookup.cost, probe_every=4, probe_max=64)
+    while LOOKUP_SHORT not in ctl.state().off:
+        round_(ctl, LOOKUP_SHORT, accept=False)
+    every = ctl.src[LOOKUP_SHORT].probe_every
+    for _ in range(50):  # rounds with no short match: the owed probe is not spent, the interval not doubled
+        round_(ctl, None, accept=False)
+    assert ctl.src[LOOKUP_SHORT].probe_every == every and ctl.k_for(LOOKUP_SHORT) > 0
+    assert round_(ctl, LOOKUP_SHORT, accept=True) > 0  # drafted now
+    assert ctl.src[LOOKUP_SHORT].probe_every == 2 * every
+
+
+def test_a_controller_told_only_the_family_learns_each_bucket():
+    ctl = Adaptive(sources=(LOOKUP,), v=CPU_V, t1=0.005, c={LOOKUP: 0.0})
+    for i in range(60):
+        round_(ctl, LOOKUP_SHORT if i % 2 else LOOKUP_LONG, accept=not i % 2)
+    assert ctl.k_for(LOOKUP_LONG) > 0 and LOOKUP_SHORT in ctl.state().off and ctl.src[LOOKUP_LONG].c == 0.0
+    assert FixedK(3).k_for(LOOKUP_SHORT) == 3

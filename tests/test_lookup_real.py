@@ -1,0 +1,90 @@
+"""Match-aware prompt lookup on the real SmolLM2-135M: lossless at T=0 (every emitted token is the target's
+argmax of its verify row) and at T>0 (χ² on the first sampled token), and the cross-request cache drafts in a
+second request that shares text but not a prefix with the first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.controller import Adaptive, FixedK
+from localspec.drafters import LOOKUP_CACHE, PromptLookup
+from localspec.sampling import SamplingParams, warp
+from localspec.session import Engine
+from localspec.speculative import generate
+from localspec.suffix import SuffixCache
+from localspec.bench.samples import REWRITE, REWRITE_START
+
+QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75, 4.2, 4.65)
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_target):
+    return smollm2_target
+
+
+def chat(engine: Engine, text: str, start: str = "") -> list[int]:
+    return engine.tokenize(engine.chat_prompt([{"role": "user", "content": text}]) + start)
+
+
+def test_greedy_every_token_is_the_target_argmax(target):
+    seen: list[np.ndarray] = []
+    inner = target.decode
+
+    def decode(tokens, logits_rows=1):
+        out = inner(tokens, logits_rows)
+        if logits_rows:
+            seen.append(out)
+        return out
+
+    target.decode = decode
+    try:
+        toks = chat(Engine(target), REWRITE, REWRITE_START)
+        steps = list(generate(target, toks, drafter=PromptLookup(), controller=FixedK(8), max_tokens=96))
+    finally:
+        del target.decode
+    assert len(seen) == len(steps)
+    for step, rows in zip(steps, seen):
+        assert list(step.tokens) == [int(r.argmax()) for r in rows[:len(step.tokens)]]
+    by = {s.source for s in steps if s.drafted}
+    accepted = sum(s.accepted for s in steps)
+    print(f"\nlookup greedy rewrite: sources {sorted(by)}, accepted {accepted}, {len(steps)} passes for "
+          f"{sum(len(s.tokens) for s in steps)} tokens")
+    assert accepted >= 20 and by <= set(PromptLookup.sources)
+
+
+def test_sampled_first_token_follows_the_target(target):
+    from scipy import stats as sstats
+
+    params = SamplingParams(temperature=1.0, top_k=5)
+    toks = target.tokenize("red green blue red green blue red green blue red green")
+    target.rewind(0)
+    p = warp(target.decode(toks, 1), params)[0]
+    target.rewind(0)
+    support = np.flatnonzero(p)
+    counts = dict.fromkeys(support.tolist(), 0)
+    rng = np.random.default_rng(5)
+    n, drafted = 300, 0
+    for _ in range(n):
+        step = next(iter(generate(target, toks, drafter=PromptLookup(), params=params, controller=FixedK(2),
+                                  max_tokens=3, rng=rng)))
+        counts[step.tokens[0]] += 1
+        drafted += step.drafted > 0
+    assert drafted == n  # lookup proposed every time (" blue" follows " red green")
+    chi2 = sstats.chisquare([counts[t] for t in support], p[support] * n)
+    assert chi2.pvalue > 0.01
+
+
+def test_cache_drafts_from_an_earlier_request(target):
+    ctl = Adaptive(sources=PromptLookup.sources, v=QUIET_CPU_V, t1=0.005, c=PromptLookup.cost, learn_costs=False)
+    engine = Engine(target, PromptLookup(cache=SuffixCache(4096)), controller=ctl)
+    answer = "".join(c.text for c in engine.generate(chat(engine, REWRITE, REWRITE_START), max_tokens=64))
+    # the next request shows the answer back, after a different first message: no common prefix past the header
+    again = chat(engine, "Here is some code I wrote:\n```python\ndef parse_config(path):" + answer
+                 + "\nAdd a docstring to it.", REWRITE_START)
+    last = None
+    for last in engine.generate(again, max_tokens=64):
+        pass
+    by = last.stats.by_source
+    print(f"\ncache request: {by}")
+    assert by.get(LOOKUP_CACHE, (0, 0))[1] > 0 or sum(a for _, a in by.values()) > 0

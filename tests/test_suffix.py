@@ -1,0 +1,95 @@
+"""The match index against a brute-force reference on seeded random token streams (longest match, most
+recent occurrence), through appends and rewinds; the cross-request cache stays within its token bound."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+
+import pytest
+
+from localspec.suffix import MAX_MATCH, SEPARATOR, Match, MatchIndex, SuffixCache
+
+
+def brute_longest(tokens: list[int], query: list[int], before: int) -> Match | None:
+    """Longest suffix of query (≤ MAX_MATCH) ending in tokens at a position < before; most recent wins."""
+    for length in range(min(MAX_MATCH, len(query)), 0, -1):
+        pat = query[len(query) - length:]
+        for e in range(min(before, len(tokens)) - 1, length - 2, -1):
+            if tokens[e - length + 1:e + 1] == pat:
+                return Match(length, e + 1)
+    return None
+
+
+def stream(rng: random.Random, n: int, vocab: int) -> list[int]:
+    """Random tokens with copied spans, so long matches (past several rungs) happen."""
+    out: list[int] = []
+    while len(out) < n:
+        if out and rng.random() < 0.4:
+            s = rng.randrange(len(out))
+            out.extend(out[s:s + rng.randint(1, 90)])
+        else:
+            out.extend(rng.randrange(vocab) for _ in range(rng.randint(1, 6)))
+    return out[:n]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_longest_matches_brute_force_as_tokens_arrive(seed):
+    rng = random.Random(seed)
+    toks = stream(rng, 400, vocab=rng.choice([2, 3, 8, 50]))
+    idx = MatchIndex()
+    for i, t in enumerate(toks):
+        idx.append(t)
+        got = idx.longest(idx.tokens, len(idx) - 1)
+        assert got == brute_longest(toks[:i + 1], toks[:i + 1], i), (seed, i)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rewind_to_a_common_prefix_equals_a_fresh_index(seed):
+    rng = random.Random(100 + seed)
+    idx = MatchIndex()
+    for _ in range(8):  # requests that share a prefix with the previous one, then diverge
+        keep = rng.randint(0, len(idx))
+        idx.truncate(keep)
+        idx.extend(stream(rng, rng.randint(1, 150), vocab=6))
+        fresh = MatchIndex()
+        fresh.extend(idx.tokens)
+        assert idx._ends == fresh._ends
+        q = idx.tokens
+        assert idx.longest(q, len(q) - 1) == brute_longest(q, q, len(q) - 1)
+
+
+def test_long_match_capped_and_most_recent():
+    block = list(range(100, 200))
+    idx = MatchIndex()
+    idx.extend(block + [1] + block + [2] + block)
+    m = idx.longest(idx.tokens, len(idx) - 1)
+    assert m == Match(MAX_MATCH, 201) and idx.continuation(m, 3) == [2, 100, 101]
+
+
+def test_external_query_and_separator_stop_drafts():
+    cache = SuffixCache(max_tokens=64, min_doc=2)
+    cache.add([5, 6, 7, 8])
+    cache.add([9, 5, 6, 1])
+    m = cache.longest([0, 9, 5, 6])
+    assert m == Match(3, len([5, 6, 7, 8]) + 1 + 3) and cache.index.continuation(m, 4) == [1]
+    m = cache.longest([7, 8])
+    assert m is not None and cache.index.continuation(m, 4) == []  # the document ended there
+    assert cache.longest([42]) is None and SEPARATOR not in cache.docs[0]
+
+
+def test_cache_memory_is_bounded():
+    rng = random.Random(7)
+    cache = SuffixCache(max_tokens=2000)
+    tracemalloc.start()
+    for _ in range(60):
+        cache.add(stream(rng, rng.randint(50, 700), vocab=30000))
+        assert len(cache) <= 2000
+    first, _ = tracemalloc.get_traced_memory()
+    for _ in range(200):
+        cache.add(stream(rng, rng.randint(50, 700), vocab=30000))
+        assert len(cache) <= 2000
+    now, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert now < 1.5 * first + 1_000_000  # steady state: no growth with the number of requests
+    assert cache.longest(cache.docs[-1][:40]) is not None  # the newest document is still there
