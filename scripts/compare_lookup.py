@@ -136,12 +136,13 @@ def run_sequences(b: Bench, a) -> list[Result]:
     editor = [f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}" for r in EDITOR_REQUESTS]
     for _ in range(a.reps):
         for seq, turns in (("chat", CHAT_TURNS), ("editor", editor)):
-            for config, cache in (("lookup, prompt only", None), ("lookup + cache", SuffixCache())):
-                engine, history = b.lookup(cache), []
+            for config in ("plain", "lookup, prompt only", "lookup + cache"):
+                engine = b.plain if config == "plain" else b.lookup(SuffixCache() if "cache" in config else None)
+                history: list[dict] = []
                 for turn in turns[:a.turns]:
                     msgs = history + [{"role": "user", "content": turn}]
                     b.fresh()
-                    r, answer = ours_text(engine, b.render(msgs)[0], a.max_tokens)
+                    r, answer = ours_text(engine, b.render(msgs)[0], a.max_tokens, spec=config != "plain")
                     out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r))
                     if seq == "chat":
                         history = msgs + [{"role": "assistant", "content": answer}]

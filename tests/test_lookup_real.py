@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from localspec.backend import LoadOptions, Model
 from localspec.controller import Adaptive, FixedK
 from localspec.drafters import LOOKUP_CACHE, PromptLookup
 from localspec.sampling import SamplingParams, warp
@@ -19,8 +20,11 @@ QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75, 4.2, 4.65)
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_target):
-    return smollm2_target
+def target(smollm2_path):
+    """One thread: these tests count tokens, not time, and a single thread suffers least on a shared machine."""
+    m = Model.load(smollm2_path, LoadOptions(n_ctx=1024, n_threads=1))
+    yield m
+    m.close()
 
 
 def chat(engine: Engine, text: str, start: str = "") -> list[int]:
@@ -64,7 +68,7 @@ def test_sampled_first_token_follows_the_target(target):
     support = np.flatnonzero(p)
     counts = dict.fromkeys(support.tolist(), 0)
     rng = np.random.default_rng(5)
-    n, drafted = 300, 0
+    n, drafted = 200, 0
     for _ in range(n):
         step = next(iter(generate(target, toks, drafter=PromptLookup(), params=params, controller=FixedK(2),
                                   max_tokens=3, rng=rng)))
@@ -78,13 +82,15 @@ def test_sampled_first_token_follows_the_target(target):
 def test_cache_drafts_from_an_earlier_request(target):
     ctl = Adaptive(sources=PromptLookup.sources, v=QUIET_CPU_V, t1=0.005, c=PromptLookup.cost, learn_costs=False)
     engine = Engine(target, PromptLookup(cache=SuffixCache(4096)), controller=ctl)
-    answer = "".join(c.text for c in engine.generate(chat(engine, REWRITE, REWRITE_START), max_tokens=64))
-    # the next request shows the answer back, after a different first message: no common prefix past the header
-    again = chat(engine, "Here is some code I wrote:\n```python\ndef parse_config(path):" + answer
-                 + "\nAdd a docstring to it.", REWRITE_START)
+    for _ in engine.generate(chat(engine, REWRITE, REWRITE_START), max_tokens=64):
+        pass
+    # the same request behind a system message: no common prefix past the first tokens, so the first request
+    # (its answer included) is in the cache, and the answer it gave, renamed variable and all, is there to copy
+    again = engine.tokenize(engine.chat_prompt([{"role": "system", "content": "You are a careful programmer."},
+                                                {"role": "user", "content": REWRITE}]) + REWRITE_START)
     last = None
     for last in engine.generate(again, max_tokens=64):
         pass
     by = last.stats.by_source
     print(f"\ncache request: {by}")
-    assert by.get(LOOKUP_CACHE, (0, 0))[1] > 0 or sum(a for _, a in by.values()) > 0
+    assert by[LOOKUP_CACHE][1] > 0

@@ -33,10 +33,10 @@ def stream(rng: random.Random, n: int, vocab: int) -> list[int]:
     return out[:n]
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(10))
 def test_longest_matches_brute_force_as_tokens_arrive(seed):
     rng = random.Random(seed)
-    toks = stream(rng, 400, vocab=rng.choice([2, 3, 8, 50]))
+    toks = stream(rng, 300, vocab=rng.choice([2, 3, 8, 50]))
     idx = MatchIndex()
     for i, t in enumerate(toks):
         idx.append(t)
