@@ -31,7 +31,7 @@ from pathlib import Path
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS
 from localspec.drafters import PromptLookup
-from localspec.loader import EngineSpec, make_controller
+from localspec.loader import EngineSpec, load_calibration, make_controller
 from localspec.paths import cache_dir
 from localspec.registry import resolve_model
 from localspec.session import Engine
@@ -93,9 +93,9 @@ class Bench:
         self.a, self.path, self.name = a, path, Path(path).name
         self.target = Model.load(path, LoadOptions(n_ctx=a.ctx, n_threads=a.threads))
         self.plain = Engine(self.target, None)
-        spec = EngineSpec(model=path, threads=a.threads)
+        spec, lookup = EngineSpec(model=path, threads=a.threads), PromptLookup()
         # the default controller, calibrated once; each prompt starts from a copy (a fresh `localspec run`)
-        self.ctl0 = make_controller(spec, 4, self.target, PromptLookup(), None)
+        self.ctl0 = make_controller(spec, 4, lookup, load_calibration(spec, self.target, lookup, None))
 
     def lookup(self, cache: SuffixCache | None = None) -> Engine:
         return Engine(self.target, PromptLookup(cache=cache), controller=copy.deepcopy(self.ctl0))

@@ -63,7 +63,8 @@ def test_sampled_first_token_follows_the_target(target):
     params = SamplingParams(temperature=1.0, top_k=5)
     toks = target.tokenize("red green blue red green blue red green blue red green")
     target.rewind(0)
-    p = warp(target.decode(toks, 1), params)[0]
+    logits = target.decode(toks, 1)
+    p = warp(logits, params).dense(logits.shape[-1])[0]
     target.rewind(0)
     support = np.flatnonzero(p)
     counts = dict.fromkeys(support.tolist(), 0)
