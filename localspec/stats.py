@@ -1,4 +1,4 @@
-"""Generation statistics, named as llama-server and vLLM name them (shared/design.md, "Statistics").
+"""Generation statistics, named as llama-server and vLLM name them (docs/design.md, "Statistics").
 
 `StatsCounter` folds `Step`s as they arrive; `snapshot()` returns a frozen `Stats` that front ends print.
 """

@@ -17,7 +17,7 @@ from localspec.session import Engine
 from localspec.bench.samples import PROSE as PROSE_PROMPTS, REWRITE, REWRITE_START
 
 PROSE = PROSE_PROMPTS[0]
-QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75)  # SmolLM2-135M Q4_1, 2 cores: v(3) ≈ 2.4 (design.md)
+QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75)  # SmolLM2-135M Q4_1, 2 cores: v(3) ≈ 2.4 (docs/bench/report.md)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_self_drafting_on_prose_is_switched_off_with_a_reason(target, self_draft
 
 def test_lookup_on_code_rewrite_keeps_long_drafts(target):
     """Must-show 3: lookup matches a code rewrite, so the controller drafts γ > 1 and stays on. Costs are
-    pinned to the curve measured on a quiet machine (design.md) so the test depends on the real model's
+    pinned to the curve measured on a quiet machine (docs/bench/report.md) so the test depends on the real model's
     acceptance, not on how busy the CI cores are; scripts/bench_adaptive.py measures the speed."""
     ctl = Adaptive(sources=PromptLookup.sources, k_max=6, v=QUIET_CPU_V, t1=0.005,
                    c=dict.fromkeys(PromptLookup.sources, 0.01), learn_costs=False)

@@ -12,7 +12,7 @@ from localspec.controller import (Adaptive, FixedK, best_k, expected_tokens,
 from localspec.drafters import EMPTY, Draft, HybridDrafter
 from localspec.speculative import Step
 
-CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]  # SmolLM2 Q4_1 on 2 cores (design.md: v(3) ≈ 2.4)
+CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]  # SmolLM2 Q4_1 on 2 cores (an earlier quiet-machine measurement: v(3) ≈ 2.4)
 GPU_V = [1.0, 1.02, 1.04, 1.06, 1.08, 1.12, 1.16, 1.2, 1.25]  # 7B target on a GPU: verify ≈ free
 
 

@@ -131,7 +131,7 @@ def test_prompt_lookup_accepts_on_code_repeat(target):
 
 def test_spec_on_vs_off_agreement_report(target, self_drafter, capsys):
     """Reported, not asserted to be identical: batched verify logits differ slightly from single-token ones on
-    CPU (design.md, Numerics), so greedy text may diverge at near-ties. The invariant is tested above."""
+    CPU (docs/design.md, "The verify rule"), so greedy text may diverge at near-ties. The invariant is tested above."""
     plain = Engine(target, None)
     spec = Engine(target, self_drafter, controller=FixedK(4))
     agree = 0

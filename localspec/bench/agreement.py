@@ -1,7 +1,7 @@
 """Greedy runs: do spec-on and spec-off texts agree, and if not, where and why did they first diverge?
 
 Both paths emit only the target's own argmax, but a batched verify computes logits with a different reduction
-order than a single-token decode (shared/design.md, "The verify rule": max |Δlogit| ≈ 1.1 on CPU), so at a
+order than a single-token decode (docs/design.md, "The verify rule": max |Δlogit| ≈ 1.1 on CPU), so at a
 near-tie the argmax can flip. At the first divergent position we re-run the target on the shared prefix and
 report its top-2 logits: a small gap means numerics, a large gap would mean a bug.
 """

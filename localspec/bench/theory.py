@@ -1,4 +1,4 @@
-"""The speedup model of speculative decoding (Leviathan et al. 2023; shared/design.md, "Why it can be fast").
+"""The speedup model of speculative decoding (Leviathan et al. 2023; docs/design.md, "Why it can be fast").
 
 With per-token acceptance rate α and draft length γ, a verify round emits on average
 E(α, γ) = (1 - α^(γ+1)) / (1 - α) tokens (accepted drafts + the target's own token). The round costs γ drafter
