@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .backend import Model
+from .constrain import constrain_row
 from .sampling import SamplingParams, Warped, stack, warp
 from .suffix import MAX_MATCH, Match, MatchIndex, SuffixCache
+
+if TYPE_CHECKING:
+    from .backend import Model
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class ModelDrafter:
         tokens: list[int] = []
         qs: list[Warped] = []
         for i in range(k):
+            logits = constrain_row(params, logits, context, tokens)  # q constrained as p is (constrain.py)
             q = warp(logits, params, context, tokens)  # the history the target's verify row i will see
             t = int(q.ids[0, 0]) if params.greedy else q.sample(rng)
             if not params.greedy:

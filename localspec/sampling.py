@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .penalties import penalty_patch
 
 _SUBSAMPLE = 2048  # top-k's threshold is estimated from a strided sample of about this many logits per row
 _NUCLEUS_EPS = (1e-4, 1e-8)  # top-p alone: candidate cuts tried at p_max × eps before the whole vocabulary
+
+if TYPE_CHECKING:
+    from .constrain import Constraint
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from the logit of every token in that window
     frequency_penalty: float = 0.0  # subtracted per occurrence in that window
     seed: int | None = None
+    # per request, not warps: each emitted token's logprob and the top n (None = off; see logprobs.py), and
+    # a logits transform applied to p and q alike before the warp (logit_bias, grammar; see constrain.py)
+    logprobs: int | None = None
+    constraint: "Constraint | None" = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -57,6 +64,8 @@ class SamplingParams:
             raise ValueError(f"repeat_last_n must be >= -1 (-1 = the whole history), got {self.repeat_last_n}")
         if not (math.isfinite(self.presence_penalty) and math.isfinite(self.frequency_penalty)):
             raise ValueError("presence_penalty and frequency_penalty must be finite")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

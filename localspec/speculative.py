@@ -18,9 +18,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .backend import Model
+from .constrain import constrain_rows
 from .controller import Controller, FixedK
 from .drafters import EMPTY, Draft, Drafter, common_prefix
 from .errors import ContextOverflow
+from .logprobs import TokenLogprob, token_logprobs
 from .sampling import SamplingParams, warp
 from .verify import verify, verify_greedy
 
@@ -39,6 +41,7 @@ class Step:
     n_prompt: int = 0  # first round only: prompt tokens evaluated ...
     n_cached: int = 0  # ... and reused from the cache
     t_prompt: float = 0.0  # ... and prefill seconds
+    logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when `params.logprobs` asks (logprobs.py)
 
 
 def prefill(target: Model, prompt: Sequence[int]) -> tuple[int, int]:
@@ -76,14 +79,15 @@ def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = 
             t1 = time.perf_counter()
             draft = drafter.propose(context, _capped(controller, k_r), params, rng) if k_r > 0 else EMPTY
             t2 = time.perf_counter()
-            n_acc, nxt = _verify_round(target, context, draft, params, rng)
+            n_acc, nxt, rows = _verify_round(target, context, draft, params, rng)
             new, finish = _truncate(target, list(draft.tokens[:n_acc]) + [nxt], budget)
+            logprobs = token_logprobs(rows, new, params.logprobs)
             context.extend(new)
             emitted += len(new)
             if finish is None and target.n_past >= target.n_ctx:  # no position left for the pending token
                 finish = "context"
             step = Step(tuple(new), len(draft), n_acc, t2 - t1, time.perf_counter() - t2, draft.source, finish,
-                        n_prompt, n_cached, t_prompt)
+                        n_prompt, n_cached, t_prompt, logprobs)
             n_prompt = n_cached = 0
             t_prompt = 0.0
             controller.observe(step)
@@ -100,19 +104,21 @@ def _capped(controller: Controller, cap: int) -> Callable[[str], int]:
 
 
 def _verify_round(target: Model, context: Sequence[int], draft: Draft, params: SamplingParams,
-                  rng: np.random.Generator) -> tuple[int, int]:
+                  rng: np.random.Generator) -> tuple[int, int, np.ndarray]:
     """One target pass over [context[-1], d_1..d_k]; logits for exactly those k+1 rows (row i has seen the
-    context and d_1..d_i). Rejected drafts are dropped from the cache before returning, whatever happens."""
+    context and d_1..d_i), returned raw for logprobs. Rejected drafts are dropped from the cache before
+    returning, whatever happens."""
     n_past = target.n_past
     n_acc = 0
     try:
-        logits = target.decode([context[-1], *draft.tokens], len(draft) + 1)
+        raw = target.decode([context[-1], *draft.tokens], len(draft) + 1)
+        logits = constrain_rows(params, raw, context, draft.tokens)  # logit_bias, grammar: p as requested
         p = warp(logits, params, context, draft.tokens)
         if params.greedy:
             n_acc, nxt = verify_greedy(p.ids[:, 0], draft.tokens)
         else:
             n_acc, nxt = verify(p, draft.tokens, draft.probs, rng)
-        return n_acc, nxt
+        return n_acc, nxt, raw
     finally:
         target.rewind(n_past + 1 + n_acc)
 

@@ -126,3 +126,21 @@ def test_schemathesis_finds_no_server_errors(smollm2_path, tmp_path):
         m = re.search(r"(\d+) generated, (\d+) passed", out)
         assert m and int(m.group(1)) >= 200 and m.group(1) == m.group(2), out[-2000:]
         assert srv.alive and httpx.get(srv.url + "/health").json() == {"status": "ok"}
+
+
+def test_non_streaming_client_that_hangs_up_is_cancelled(http, server):
+    """llama.vim/llama.vscode abandon a non-streaming /infill on nearly every keystroke: the job must stop
+    within a verify round of the hang-up, and the next request must find the worker free."""
+    cancelled = _metric(http, "localspec_requests_cancelled_total")
+    predicted = _metric(http, "llamacpp:tokens_predicted_total")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s and closes the connection
+        httpx.post(server.url + "/completion", timeout=1.0,
+                   json={"prompt": "Once upon a time", "n_predict": 512, "temperature": 1.0, "seed": 3})
+    r = http.post("/completion", json={"prompt": "Hello", "n_predict": 1, "temperature": 0})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 1
+    assert _metric(http, "localspec_requests_cancelled_total") == cancelled + 1  # ended as "cancelled" ...
+    grown = _metric(http, "llamacpp:tokens_predicted_total") - predicted
+    assert grown < 512  # ... long before its 512 tokens
+    assert _metric(http, "llamacpp:tokens_predicted_total") - predicted == grown  # and it stays stopped
+    for _ in range(3):  # the caches are consistent: the reference request still gives its text
+        assert http.post("/completion", json=BODY).status_code == 200

@@ -18,14 +18,14 @@ from .common import engine_options, engine_spec, friendly_errors, log_err
 @click.option("--spec-max-queue", type=click.IntRange(0), default=4, show_default=True,
               help="With more requests waiting than this, new jobs decode without speculation.")
 @click.option("--max-predict", type=click.IntRange(1), help="Cap on generated tokens per request.")
-@click.option("--alias", metavar="NAME", help="Another model name clients may send.")
+@click.option("--alias", metavar="NAME", help="The model name /v1/models, /api/tags and every response report.")
 @friendly_errors
 def serve(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose, pair, host, port, api_key,
           spec_max_queue, max_predict, alias):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
-    llama.cpp: POST /infill /completion, GET /health /props
+    llama.cpp: POST /infill /completion /tokenize /detokenize /apply-template, GET /health /props
     OpenAI:    POST /v1/completions /v1/chat/completions, GET /v1/models
     Ollama:    POST /api/generate /api/chat, GET /api/tags /api/version
     Metrics:   GET /metrics (Prometheus)

@@ -2,6 +2,8 @@
 
 Every client error becomes a 4xx with a JSON body in the caller's protocol shape — Ollama's `{"error": "..."}`
 under /api/, llama-server's and OpenAI's `{"error": {"code", "message", "type"}}` elsewhere — and never a 500.
+CORS follows llama-server: by default a browser page on a localhost origin may call every route (preflight
+included, before the API key check: browsers send no credentials on it).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import json
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
@@ -22,6 +25,7 @@ from ..errors import LocalspecError, ModelNotFound
 from ..session import Engine
 from . import llamacpp, ollama, openai
 from .common import ApiError, ServerConfig, State
+from .worker import ExceedContext
 
 log = logging.getLogger("localspec.server")
 PUBLIC = {"/health", "/v1/health"}
@@ -43,21 +47,25 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
         app.include_router(module.router(state))
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["metrics"])
-    async def metrics() -> str:
-        return state.metrics.render(speculation_enabled=engine.drafter is not None,
-                                    queue_waiting=state.worker.waiting, busy=state.worker.busy)
+    async def metrics() -> Response:
+        text = state.metrics.render(speculation_enabled=engine.drafter is not None,
+                                    queue_waiting=state.worker.waiting, busy=state.worker.busy,
+                                    kv_tokens=engine.target.n_past, n_ctx=engine.target.n_ctx)
+        return PlainTextResponse(text, headers={"Process-Start-Time-Unix": str(int(state.started_at))})
 
     _error_handlers(app)
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(CorsMiddleware, origins=config.cors_origins)  # outermost: preflight never meets the key
     return app
 
 
-def error_body(path: str, status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+def error_body(path: str, status: int, message: str, kind: str = "invalid_request_error",
+               **fields: Any) -> JSONResponse:
     if path.startswith("/api/"):
         return JSONResponse({"error": message}, status_code=status)
-    return JSONResponse({"error": {"code": status, "message": message, "type": kind}}, status_code=status)
+    return JSONResponse({"error": {"code": status, "message": message, "type": kind, **fields}}, status_code=status)
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -77,6 +85,9 @@ def _error_handlers(app: FastAPI) -> None:
     async def user_error(request: Request, exc: LocalspecError) -> JSONResponse:
         if isinstance(exc, ApiError):
             return error_body(request.url.path, exc.status, exc.message, exc.kind)
+        if isinstance(exc, ExceedContext):
+            return error_body(request.url.path, 400, str(exc), "exceed_context_size_error",
+                              n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
         status = 404 if isinstance(exc, ModelNotFound) else 400
         return error_body(request.url.path, status, str(exc))
 
@@ -137,3 +148,54 @@ class JsonBodyMiddleware:
             headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
             scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
         await self.app(scope, receive, send)
+
+
+def _is_local(origin: str) -> bool:
+    host = urlsplit(origin).hostname or ""
+    return host in ("localhost", "127.0.0.1", "::1") or host.endswith(".localhost")
+
+
+class CorsMiddleware:
+    """llama-server's CORS rule. `origins`: "localhost" (the default) reflects an Origin on localhost and
+    skips others; "*" allows every origin; else a comma-separated list of allowed origins. A preflight
+    (OPTIONS) is answered here, 200 with no body, whatever the route and the API key."""
+
+    METHODS = "GET, POST, OPTIONS"
+
+    def __init__(self, app, origins: str = "localhost") -> None:
+        self.app = app
+        self.origins = origins
+        self.allowed = {o.strip().rstrip("/") for o in origins.split(",")}
+
+    def allow(self, origin: str) -> str | None:
+        if not origin:
+            return None
+        if self.origins == "*":
+            return "*"
+        if self.origins == "localhost":
+            return origin if _is_local(origin) else None
+        return origin if origin.rstrip("/") in self.allowed else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers", []))
+        allowed = self.allow(headers.get(b"origin", b"").decode("latin-1"))
+        if scope["method"] == "OPTIONS":
+            h = {"Access-Control-Allow-Methods": self.METHODS,
+                 "Access-Control-Allow-Headers": headers.get(b"access-control-request-headers", b"*").decode("latin-1"),
+                 "Access-Control-Allow-Credentials": "false", "Access-Control-Max-Age": "600"}
+            if allowed:
+                h["Access-Control-Allow-Origin"] = allowed
+                h["Vary"] = "Origin"
+            return await Response(status_code=200, headers=h)(scope, receive, send)
+        if not allowed:
+            return await self.app(scope, receive, send)
+
+        async def send_cors(message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=list(message.get("headers", [])) +
+                               [(b"access-control-allow-origin", allowed.encode("latin-1")), (b"vary", b"Origin")])
+            await send(message)
+
+        await self.app(scope, receive, send_cors)

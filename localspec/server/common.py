@@ -40,7 +40,8 @@ class ServerConfig:
     api_key: str | None = None
     spec_max_queue: int = 4  # more waiting jobs than this -> plain decoding for the job that starts
     max_predict: int | None = None  # cap on generated tokens per request (None = the context)
-    alias: str | None = None  # extra model name clients may use
+    alias: str | None = None  # the model name every response, /v1/models and /api/tags report
+    cors_origins: str = "localhost"  # "localhost" (reflect local origins, llama-server's rule), "*", or a list
 
 
 class State:
@@ -57,36 +58,42 @@ class State:
     def n_ctx(self) -> int:
         return self.engine.target.n_ctx
 
+    @property
+    def model_name(self) -> str:
+        """The name clients see: --alias, else the served model's."""
+        return self.config.alias or self.engine.name
+
     def check_model(self, name: str | None) -> None:
-        """Empty means the served model; anything else must name it (Ollama's ':latest' tag is accepted)."""
+        """Ollama's routes only (its clients expect a 404 for a model that is not there; /v1/* and the
+        llama.cpp routes serve the loaded model whatever the name, as llama-server and LM Studio do).
+        Empty means the served model; Ollama's ':latest' tag is accepted."""
         if not name:
             return
         if name in self.model_names or name.removesuffix(":latest") in self.model_names:
             return
-        raise ApiError(404, f"model '{name}' not found; this server serves '{self.engine.name}' "
-                            "(GET /v1/models lists it)", "not_found_error")
+        raise ApiError(404, f"model '{name}' not found; this server serves '{self.model_name}' "
+                            "(GET /api/tags lists it)", "not_found_error")
 
     def budget(self, requested: int | None, name: str = "n_predict") -> int:
-        """Tokens to generate: None/-1 = until the context is full; more than the context is an error."""
-        if requested is not None and requested > self.n_ctx:
-            raise ApiError(400, f"{name} {requested} is larger than the context ({self.n_ctx} tokens); "
-                                f"ask for at most {self.n_ctx}")
+        """Tokens to generate: None/-1 (or more than the context holds) = until EOS or a full context,
+        which ends with finish_reason "length" as in llama-server; capped by --max-predict."""
         if requested is not None and requested < -2:
             raise ApiError(400, f"{name} must be >= -1 (-1 = until the context is full), got {requested}")
-        n = self.n_ctx if requested is None or requested < 0 else requested
+        n = self.n_ctx if requested is None or requested < 0 or requested > self.n_ctx else requested
         cap = self.config.max_predict
         return min(n, cap) if cap else n
 
 
 def sampling(temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
-             seed: int | None, *, defaults: dict[str, float]) -> SamplingParams:
-    """Protocol defaults filled in; top_p 0 means "off" in some clients, as does seed -1."""
+             seed: int | None, *, defaults: dict[str, float], **extra: Any) -> SamplingParams:
+    """Protocol defaults filled in; top_p 0 means "off" in some clients, as does seed -1. `extra`: the
+    request-level fields (logprobs, constraint)."""
     get = lambda v, k: defaults.get(k, 0) if v is None else v  # noqa: E731
     tp = float(get(top_p, "top_p") or 1.0)
     try:
         return SamplingParams(temperature=float(get(temperature, "temperature")), top_k=int(get(top_k, "top_k")),
                               top_p=tp, min_p=float(get(min_p, "min_p")),
-                              seed=None if seed is None or seed < 0 else int(seed))
+                              seed=None if seed is None or seed < 0 else int(seed), **extra)
     except ValueError as e:
         raise ApiError(400, str(e)) from None
 
@@ -107,18 +114,28 @@ class Run:
         self.request = request
         self.started: Started | None = None
         self.last: Chunk | None = None
+        self._checked = time.monotonic()
 
     async def _event(self) -> Started | Chunk | None:
         while True:
+            await self._check_client()
             try:
                 ev = await self.job.next_event(POLL_S)
             except asyncio.TimeoutError:
-                if await self.request.is_disconnected():
-                    self.job.cancel()
                 continue
             if isinstance(ev, Failed):
                 raise ev.error
             return None if isinstance(ev, Done) else ev
+
+    async def _check_client(self) -> None:
+        """Every POLL_S, events flowing or not: a non-streaming client that hung up (editors abandon /infill
+        on each keystroke) cancels its job, which the worker ends after the current verify round."""
+        now = time.monotonic()
+        if now - self._checked < POLL_S:
+            return
+        self._checked = now
+        if await self.request.is_disconnected():
+            self.job.cancel()
 
     async def start(self) -> Started:
         self.state.worker.submit(self.job)
@@ -169,18 +186,48 @@ def timings(s: Stats) -> dict[str, Any]:
     }
 
 
+def spec_policy(engine: Engine) -> tuple[str, int]:
+    """(how γ is chosen: "auto" or the pinned γ, γ in use now; 0 = off). The one place the server reads the
+    engine's draft-length policy."""
+    if engine.drafter is None:
+        return "off", 0
+    st = engine.controller.state()
+    return st.label, st.k_now
+
+
 def speculative(state: State, started: Started | None, s: Stats) -> dict[str, Any]:
-    """Our extra field: was speculation on for this request, why not, and how well it did."""
-    on = bool(started and started.spec)
-    d: dict[str, Any] = {"enabled": on, "drafter": state.engine.drafter_name,
-                         "k": state.engine.controller.state().k_mode if on else 0,
+    """Our extra field: did this request draft (`enabled`: drafts were actually made), why not, and how well
+    it did. `k` is the draft length of most of its drafting rounds (0: none); `k_policy` how γ is chosen."""
+    drafted = s.draft_n > 0
+    policy, _ = spec_policy(state.engine)
+    d: dict[str, Any] = {"enabled": drafted, "drafter": state.engine.drafter_name, "k_policy": policy,
+                         "k": draft_len_mode(s),
                          "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted,
                          "acceptance_rate": s.acceptance_rate,
                          "mean_acceptance_length": s.mean_acceptance_length,
                          "tokens_per_second": s.tokens_per_second, "ttft_ms": s.ttft_ms}
-    if not on:
-        d["reason"] = started.reason if started else "not started"
+    if not drafted:
+        d["reason"] = _no_draft_reason(state, started)
     return d
+
+
+def draft_len_mode(s: Stats) -> int:
+    """The draft length most of this request's drafting rounds had: rounds of length exactly j are
+    drafted_at[j-1] - drafted_at[j]."""
+    at = list(s.drafted_at) + [0]
+    counts = {j: at[j - 1] - at[j] for j in range(1, len(at))}
+    return max(counts, key=lambda j: (counts[j], j)) if counts else 0
+
+
+def _no_draft_reason(state: State, started: Started | None) -> str:
+    if started is None:
+        return "not started"
+    if not started.spec:
+        return started.reason
+    reason = state.engine.controller.state().spec_disabled_reason
+    if reason:
+        return reason
+    return "no draft was proposed (prompt lookup found no match, or the request ended first)"
 
 
 def chat_text(content: str | list[dict[str, Any]] | None) -> str:

@@ -1,4 +1,5 @@
-"""llama-server's routes: `/infill` (what llama.vim and llama.vscode call), `/completion`, `/health`, `/props`.
+"""llama-server's routes: `/infill` (what llama.vim and llama.vscode call), `/completion`, `/health`, `/props`,
+`/tokenize`, `/detokenize`, `/apply-template`.
 
 Responses use llama-server's field names (`content`, `stop`, `tokens_cached`, `timings{...}`) so editor plugins
 read them unchanged; `timings` also carries `draft_n`/`draft_n_accepted`, and `speculative` says whether
@@ -7,6 +8,7 @@ speculation ran for this request. Streaming is SSE: `data: {...}` lines, the las
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, AsyncIterator
 
@@ -15,9 +17,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..fim import Extra, FimTokens, build_infill, indent_cut, require_fim
-from ..session import Engine
-from .common import ApiError, ClientGone, Run, State, sampling, speculative, stops, timings
-from .schemas import CompletionRequest, InfillRequest
+from ..session import Chunk, Engine
+from .common import (ApiError, ClientGone, Run, State, chat_prompt, chat_text, sampling, spec_policy, speculative,
+                     stops, timings)
+from .probs import llama_probs
+from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
+from .structured import request_extras
 from .worker import Job
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}  # llama-server's
@@ -36,8 +41,8 @@ def router(state: State) -> APIRouter:
     @r.get("/props")
     async def props() -> dict[str, Any]:
         e = state.engine
-        return {"model": e.name, "model_path": str(e.target.path), "n_ctx": state.n_ctx,
-                "drafter": e.drafter_name, "k": e.controller.state().k_now if e.drafter else 0, "total_slots": 1,
+        return {"model": state.model_name, "model_path": str(e.target.path), "n_ctx": state.n_ctx,
+                "drafter": e.drafter_name, "k": spec_policy(e)[0], "total_slots": 1,
                 "default_generation_settings": {"n_ctx": state.n_ctx, "params": dict(DEFAULTS)},
                 "chat_template": e.chat_template or "", "fim": require_fim_ok(e),
                 "spec_max_queue": state.config.spec_max_queue, "build_info": f"localspec {__version__}",
@@ -71,6 +76,29 @@ def router(state: State) -> APIRouter:
 
         return await _answer(state, req, request, build)
 
+    @r.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
+        # the vocabulary is read-only: llama-server too tokenizes outside its generation loop
+        t = state.engine.target
+        toks = t.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
+        if not req.with_pieces:
+            return {"tokens": toks}
+        return {"tokens": [{"id": i, "piece": _piece(t.piece(i))} for i in toks]}
+
+    @r.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict[str, str]:
+        t = state.engine.target
+        bad = [i for i in req.tokens if not 0 <= i < t.n_vocab]
+        if bad:
+            raise ApiError(400, f"token ids must be in [0, {t.n_vocab}), got {bad[0]}")
+        return {"content": t.detokenize(req.tokens)}
+
+    @r.post("/apply-template")
+    async def apply_template(req: OAIChatRequest) -> dict[str, str]:
+        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": chat_text(m.content)}
+                for m in req.messages]
+        return {"prompt": chat_prompt(state.engine, msgs)[0]}
+
     return r
 
 
@@ -81,6 +109,14 @@ def devices_in_use(e: Engine) -> list[dict[str, Any]]:
 
     used = set(e.target.offload_devices)
     return [{**d, "target": d["name"] in used} for d in devices()]
+
+
+def _piece(b: bytes) -> str | list[int]:
+    """llama-server's `with_pieces`: the text when it is valid UTF-8, else the byte values."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
 
 
 def require_fim_ok(e: Engine) -> bool:
@@ -94,7 +130,11 @@ def _text(prompt: str | list[int]) -> str:
 
 
 async def _answer(state: State, req: CompletionRequest, request: Request, build) -> Response:
-    job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS),
+    extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
+                           json_schema=req.json_schema, response_format=req.response_format,
+                           logprobs=req.n_probs or None)
+    job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS,
+                                     **extra),
               max_tokens=state.budget(req.n_predict), stop=stops(req.stop))
     run = Run(state, job, request)
     try:
@@ -103,54 +143,90 @@ async def _answer(state: State, req: CompletionRequest, request: Request, build)
         return Response(status_code=499)
     if req.stream:
         return StreamingResponse(_sse(state, run, req), media_type="text/event-stream")
-    content, stop_type = "", "none"
-    async for piece, stop_type in _policed(run, req):
+    content, stop_type, tokens, probs = "", "none", [], []
+    async for piece, stop_type, ch in _policed(run, req):
         content += piece
-    body = _final(state, run, req, content, stop_type, started.truncated)
+        tokens.extend(ch.step.tokens)
+        probs.extend(ch.step.logprobs)
+    if run.job.cancelled.is_set() and run.last is not None and run.last.finish == "cancelled":
+        return Response(status_code=499)  # the client hung up: nobody reads this
+    body = _final(state, run, req, content, stop_type, started.truncated, tokens)
+    if req.n_probs:
+        body["completion_probabilities"] = llama_probs(state.engine, probs)
     return JSONResponse(_project(body, req.response_fields))
 
 
-async def _policed(run: Run, req: CompletionRequest) -> AsyncIterator[tuple[str, str]]:
-    """(text, stop_type) per round, applying llama-server's editor rules: `n_indent` ends the completion at a
-    line indented less than the cursor; `t_max_predict_ms` ends it at a newline once over budget."""
+async def _policed(run: Run, req: CompletionRequest) -> AsyncIterator[tuple[str, str, Chunk]]:
+    """(text, stop_type, chunk) per round, applying llama-server's editor rules: `n_indent` ends the completion
+    at a line indented less than the cursor; `t_max_predict_ms` ends it at a newline once over budget."""
     text = ""
     async for ch in run.chunks():
         new = text + ch.text
         cut = indent_cut(new, req.n_indent)
         if cut is not None:
-            yield new[len(text):cut] if cut > len(text) else "", "limit"
+            yield new[len(text):cut] if cut > len(text) else "", "limit", ch
             return
         text = new
         over = bool(req.t_max_predict_ms) and ch.stats.gen_ms > req.t_max_predict_ms and "\n" in text
         if ch.finish or over:
             stop_type = ("eos" if ch.step.finish == "stop" else "word") if ch.finish == "stop" else "limit"
-            yield ch.text, stop_type
+            yield ch.text, stop_type, ch
             return
-        yield ch.text, "none"
+        yield ch.text, "none", ch
+
+
+def generation_settings(state: State, run: Run, req: CompletionRequest) -> dict[str, Any]:
+    """The sampling parameters this request actually ran with (llama-server's `generation_settings`)."""
+    p = run.job.params
+    d: dict[str, Any] = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
+                         if f.name not in ("constraint", "logprobs", "seed")}
+    d.update(seed=-1 if p.seed is None else p.seed, n_predict=run.job.max_tokens, max_tokens=run.job.max_tokens,
+             stop=list(run.job.stop), stream=req.stream, n_probs=req.n_probs, n_ctx=state.n_ctx,
+             logit_bias=[[t, b] for t, b in _bias_pairs(req.logit_bias)], grammar=req.grammar or "",
+             json_schema=req.json_schema, samplers=["top_k", "top_p", "min_p", "temperature"],
+             n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms, return_tokens=req.return_tokens,
+             speculative={"drafter": state.engine.drafter_name, "k": spec_policy(state.engine)[0],
+                          "allowed": bool(run.started and run.started.spec)})
+    return d
+
+
+def _bias_pairs(v: Any) -> list[tuple[Any, Any]]:
+    if isinstance(v, dict):
+        return list(v.items())
+    return [tuple(x) for x in v or [] if isinstance(x, list) and len(x) == 2]
+
+
+def _prompt_text(e: Engine, tokens: tuple[int, ...]) -> str:
+    """The prompt as the model saw it, special tokens written out (llama-server's `prompt`)."""
+    t = e.target
+    return b"".join(t.piece(i) or t.token_text(i).encode() for i in tokens).decode("utf-8", "replace")
 
 
 def _final(state: State, run: Run, req: CompletionRequest, content: str, stop_type: str,
-           truncated: bool) -> dict[str, Any]:
+           truncated: bool, tokens: list[int]) -> dict[str, Any]:
     s = run.stats
     started = run.started
-    return {"index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": state.engine.name,
-            "tokens_predicted": s.n_generated,
+    return {"index": 0, "content": content, "tokens": tokens if req.return_tokens else [], "id_slot": 0,
+            "stop": True, "model": state.model_name, "tokens_predicted": s.n_generated,
             "tokens_evaluated": started.n_prompt_tokens if started else 0,
+            "generation_settings": generation_settings(state, run, req),
+            "prompt": _prompt_text(state.engine, started.prompt_tokens) if started else "",
             "tokens_cached": s.n_cached, "truncated": truncated, "has_new_line": "\n" in content,
             "stop_type": stop_type, "stopping_word": "",
-            "generation_settings": {"n_predict": req.n_predict, "temperature": run.job.params.temperature,
-                                    "top_k": run.job.params.top_k, "top_p": run.job.params.top_p,
-                                    "min_p": run.job.params.min_p, "n_ctx": state.n_ctx},
             "timings": timings(s), "speculative": speculative(state, started, s)}
 
 
 async def _sse(state: State, run: Run, req: CompletionRequest) -> AsyncIterator[str]:
     stop_type = "none"
-    async for piece, stop_type in _policed(run, req):
-        if piece:
-            yield _data({"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0,
-                         "tokens_predicted": run.stats.n_generated})
-    yield _data(_final(state, run, req, "", stop_type, bool(run.started and run.started.truncated)))
+    async for piece, stop_type, ch in _policed(run, req):
+        if piece or (req.return_tokens and ch.step.tokens):
+            d = {"index": 0, "content": piece, "tokens": list(ch.step.tokens) if req.return_tokens else [],
+                 "stop": False, "id_slot": 0, "tokens_predicted": run.stats.n_generated,
+                 "tokens_evaluated": run.started.n_prompt_tokens if run.started else 0}
+            if req.n_probs:
+                d["completion_probabilities"] = llama_probs(state.engine, ch.step.logprobs)
+            yield _data(d)
+    yield _data(_final(state, run, req, "", stop_type, bool(run.started and run.started.truncated), []))
 
 
 def _data(obj: dict[str, Any]) -> str:

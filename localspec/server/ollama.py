@@ -17,6 +17,7 @@ from ..fim import build_infill, require_fim
 from ..session import Engine
 from .common import ClientGone, Run, State, chat_prompt, sampling, speculative, stops
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
+from .structured import request_extras
 from .worker import Job
 
 VERSION = "0.6.3"  # the Ollama API version these routes follow
@@ -59,7 +60,7 @@ def router(state: State) -> APIRouter:
 
             def build(e: Engine) -> tuple[list[int] | str, bool]:
                 return chat_prompt(e, msgs)
-        return await _answer(state, req.options, req.stream, request, build, chat=False)
+        return await _answer(state, req.options, req.stream, request, build, chat=False, fmt=req.format)
 
     @r.post("/api/chat")
     async def chat(req: OllamaChatRequest, request: Request) -> Response:
@@ -69,7 +70,8 @@ def router(state: State) -> APIRouter:
             return JSONResponse(_head(state) | {"message": {"role": "assistant", "content": ""}, "done": True,
                                                 "done_reason": "load"})
         msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-        return await _answer(state, req.options, req.stream, request, lambda e: chat_prompt(e, msgs), chat=True)
+        return await _answer(state, req.options, req.stream, request, lambda e: chat_prompt(e, msgs), chat=True,
+                             fmt=req.format)
 
     return r
 
@@ -80,7 +82,7 @@ def _model_entry(state: State) -> dict[str, Any]:
     st = p.stat()
     meta = e.metadata
     arch = meta.get("general.architecture", "")
-    return {"name": e.name, "model": e.name,
+    return {"name": state.model_name, "model": state.model_name,
             "modified_at": datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat(),
             "size": st.st_size, "digest": f"{st.st_size:x}{int(st.st_mtime):x}".rjust(64, "0"),
             "details": {"format": "gguf", "family": arch, "families": [arch] if arch else [],
@@ -90,14 +92,15 @@ def _model_entry(state: State) -> dict[str, Any]:
 
 
 def _head(state: State) -> dict[str, Any]:
-    return {"model": state.engine.name, "created_at": datetime.now(timezone.utc).isoformat()}
+    return {"model": state.model_name, "created_at": datetime.now(timezone.utc).isoformat()}
 
 
 async def _answer(state: State, options: OllamaOptions | None, stream: bool, request: Request, build,
-                  *, chat: bool) -> Response:
+                  *, chat: bool, fmt: str | dict | None = None) -> Response:
     o = options or OllamaOptions()
     t0 = time.perf_counter()
-    job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS),
+    extra = request_extras(state.engine, ollama_format=fmt)
+    job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop))
     run = Run(state, job, request)
     try:

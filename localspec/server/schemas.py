@@ -2,7 +2,7 @@
 with a JSON body, never a 500) and publishes them in /openapi.json, which the schemathesis run fuzzes.
 
 Unknown fields are accepted and ignored (`extra="allow"`): clients send many options we do not use
-(llama.vim's `samplers`, `id_slot`; OpenAI's `logit_bias`; Ollama's `keep_alive`).
+(llama.vim's `samplers`, `id_slot`; OpenAI's `user`; Ollama's `keep_alive`); docs/server.md lists which.
 Limits that depend on the loaded model (context size) are checked in the routes.
 """
 
@@ -22,12 +22,20 @@ class _Body(BaseModel):
 Stop = str | list[str] | None
 
 
+LogitBias = dict[str, float | bool] | list[list[Any]] | None
+Schema = dict[str, Any] | None
+
+
 class Sampling(_Body):
     temperature: float | None = Field(None, ge=0, le=100)
     top_k: int | None = Field(None, ge=0, le=1 << 20)
     top_p: float | None = Field(None, ge=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+    logit_bias: LogitBias = None
+    grammar: str | None = None  # GBNF (llama.cpp)
+    json_schema: Schema = None  # llama.cpp
+    response_format: Schema = None  # OpenAI: {"type": "json_object" | "json_schema" | "text", ...}
 
 
 # -- llama.cpp --------------------------------------------------------------------------------------------------
@@ -43,11 +51,16 @@ class CompletionRequest(Sampling):
     n_indent: int = Field(0, ge=0, le=1 << 16)
     response_fields: list[str] | None = None
     model: str | None = None
+    return_tokens: bool = False
+    n_probs: int = Field(0, ge=0, le=1024, description="top tokens' logprobs per generated token (0 = off)")
+    post_sampling_probs: bool = False
 
 
 class ExtraChunk(_Body):
-    text: str = ""
-    filename: str = "tmp"
+    """llama-server's rule: `text` must be a string, `filename` (optional) too; anything else is a 400."""
+
+    text: str = Field(strict=True)
+    filename: str = Field("tmp", strict=True)
 
 
 class InfillRequest(CompletionRequest):
@@ -70,7 +83,8 @@ class OAICompletionRequest(Sampling):
     stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, description="only 1: one choice per request")
+    logprobs: int | None = Field(None, ge=0, le=1024, description="top tokens' logprobs per token (legacy)")
 
 
 class ChatMessage(_Body):
@@ -86,7 +100,9 @@ class OAIChatRequest(Sampling):
     stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, description="only 1: one choice per request")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=1024)
 
 
 # -- Ollama -----------------------------------------------------------------------------------------------------
@@ -109,6 +125,18 @@ class OllamaGenerateRequest(_Body):
     raw: bool = False
     stream: bool = True
     options: OllamaOptions | None = None
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
+
+
+class TokenizeRequest(_Body):
+    content: str = ""
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int] = Field(default_factory=list)
 
 
 class OllamaMessage(_Body):
@@ -121,3 +149,4 @@ class OllamaChatRequest(_Body):
     messages: list[OllamaMessage] = Field(default_factory=list)
     stream: bool = True
     options: OllamaOptions | None = None
+    format: str | dict[str, Any] | None = None

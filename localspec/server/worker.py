@@ -28,15 +28,25 @@ log = logging.getLogger("localspec.server")
 Prompt = str | list[int]
 
 
+class ExceedContext(LocalspecError):
+    """The prompt does not fit the context: llama-server's `exceed_context_size_error`, with its two numbers."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens), "
+                         "try increasing it (--ctx) or shortening the prompt")
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
+
 @dataclass(frozen=True)
 class Started:
     """First event of a job: the prompt is built and fits; generation begins."""
 
     n_prompt_tokens: int
-    spec: bool  # speculation on for this job
+    spec: bool  # speculation allowed for this job (drafts may still not be made: see Stats.draft_n)
     reason: str  # why it is off ("" when on)
     truncated: bool = False
     queued_ms: float = 0.0
+    prompt_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,10 @@ class Worker:
             spec, reason = self._speculate(job, waiting)
             prompt, truncated = job.build(self.engine)
             tokens = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-            started = Started(len(tokens), spec, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3)
+            if len(tokens) >= self.engine.target.n_ctx:
+                raise ExceedContext(len(tokens), self.engine.target.n_ctx)
+            started = Started(len(tokens), spec, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3,
+                              tuple(tokens))
             gen = self.engine.generate(tokens, params=job.params, max_tokens=job.max_tokens, stop=job.stop,
                                        spec=spec, should_stop=job.cancelled.is_set)
             first = True
