@@ -1,6 +1,7 @@
-"""Server benchmark: /infill latency with a cold vs warm prompt cache on a 200-line file, and completion tokens/s
-with and without speculation. Two real servers (spec on, --no-spec) on free ports; requests are interleaved
-so machine noise hits both alike; we report medians and ratios.
+"""Server benchmark: /infill latency with a cold vs warm prompt cache on a 200-line file, completion tokens/s
+with and without speculation, and the same for structured output (a JSON schema: the grammar masks every
+verified row). Two real servers (spec on, --no-spec) on free ports; requests are interleaved so machine noise
+hits both alike; we report medians and ratios.
 
     python scripts/bench_server.py [--model PATH] [--fim] [--rounds 5] [--ctx 2048]
 
@@ -57,24 +58,32 @@ def bench_infill(url: str, rounds: int) -> dict:
             "warm_tokens_cached": statistics.median(cached), "warm_prompt_n": statistics.median(evaluated)}
 
 
-def completion(c: httpx.Client, prompt: str, n: int) -> dict:
-    r = c.post("/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0})
+SCHEMA = {"type": "object", "required": ["items"], "additionalProperties": False,
+          "properties": {"items": {"type": "array", "items": {"type": "string"}}}}
+JSON_PROMPTS = [
+    'List these colours as JSON {"items": [...]}: red, green, blue, yellow, purple, orange, black, white\n',
+    'Return {"items": [...]} with the words of: the quick brown fox jumps over the lazy dog\n',
+]
+
+
+def completion(c: httpx.Client, prompt: str, n: int, **extra) -> dict:
+    r = c.post("/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0, **extra})
     r.raise_for_status()
     return r.json()
 
 
-def bench_tps(spec_url: str, plain_url: str, rounds: int, n: int) -> dict:
+def bench_tps(spec_url: str, plain_url: str, rounds: int, n: int, prompts: list[str] = PROMPTS, **extra) -> dict:
     tps: dict[str, list[float]] = {"spec": [], "plain": []}
     acc = [0, 0]
     with httpx.Client(base_url=spec_url, timeout=300) as s, httpx.Client(base_url=plain_url, timeout=300) as p:
         for _ in range(rounds):
-            for prompt in PROMPTS:
+            for prompt in prompts:
                 for name, c in (("spec", s), ("plain", p)):  # interleaved
-                    b = completion(c, prompt, n)
+                    b = completion(c, prompt, n, **extra)
                     tps[name].append(b["timings"]["predicted_per_second"])
                     if name == "spec":
-                        acc[0] += b["timings"]["draft_n"]
-                        acc[1] += b["timings"]["draft_n_accepted"]
+                        acc[0] += b["timings"].get("draft_n", 0)
+                        acc[1] += b["timings"].get("draft_n_accepted", 0)
     med = {k: statistics.median(v) for k, v in tps.items()}
     return {"spec_tok_s": med["spec"], "plain_tok_s": med["plain"], "speedup": med["spec"] / med["plain"],
             "draft_n": acc[0], "draft_n_accepted": acc[1], "acceptance_rate": acc[1] / acc[0] if acc[0] else 0.0}
@@ -101,8 +110,10 @@ def main() -> None:
         model = str(out)
     base = (["--model", model] if model else []) + ["--ctx", str(a.ctx)]
     with ServerProcess(base) as spec, ServerProcess(base + ["--no-spec"]) as plain:
-        result = {"infill": bench_infill(spec.url, a.rounds), "completion": bench_tps(spec.url, plain.url,
-                                                                                       a.rounds, a.tokens)}
+        result = {"infill": bench_infill(spec.url, a.rounds),
+                  "completion": bench_tps(spec.url, plain.url, a.rounds, a.tokens),
+                  "json_schema": bench_tps(spec.url, plain.url, a.rounds, a.tokens, JSON_PROMPTS,
+                                           json_schema=SCHEMA)}
     print(json.dumps(result, indent=2))
 
 

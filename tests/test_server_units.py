@@ -7,7 +7,7 @@ import pytest
 
 from localspec.fim import (CURRENT_FILE, REPO_NAME, SNIPPET_SEPARATOR, Extra, FimTokens, FimUnsupported,
                            build_infill, indent_cut, require_fim)
-from localspec.server.app import ApiKeyMiddleware
+from localspec.server.app import ApiKeyMiddleware, CorsMiddleware
 from localspec.server.llamacpp import _project
 
 PRE, SUF, MID, REP, SEP, BOS = 901, 902, 903, 904, 905, 1
@@ -102,6 +102,50 @@ async def test_api_key_middleware():
     assert await _call(app, "/v1/models", [(b"authorization", b"Bearer wrong")]) == 401
     assert await _call(app, "/v1/models", [(b"authorization", b"Bearer s3cret")]) == 200
     assert await _call(app, "/api/tags", [(b"x-api-key", b"s3cret")]) == 200
+
+
+async def test_cors_preflight_comes_before_the_api_key():
+    """Browsers send no Authorization on a preflight: it must be answered (200), not 401 or 405."""
+    async def ok_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = CorsMiddleware(ApiKeyMiddleware(ok_app, key="s3cret"))
+    sent: list[dict] = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    headers = [(b"origin", b"http://localhost:8080"), (b"access-control-request-method", b"POST")]
+    await app({"type": "http", "path": "/v1/chat/completions", "method": "OPTIONS", "headers": headers},
+              receive, send)
+    start = sent[0]
+    assert start["status"] == 200
+    assert (b"access-control-allow-origin", b"http://localhost:8080") in start["headers"]
+    assert await _call(app, "/v1/models", [(b"origin", b"http://localhost:8080")]) == 401  # the key still rules
+
+
+def test_cors_origin_rules():
+    local = CorsMiddleware(None)
+    assert local.allow("http://localhost:5173") == "http://localhost:5173"
+    assert local.allow("http://[::1]:80") == "http://[::1]:80" and local.allow("http://app.localhost")
+    assert local.allow("https://example.com") is None and local.allow("") is None
+    assert CorsMiddleware(None, "*").allow("https://example.com") == "*"
+    listed = CorsMiddleware(None, "https://a.example, https://b.example")
+    assert listed.allow("https://b.example") and listed.allow("https://c.example") is None
+
+
+def test_draft_len_mode_is_this_requests_most_common_draft_length():
+    from localspec.server.common import draft_len_mode
+    from localspec.stats import Stats
+
+    assert draft_len_mode(Stats()) == 0
+    # rounds with drafts of length 4, 4, 4, 2: position 0..1 drafted 4 times, 2..3 three times
+    assert draft_len_mode(Stats(drafted_at=(4, 4, 3, 3))) == 4
+    assert draft_len_mode(Stats(drafted_at=(5, 5, 1))) == 2
 
 
 def test_metrics_text_has_the_promised_series():

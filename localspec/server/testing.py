@@ -17,7 +17,7 @@ _READY = re.compile(r"localspec serve: http://([^:\s]+):(\d+)")
 class ServerProcess:
     """`with ServerProcess(["--ctx", "1024"]) as srv: srv.url` — the process is stopped on exit."""
 
-    def __init__(self, args: list[str], *, timeout: float = 120.0, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], *, timeout: float = 300.0, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.timeout = timeout
         self.env = {**os.environ, **(env or {})}
