@@ -129,7 +129,8 @@ def test_ollama_generate_chat_tags(server, model_name):
     assert parts[-1].done and not any(p.done for p in parts[:-1])
     assert "".join(p.message.content for p in parts)
     with httpx.stream("POST", server.url + "/api/generate", json={"model": model_name, "prompt": "1, 2, 3,",
-                                                                 "options": {"num_predict": 6}}) as raw:
+                                                                 "options": {"num_predict": 6}},
+                      timeout=120) as raw:
         assert raw.headers["content-type"].startswith("application/x-ndjson")  # streaming is the default
         objs = [json.loads(ln) for ln in raw.iter_lines() if ln]
     assert objs[-1]["done"] is True and objs[-1]["speculative"]["drafter"] == "lookup"
@@ -137,7 +138,7 @@ def test_ollama_generate_chat_tags(server, model_name):
     with pytest.raises(ollama.ResponseError, match="declares no FIM tokens") as e:
         client.generate(model=model_name, prompt="def f(", suffix="\n", stream=False)
     assert e.value.status_code == 400
-    assert httpx.get(server.url + "/api/version").json()["version"]
+    assert httpx.get(server.url + "/api/version", timeout=60).json()["version"]
 
 
 # -- llama.cpp ---------------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class ServerProcess:
             self.stop()
             raise RuntimeError("server did not start:\n" + "".join(self.log[-20:]))
         threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + self.timeout  # loading took its share: a full window to answer /health
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
