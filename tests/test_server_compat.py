@@ -125,6 +125,7 @@ def test_completion_has_tokens_prompt_and_generation_settings(http):
     assert r["prompt"] == "Once upon a time" and r["model"] == ALIAS
     gs = r["generation_settings"]
     assert gs["temperature"] == 0 and gs["n_predict"] == 6 and gs["top_k"] == 40 and gs["n_probs"] == 2
+    assert gs["repeat_penalty"] == 1.0 and gs["repeat_last_n"] == 64  # the penalties are sampling parameters too
     probs = r["completion_probabilities"]
     assert [p["id"] for p in probs] == r["tokens"] and all(len(p["top_logprobs"]) == 2 for p in probs)
 

@@ -134,7 +134,7 @@ async def _answer(state: State, req: CompletionRequest, request: Request, build)
                            json_schema=req.json_schema, response_format=req.response_format,
                            logprobs=req.n_probs or None)
     job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS,
-                                     **extra),
+                                     penalties=req, **extra),
               max_tokens=state.budget(req.n_predict), stop=stops(req.stop))
     run = Run(state, job, request)
     try:

@@ -21,7 +21,7 @@ from .structured import request_extras
 from .worker import Job
 
 VERSION = "0.6.3"  # the Ollama API version these routes follow
-DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # Ollama's
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1, "repeat_last_n": 64}  # Ollama's
 DONE_REASON = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
 
@@ -100,7 +100,8 @@ async def _answer(state: State, options: OllamaOptions | None, stream: bool, req
     o = options or OllamaOptions()
     t0 = time.perf_counter()
     extra = request_extras(state.engine, ollama_format=fmt)
-    job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS, **extra),
+    job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS,
+                                     penalties=o, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop))
     run = Run(state, job, request)
     try:

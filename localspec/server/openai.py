@@ -103,7 +103,7 @@ async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, requ
                            json_schema=req.json_schema, response_format=req.response_format,
                            logprobs=_logprobs(req, chat))
     job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS,
-                                     **extra),
+                                     penalties=req, **extra),
               max_tokens=state.budget(req.max_tokens, "max_tokens"), stop=stops(req.stop))
     run = Run(state, job, request)
     try:

@@ -32,6 +32,10 @@ class Sampling(_Body):
     top_p: float | None = Field(None, ge=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
+    repeat_last_n: int | None = Field(None, ge=-1, le=1 << 20)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: LogitBias = None
     grammar: str | None = None  # GBNF (llama.cpp)
     json_schema: Schema = None  # llama.cpp
@@ -114,6 +118,10 @@ class OllamaOptions(_Body):
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-1, le=2**63 - 1)
     num_predict: int | None = Field(None, ge=-2, le=MAX_TOKENS, description="-1 = unlimited, -2 = fill context")
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
+    repeat_last_n: int | None = Field(None, ge=-1, le=1 << 20)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     stop: list[str] | None = None
 
 
