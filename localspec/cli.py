@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -18,7 +19,22 @@ COMMANDS = {
 }
 
 
-class LazyGroup(click.Group):
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class FullHelpGroup(click.Group):
+    """A group whose --help lists each command with its whole one-paragraph summary (click cuts it at 45
+    characters with "..."); lines wrap at the terminal width instead."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, cmd.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
+                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class LazyGroup(FullHelpGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -34,16 +50,29 @@ class LazyGroup(click.Group):
                 return None
             raise
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """One full line per command (click's default cuts the summary at 45 characters)."""
-        rows = [(name, cmd.get_short_help_str(limit=90)) for name in self.list_commands(ctx)
-                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode: bool = True, **extra):
+        """Click's standalone mode, but a usage error is one line (`error: ...`) like every other error."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS as e:  # `localspec` / `localspec models` alone: the help
+            click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            sys.exit(0)
+        except click.UsageError as e:
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{where}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(0)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(__version__, prog_name="localspec")
 def main() -> None:
     """localspec: fast local LLM generation with lossless speculative decoding.

@@ -35,3 +35,15 @@ class ModelNotFound(LocalspecError):
     """A model name is not in the registry, or its file is not on disk."""
 
     exit_code = 2
+
+
+class EmptyPrompt(LocalspecError):
+    """There is nothing to complete: an empty prompt argument, file or stdin."""
+
+    exit_code = 2
+
+
+class ContextTooLarge(LocalspecError):
+    """--ctx is above the context the model was trained for (llama.cpp refuses this too)."""
+
+    exit_code = 2

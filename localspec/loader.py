@@ -12,11 +12,14 @@ from .calibration import Calibration
 from .compat import check_pair
 from .controller import DEFAULT_K, Adaptive, Controller, FixedK, family
 from .drafters import LOOKUP, NO_DRAFTER, Drafter, HybridDrafter, ModelDrafter, PromptLookup
-from .errors import IncompatibleDrafter
+from .errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
+from .model_facts import kv_cache_bytes, trained_context
 from .registry import load_registry, resolve_model
 from .session import Engine
 from .suffix import SuffixCache
 from .threads import ThreadControl
+
+DEFAULT_CTX = 4096
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,38 @@ def _draft_ngl(spec: EngineSpec, target_name: str, draft_ref, ngl: int) -> int:
     return spec.ngl if spec.ngl is not None else _entry_ngl(draft_ref.entry, ngl)
 
 
+def context_length(spec: EngineSpec, ref) -> int:
+    """--ctx (refused above the trained context), else models.toml's n_ctx or 4096, capped at the trained one."""
+    if spec.n_ctx:
+        check_context(ref.path, ref.name, spec.n_ctx, spec.load)
+        return spec.n_ctx
+    n_ctx = ref.entry.n_ctx if ref.entry and ref.entry.n_ctx else DEFAULT_CTX
+    try:
+        return min(n_ctx, trained_context(ref.path) or n_ctx)
+    except ModelLoadError:  # not a readable GGUF: llama.cpp's load says why
+        return n_ctx
+
+
+def check_context(path, name: str, n_ctx: int, load: LoadOptions) -> None:
+    """Refuse a context above what the model was trained for, before its KV cache is allocated (llama.cpp
+    only warns, then quality collapses past the trained length)."""
+    try:
+        trained = trained_context(path)
+    except ModelLoadError:  # not a readable GGUF: llama.cpp's load says why
+        return
+    if trained and n_ctx > trained:
+        gb = kv_cache_bytes(path, n_ctx, type_k=load.type_k, type_v=load.type_v) / 1e9
+        raise ContextTooLarge(f"--ctx {n_ctx} is above the trained context of {name} ({trained} tokens; a KV "
+                              f"cache of {n_ctx} tokens would take {gb:.1f} GB): use --ctx {trained} or less")
+
+
 def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
     """Resolve, check, load and calibrate: the Engine a front end generates from."""
     target_ref = resolve_model(spec.model, log=log)
     if spec.load.rpc_servers:  # a dead or wrong address is one line before any model loads
         add_rpc_servers(spec.load.rpc_servers)
     draft, k = choose_drafter(spec, target_ref.name)
-    n_ctx = spec.n_ctx or (target_ref.entry.n_ctx if target_ref.entry and target_ref.entry.n_ctx else 4096)
+    n_ctx = context_length(spec, target_ref)
     ngl = spec.ngl if spec.ngl is not None else _entry_ngl(target_ref.entry, 0)
     opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=ngl, verbose=spec.verbose)
     drafter: Drafter | None = None
@@ -79,6 +107,8 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
         if reasons:
             raise IncompatibleDrafter(f"drafter {draft_ref.name} cannot draft for {target_ref.name}: "
                                       + "; ".join(reasons) + " (pick a drafter with the same tokenizer, or --lookup)")
+        if spec.n_ctx:
+            check_context(draft_ref.path, draft_ref.name, n_ctx, spec.load)
         ngl_d = spec.ngl_draft if spec.ngl_draft is not None else _draft_ngl(spec, target_ref.name, draft_ref, ngl)
         draft_model = Model.load(draft_ref.path, replace(opts.local(), n_gpu_layers=ngl_d))  # stays local
         drafter = ModelDrafter(draft_model, p_min=spec.p_min)

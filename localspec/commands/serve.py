@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from .common import engine_options, engine_spec, friendly_errors, log_err
+from .common import friendly_errors, log_err
+from .options import engine_options
 
 
 @click.command()
-@engine_options
-@click.option("--pair", metavar="NAME", help="A models.toml pair: its target and drafter (and k).")
+@friendly_errors
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (localhost by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8012, show_default=True,
               help="Port (llama.vim's default; 0 = any free port).")
@@ -19,9 +19,8 @@ from .common import engine_options, engine_spec, friendly_errors, log_err
               help="With more requests waiting than this, new jobs decode without speculation.")
 @click.option("--max-predict", type=click.IntRange(1), help="Cap on generated tokens per request.")
 @click.option("--alias", metavar="NAME", help="The model name /v1/models, /api/tags and every response report.")
-@friendly_errors
-def serve(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose, pair, host, port, api_key,
-          spec_max_queue, max_predict, alias):
+@engine_options
+def serve(host, port, api_key, spec_max_queue, max_predict, alias, spec):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -29,32 +28,23 @@ def serve(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verb
     OpenAI:    POST /v1/completions /v1/chat/completions, GET /v1/models
     Ollama:    POST /api/generate /api/chat, GET /api/tags /api/version
     Metrics:   GET /metrics (Prometheus)
+    Sampling options come with each request (llama.cpp/OpenAI/Ollama field names).
     """
-    from ..errors import ModelNotFound
     from ..loader import load_engine
-    from ..registry import load_registry
     from ..server import ServerConfig, bind
     from ..server import serve as run_server
 
-    if pair:
-        if model or draft:
-            raise click.UsageError("--pair names both models; drop --model/--draft")
-        p = load_registry().pairs.get(pair)
-        if p is None:
-            raise ModelNotFound(f"unknown pair '{pair}'; 'localspec models list' shows the pairs")
-        model, draft, k = p.target, (None if lookup or no_spec else p.drafter), k or p.k
     try:
         sock = bind(host, port)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
-    engine = load_engine(engine_spec(model, draft, lookup, no_spec, k, n_ctx, ngl, ngl_draft, threads, verbose),
-                         log=log_err)
+    engine = load_engine(spec, log=log_err)
     real_port = sock.getsockname()[1]
-    spec = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
+    how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict, alias=alias)
     try:
         run_server(engine, config, sock, on_ready=lambda: log_err(
-            f"localspec serve: http://{host}:{real_port} (model {engine.name}, speculation {spec}, "
+            f"localspec serve: http://{host}:{real_port} (model {engine.name}, speculation {how}, "
             f"n_ctx {engine.target.n_ctx})"))
     finally:
         engine.close()

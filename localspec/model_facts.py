@@ -1,0 +1,121 @@
+"""What a GGUF says about its model, read from the header only: `models show`/`models list` facts, the trained
+context and the KV-cache memory a context length takes (the loader refuses --ctx above the trained context)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .gguf_header import GGUFHeader, read_header
+
+_SPECIAL = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "mask",
+            "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+F16 = 1  # ggml type id of the default KV cache type
+
+
+def _file_type_name(v: int | None) -> str | None:
+    import gguf
+
+    try:
+        return gguf.LlamaFileType(v).name.removeprefix("MOSTLY_") if v is not None else None
+    except ValueError:
+        return str(v)
+
+
+def _dominant_tensor_type(h: GGUFHeader) -> str | None:
+    import gguf
+
+    counts: dict[int, int] = {}
+    for _, dims, t in h.tensors:
+        counts[t] = counts.get(t, 0) + math.prod(dims)
+    if not counts:
+        return None
+    t = max(counts, key=counts.get)
+    try:
+        return gguf.GGMLQuantizationType(t).name
+    except ValueError:
+        return str(t)
+
+
+def _quant(h: GGUFHeader) -> str | None:
+    return _file_type_name(h.kv.get("general.file_type")) or _dominant_tensor_type(h)
+
+
+def describe(path: str | Path) -> dict[str, Any]:
+    """What `localspec models show` prints: facts from the header, as plain data (JSON-ready)."""
+    h = read_header(path)
+    kv = h.kv
+    arch = kv.get("general.architecture", "?")
+    tokens = kv.get("tokenizer.ggml.tokens", ())
+    special = {}
+    for s in _SPECIAL:
+        tid = kv.get(f"tokenizer.ggml.{s}_token_id")
+        if tid is not None:
+            text = tokens[tid].decode("utf-8", "replace") if 0 <= tid < len(tokens) else "?"
+            special[s] = {"id": tid, "text": text}
+    return {
+        "path": str(h.path), "size_bytes": h.path.stat().st_size, "gguf_version": h.version,
+        "name": kv.get("general.name"), "arch": arch, "size_label": kv.get("general.size_label"),
+        "params": sum(math.prod(dims) for _, dims, _t in h.tensors), "n_tensors": len(h.tensors),
+        "n_layers": kv.get(f"{arch}.block_count"), "quant": _quant(h),
+        "context_length": kv.get(f"{arch}.context_length"), "embedding_length": kv.get(f"{arch}.embedding_length"),
+        "vocab_type": kv.get("tokenizer.ggml.model"), "vocab_pre": kv.get("tokenizer.ggml.pre"),
+        "n_vocab": h.array_lengths.get("tokenizer.ggml.tokens", 0),
+        "add_bos": kv.get("tokenizer.ggml.add_bos_token"), "add_eos": kv.get("tokenizer.ggml.add_eos_token"),
+        "special_tokens": special, "fim": all(f"fim_{x}" in special for x in ("pre", "suf", "mid")),
+        "chat_template": "tokenizer.chat_template" in kv,
+    }
+
+
+def quick_facts(path: str | Path) -> dict[str, Any]:
+    """Arch, quant and size for `models list` (skips the vocabulary)."""
+    h = read_header(path, tokens=False)
+    return {"arch": h.kv.get("general.architecture", "?"), "size_bytes": h.path.stat().st_size, "quant": _quant(h)}
+
+
+# -- context length and KV memory -------------------------------------------------------------------------------
+
+def trained_context(path: str | Path) -> int | None:
+    """`<arch>.context_length`: the context the model was trained for (None when the GGUF does not say)."""
+    kv = read_header(path, tokens=False).kv
+    n = kv.get(f"{kv.get('general.architecture', '?')}.context_length")
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def _per_layer(v: Any, n_layer: int) -> list[int]:
+    """A per-layer count that GGUF stores either as one int or as an array (e.g. head_count_kv of hybrid models)."""
+    return [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)] * n_layer
+
+
+def _type_bytes(ggml_type: int | None) -> float:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(F16 if ggml_type is None else ggml_type)]
+    return size / block
+
+
+def kv_cache_bytes(path: str | Path, n_ctx: int, *, type_k: int | None = None, type_v: int | None = None) -> int:
+    """Bytes of K and V cache for `n_ctx` tokens: Σ_layers n_ctx · n_head_kv · (d_k·|K| + d_v·|V|).
+
+    Uses block_count, attention.head_count(_kv), attention.key_length/value_length (else embedding/heads) from
+    the header; 0 when the header lacks them. A sliding-window model (Gemma 3) may use less in practice.
+    """
+    h = read_header(path, tokens=False)
+    kv = h.kv
+    arch = kv.get("general.architecture", "?")
+    g = lambda key: kv.get(f"{arch}.{key}")  # noqa: E731
+    n_layer, heads, emb = g("block_count"), g("attention.head_count"), g("embedding_length")
+    if not n_layer or heads is None:
+        return 0
+    heads_l = _per_layer(heads, n_layer)
+    kv_heads_l = _per_layer(g("attention.head_count_kv") if g("attention.head_count_kv") is not None else heads,
+                            n_layer)
+    total = 0.0
+    for n_head, n_kv in zip(heads_l, kv_heads_l):
+        if not n_head or not n_kv:
+            continue
+        d_k = g("attention.key_length") or (emb // n_head if emb else 0)
+        d_v = g("attention.value_length") or (emb // n_head if emb else 0)
+        total += n_ctx * n_kv * (d_k * _type_bytes(type_k) + d_v * _type_bytes(type_v))
+    return int(total)
