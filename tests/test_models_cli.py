@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import click
 import pytest
 from click.testing import CliRunner
 
@@ -118,29 +117,6 @@ def test_show_device_lists_backends(home):
     d = json.loads(cli("models", "show", "--device", "--json").output)["device"]
     assert any(dev["name"] == "CPU" for dev in d["devices"]) and isinstance(d["gpu_offload"], bool)
     assert cli("models", "show").exit_code == 2
-
-
-def test_offload_options_reach_load_options():
-    from localspec.commands.common import engine_options, engine_spec
-
-    @click.command()
-    @engine_options
-    def probe(**kw):
-        spec = engine_spec(**kw)
-        click.echo(json.dumps({"ngl": spec.ngl, "ngl_draft": spec.ngl_draft, **{
-            k: getattr(spec.load, k) for k in ("main_gpu", "tensor_split", "flash_attn", "type_k", "type_v",
-                                               "rpc_servers")}}))
-
-    r = CliRunner().invoke(probe, ["--ngl", "-1", "--ngl-draft", "0", "--main-gpu", "1", "--tensor-split", "3,1",
-                                   "--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v", "q4_0",
-                                   "--rpc", "10.0.0.2:50052, 10.0.0.3:50052"])
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.output) == {"ngl": -1, "ngl_draft": 0, "main_gpu": 1, "tensor_split": [3.0, 1.0],
-                                    "flash_attn": True, "type_k": 8, "type_v": 2,
-                                    "rpc_servers": ["10.0.0.2:50052", "10.0.0.3:50052"]}
-    d = json.loads(CliRunner().invoke(probe, []).output)
-    assert d["flash_attn"] is None and d["type_k"] is None and d["rpc_servers"] == [] and d["tensor_split"] is None
-    assert CliRunner().invoke(probe, ["--tensor-split", "a,b"]).exit_code == 2
 
 
 def test_rpc_without_an_rpc_build_is_one_clear_line(home):

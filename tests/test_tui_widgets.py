@@ -417,12 +417,3 @@ def test_chat_command_help_and_pair_errors():
     assert "Traceback" not in r.output and "smollm2-135m-lookup" in r.output
     r = CliRunner().invoke(main, ["chat", "--pair", "smollm2-135m-lookup", "--model", "x"])
     assert r.exit_code == 2 and "choose one of --model and --pair" in r.output
-
-
-def test_pair_spec_fills_target_drafter_and_k():
-    from localspec.commands.chat import pair_spec
-    from localspec.loader import EngineSpec
-
-    spec = pair_spec("smollm2-135m-lookup", EngineSpec(), model_given=False)
-    assert (spec.model, spec.draft, spec.k) == ("smollm2-135m", "lookup", 4)
-    assert pair_spec("smollm2-135m-lookup", EngineSpec(draft="none", k=2), model_given=False).draft == "none"

@@ -30,11 +30,16 @@ class Report:
     rows: tuple[Row, ...]
     verdict: str
     command: str
+    partial: bool = False  # interrupted (Ctrl-C): only the runs that finished, no agreement check
 
     @classmethod
-    def build(cls, plan: Plan, results: Sequence[TargetResult], command: str) -> "Report":
+    def build(cls, plan: Plan, results: Sequence[TargetResult], command: str, *, partial: bool = False) -> "Report":
         rows = tuple(r for res in results for r in rows_for(res))
-        return cls(plan, tuple(results), rows, verdict(rows), command)
+        return cls(plan, tuple(results), rows, verdict(rows), command, partial)
+
+    @property
+    def n_runs(self) -> int:
+        return sum(len(r.runs) for r in self.results)
 
 
 def machine() -> dict:
@@ -50,6 +55,7 @@ def to_json(rep: Report) -> dict:
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": rep.command,
+        "partial": rep.partial,
         "machine": machine(),
         "settings": {"ks": list(plan.ks), "auto": plan.auto,
                      "temps": list(plan.temps), "repeats": plan.repeats, "max_tokens": plan.max_tokens,
@@ -167,6 +173,8 @@ def markdown(rep: Report, plot_name: str | None = None, note: str | None = None)
     m = j["machine"]
     out = ["# localspec bench report", "",
            f"Command: `{rep.command}`", "",
+           *([f"**Partial report**: the run was interrupted; {rep.n_runs} finished runs are shown and the greedy "
+              "agreement check was skipped.", ""] if rep.partial else []),
            f"Machine: {m['processor']}, {m['cpu_count']} CPUs, {m['platform']}, Python {m['python']}.  ",
            f"Settings: k = {', '.join(map(str, rep.plan.ks))}{' + auto' if rep.plan.auto else ''}; "
            f"temperatures {', '.join(f'{t:g}' for t in rep.plan.temps)}; {len(rep.plan.prompts)} prompts; "

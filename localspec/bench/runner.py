@@ -244,6 +244,24 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
                 fam.auto[d] = make_adaptive(src, _source_costs(c_start, d, src))
 
     runs: list[Run] = []
+    try:
+        _run_prompts(fam, spec, plan, prompts, cfgs, rendered, k_hist, progress, runs)
+    except KeyboardInterrupt:  # keep the finished runs: the caller writes a partial report
+        raise Interrupted([TargetResult(spec.label, str(spec.path), fam.target.describe(), c_start, tuple(runs), (),
+                                        bool(plain.chat_template))] if runs else []) from None
+
+    costs = merge(c_start, _measure(fam, cost_ctx, max(gammas), spec.lookup, plan.cost_repeats))
+    fam.reset()
+    agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=spec.label,
+                          drafter=r.drafter, k=r.k, task=r.task, prompt_id=r.prompt_id)
+                  for r, base in _greedy_pairs(runs))
+    return TargetResult(spec.label, str(spec.path), fam.target.describe(), costs, tuple(runs), agree,
+                        bool(plain.chat_template))
+
+
+def _run_prompts(fam: _Family, spec: TargetSpec, plan: Plan, prompts, cfgs, rendered, k_hist: int, progress,
+                 runs: list[Run]) -> None:
+    """Every prompt × temperature × repeat × configuration, appended to `runs` as each finishes."""
     for i, p in enumerate(prompts):
         for temp in plan.temps:
             for rep in range(plan.repeats):
@@ -253,14 +271,6 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
                     progress(f"{spec.label} {p.id} {cfg.name} T={temp:g}")
                     r = run_one(fam, cfg, rendered[p.id], params, plan.max_tokens, k_hist)
                     runs.append(Run(spec.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
-
-    costs = merge(c_start, _measure(fam, cost_ctx, max(gammas), spec.lookup, plan.cost_repeats))
-    fam.reset()
-    agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=spec.label,
-                          drafter=r.drafter, k=r.k, task=r.task, prompt_id=r.prompt_id)
-                  for r, base in _greedy_pairs(runs))
-    return TargetResult(spec.label, str(spec.path), fam.target.describe(), costs, tuple(runs), agree,
-                        bool(plain.chat_template))
 
 
 def _measure(fam: _Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
@@ -282,6 +292,23 @@ def _greedy_pairs(runs: Sequence[Run]):
             yield r, plain[(r.prompt_id, r.temp)]
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a bench: `results` holds every target's finished runs (agreement not computed)."""
+
+    def __init__(self, results: list[TargetResult]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+
+
 def run_bench(plan: Plan, progress: Callable[[str], None] = lambda s: None,
               log: Callable[[str], None] = lambda s: None) -> list[TargetResult]:
-    return [bench_target(t, plan, progress, log) for t in plan.targets]
+    """Bench every target in turn; Ctrl-C raises `Interrupted` carrying the runs finished so far."""
+    done: list[TargetResult] = []
+    for t in plan.targets:
+        try:
+            done.append(bench_target(t, plan, progress, log))
+        except Interrupted as e:
+            raise Interrupted(done + e.results) from None
+        except KeyboardInterrupt:  # while loading, warming up or measuring costs
+            raise Interrupted(done) from None
+    return done

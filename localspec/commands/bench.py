@@ -7,13 +7,15 @@ verdict; writes JSON / Markdown / PNG on request. `--from-log` summarises the ac
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
 
 import click
 
-from .common import friendly_errors, log_err
+from .common import EXIT_INTERRUPTED, friendly_errors, log_err
+from .options import NO_DRAFT_HINT, pair_models
 
 QUICK = dict(per_task=1, ks="2,4,auto", max_tokens=64, temps="0", repeats=1)
 FULL = dict(per_task=None, ks="2,4,6,auto", max_tokens=128, temps="0", repeats=1)
@@ -25,12 +27,15 @@ def parse_ks(text: str) -> tuple[tuple[int, ...], bool]:
         part = part.strip().lower()
         if part == "auto":
             auto = True
+        elif part == "0":
+            raise click.BadParameter(f"0 drafts nothing: {NO_DRAFT_HINT} (plain decoding is always measured)",
+                                     param_hint="-k")
         elif part.isdigit() and 1 <= int(part) <= 32:
             ks.append(int(part))
         elif part:
-            raise click.BadParameter(f"'{part}' is not a draft length 1..32 or 'auto'", param_hint="--k")
+            raise click.BadParameter(f"'{part}' is not a draft length 1..32 or 'auto'", param_hint="-k")
     if not ks and not auto:
-        raise click.BadParameter("give at least one k", param_hint="--k")
+        raise click.BadParameter("give at least one k", param_hint="-k")
     return tuple(sorted(set(ks))), auto
 
 
@@ -39,8 +44,8 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
         vals = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"'{text}' is not a comma-separated list of numbers", param_hint=hint) from None
-    if not vals or any(v < 0 for v in vals):
-        raise click.BadParameter("need one or more values >= 0", param_hint=hint)
+    if not vals or any(not math.isfinite(v) or v < 0 for v in vals):
+        raise click.BadParameter("need one or more finite values >= 0", param_hint=hint)
     return vals
 
 
@@ -49,10 +54,12 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
               help="Target model (repeatable; default: the embedded SmolLM2-135M).")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH",
               help="Model drafter (repeatable); used for every target whose tokenizer it shares.")
-@click.option("--pair", "pairs", multiple=True, metavar="TARGET=DRAFTER", help="An explicit target/drafter pair.")
+@click.option("--pair", "pairs", multiple=True, metavar="NAME|TARGET=DRAFTER",
+              help="A models.toml pair, or an explicit target/drafter pair (repeatable).")
 @click.option("--lookup", is_flag=True, help="Bench prompt lookup (the default when no --draft/--pair is given).")
 @click.option("--all-drafters", is_flag=True, help="Prompt lookup and every given or registry-paired drafter.")
-@click.option("--k", "ks", metavar="LIST", help="Draft lengths, e.g. 1,2,4,6,8, or 'auto' (adaptive controller).")
+@click.option("-k", "--k", "ks", metavar="LIST", help="Draft lengths, e.g. 1,2,4,6,8, and/or 'auto' (the adaptive "
+              "controller; default 2,4,6,auto, --quick 2,4,auto). No drafting (plain) is always measured.")
 @click.option("--tasks", metavar="LIST", help="Tasks to run: code,edit,chat,rag,json,prose (default: all).")
 @click.option("--per-task", type=click.IntRange(1), help="Prompts per task (default: all; --quick: 1).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Your own prompts (JSONL with "
@@ -60,10 +67,11 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--temp", "temps", metavar="LIST", help="Temperatures, e.g. 0,0.8 (default 0).")
 @click.option("--repeats", type=click.IntRange(1), help="Runs per prompt and configuration (default 1).")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), help="New tokens per run (default 128; --quick 64).")
-@click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4,auto, 64 tokens): under a minute here.")
+@click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4,auto, 64 tokens): a few "
+              "minutes on a 2-core CPU with the default model.")
 @click.option("--ctx", "n_ctx", type=click.IntRange(256), default=2048, show_default=True, help="Context length.")
 @click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores).")
-@click.option("--seed", type=int, default=1234, show_default=True, help="Sampling seed (T > 0).")
+@click.option("--seed", type=click.IntRange(0), default=1234, show_default=True, help="Sampling seed (T > 0).")
 @click.option("--busy", type=click.IntRange(0), default=0, metavar="N",
               help="Run N CPU-bound background processes during the bench (always stopped; noted in the report).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the full results as JSON.")
@@ -86,8 +94,8 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     if log_file:
         return _from_log(log_file, json_file)
     from ..bench.busy import busy as busy_machine
-    from ..bench.report import Report, text_table, write_json, write_markdown
-    from ..bench.runner import Plan, count_runs, run_bench
+    from ..bench.report import Report
+    from ..bench.runner import Interrupted, Plan, count_runs, run_bench
     from ..bench.tasks import builtin_prompts, load_prompts, select
 
     d = QUICK if quick else FULL
@@ -100,14 +108,32 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
                 temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
                 max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed, busy=busy)
     total = count_runs(plan)
+    partial = False
     with busy_machine(busy), click.progressbar(length=total, label="bench", file=sys.stderr, show_pos=True,
                                                item_show_func=lambda s: s) as bar:
-        results = run_bench(plan, progress=_progress(bar, total), log=log_err)
+        try:
+            results = run_bench(plan, progress=_progress(bar, total), log=log_err)
+        except Interrupted as e:
+            results, partial = e.results, True
+    if partial and not results:
+        log_err("bench: interrupted before any run finished; no report")
+        sys.exit(EXIT_INTERRUPTED)
     command = "localspec bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench") \
         if Path(sys.argv[0]).name == "localspec" else "localspec bench (API)"
-    rep = Report.build(plan, results, command)
+    rep = Report.build(plan, results, command, partial=partial)
+    if partial:
+        log_err(f"bench: interrupted; partial report of the {rep.n_runs} finished runs of {total}")
+    _write(rep, json_file, md_file, plot_file, note)
+    if partial:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _write(rep, json_file: str | None, md_file: str | None, plot_file: str | None, note: str | None) -> None:
+    """The table and verdict on stdout; the JSON / PNG / Markdown files asked for."""
+    from ..bench.report import text_table, write_json, write_markdown
+
     click.echo(text_table(rep))
-    click.echo("verdict: " + rep.verdict)
+    click.echo(("verdict (partial): " if rep.partial else "verdict: ") + rep.verdict)
     if json_file:
         write_json(rep, json_file)
     if plot_file:
@@ -144,14 +170,22 @@ def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
     def target(ref) -> dict:
         return specs.setdefault(ref.name, {"path": ref.path, "drafters": {}})
 
-    for name in models or [None]:
+    for name in models or ([] if pairs else [None]):
         target(resolve_model(name, log=quiet))
     for pair in pairs:
         t, sep, dr = pair.partition("=")
-        if not sep or not t or not dr:
-            raise click.BadParameter(f"'{pair}' is not TARGET=DRAFTER", param_hint="--pair")
-        tr, drf = resolve_model(t, log=quiet), resolve_model(dr, log=quiet)
-        target(tr)["drafters"][drf.name] = drf.path  # compatibility is checked when the runner loads the pair
+        if not sep:  # a models.toml pair name
+            p = pair_models(pair)
+            t, dr = p.target, (None if p.drafter == "lookup" else p.drafter)
+            want_lookup = want_lookup or dr is None
+        elif not t or not dr:
+            raise click.BadParameter(f"'{pair}' is not NAME or TARGET=DRAFTER", param_hint="--pair")
+        tr = resolve_model(t, log=quiet)
+        if dr:  # compatibility is checked when the runner loads the pair
+            drf = resolve_model(dr, log=quiet)
+            target(tr)["drafters"][drf.name] = drf.path
+        else:
+            target(tr)
     extra = list(drafts)
     if all_drafters:
         reg = load_registry()

@@ -85,8 +85,9 @@ def list_(as_json: bool) -> None:
 
 @models.command()
 @click.argument("spec", metavar="NAME|PAIR|OWNER/REPO[:QUANT]")
+@click.option("--verbose", is_flag=True, help="Show the hub client's retries and warnings.")
 @friendly_errors
-def pull(spec: str) -> None:
+def pull(spec: str, verbose: bool) -> None:
     """Download a model (or both models of a pair) into the Hugging Face cache; resumes, verifies sha256."""
     from .. import hub
     from ..errors import ModelNotFound
@@ -98,7 +99,7 @@ def pull(spec: str) -> None:
     elif spec in reg.models:
         names = [spec]
     elif hub.looks_like_hub_id(spec):
-        path = hub.pull(hub.parse_hub_spec(spec), log=log_err)
+        path = hub.pull(hub.parse_hub_spec(spec), log=log_err, verbose=verbose)
         click.echo(f"{spec}: {path} ({_human(path.stat().st_size)})")
         return
     else:
@@ -107,7 +108,8 @@ def pull(spec: str) -> None:
     for name in names:
         e = reg.models[name]
         if e.hf:
-            path = hub.pull(hub.HubRef(e.hf, file=e.file, quant=e.quant, revision=e.revision), log=log_err)
+            path = hub.pull(hub.HubRef(e.hf, file=e.file, quant=e.quant, revision=e.revision), log=log_err,
+                            verbose=verbose)
         else:
             path = entry_path(e, fetch=True, log=log_err)
         click.echo(f"{name}: {path} ({_human(path.stat().st_size)})")
@@ -228,7 +230,7 @@ def rm(spec: str) -> None:
             p = entry_path(e, fetch=False)
         except LocalspecError:
             p = None
-        if p is not None and cache_dir() not in p.parents:
+        if p is not None and cache_dir() not in p.parents and not e.assemble:  # an assembled file is ours
             raise LocalspecError(f"'{spec}' is read from the installed package ({p}); pip uninstall it instead")
         removed = [p] if p is not None else []
         for x in removed:
