@@ -52,6 +52,8 @@ class LazyGroup(FullHelpGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode: bool = True, **extra):
         """Click's standalone mode, but a usage error is one line (`error: ...`) like every other error."""
+        from .commands.common import error_line
+
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -61,10 +63,10 @@ class LazyGroup(FullHelpGroup):
             sys.exit(0)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            click.echo(f"error: {e.format_message()}{where}", err=True)
+            error_line(f"{e.format_message()}{where}")
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            click.echo(f"error: {e.format_message()}", err=True)
+            error_line(e.format_message())
             sys.exit(e.exit_code)
         except click.Abort:
             click.echo("interrupted", err=True)

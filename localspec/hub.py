@@ -235,7 +235,7 @@ def unreachable() -> str | None:
 
 
 @contextmanager
-def _hub_logs(verbose: bool):
+def hub_logs(verbose: bool):
     """huggingface-hub's retry warnings only with --verbose: a failed pull is one line from us."""
     logger = logging.getLogger("huggingface_hub")
     level = logger.level
@@ -255,7 +255,7 @@ def pull(ref: HubRef, *, log=print, verbose: bool = False) -> Path:
     if why:
         raise HubError(f"cannot reach {endpoint()} ({why}): no network? check it or HF_ENDPOINT, then run the "
                        "pull again (it resumes)")
-    with _hub_logs(verbose):
+    with hub_logs(verbose):
         return _pull(ref, log)
 
 

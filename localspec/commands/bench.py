@@ -118,14 +118,23 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     if partial and not results:
         log_err("bench: interrupted before any run finished; no report")
         sys.exit(EXIT_INTERRUPTED)
-    command = "localspec bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench") \
-        if Path(sys.argv[0]).name == "localspec" else "localspec bench (API)"
+    command = _command_line()
     rep = Report.build(plan, results, command, partial=partial)
     if partial:
         log_err(f"bench: interrupted; partial report of the {rep.n_runs} finished runs of {total}")
     _write(rep, json_file, md_file, plot_file, note)
     if partial:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _command_line() -> str:
+    """The command as typed, for the report; the home directory is written ~ so reports carry no user paths."""
+    if Path(sys.argv[0]).name != "localspec":
+        return "localspec bench (API)"
+    home = str(Path.home())
+    args = [("~/" + shlex.quote(a[len(home) + 1:])) if a.startswith(home + "/") else shlex.quote(a)
+            for a in sys.argv[1:] if a != "bench"]
+    return "localspec bench " + " ".join(args)
 
 
 def _write(rep, json_file: str | None, md_file: str | None, plot_file: str | None, note: str | None) -> None:
