@@ -102,3 +102,29 @@ def test_user_errors_are_one_line(args, code, needle, smollm2_path):
     assert res.exit_code == code, res.output
     assert needle in res.output
     assert "Traceback" not in res.output
+
+
+def test_ctrl_c_writes_a_partial_report_of_the_finished_runs(smollm2_path, tmp_path):
+    """A real SIGINT to the console script once two runs are done: exit 130, both runs kept, marked partial."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    exe = shutil.which("localspec")
+    cmd = [exe] if exe else [sys.executable, "-m", "localspec"]
+    p = subprocess.Popen(cmd + ["bench", "--quick", "--model", str(smollm2_path), "--tasks", "edit,prose", "-k", "2",
+                                "--max-tokens", "8", "--ctx", "1024", "--json", str(tmp_path / "p.json"),
+                                "--markdown", str(tmp_path / "p.md")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:  # stderr is not a terminal: one line as each run starts
+        if line.startswith("bench: run 3/"):
+            p.send_signal(signal.SIGINT)
+            break
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "partial report of the 2 finished runs of 4" in err
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["partial"] is True and len(d["runs"]) == 2 and d["agreement"] == []
+    assert "**Partial report**" in (tmp_path / "p.md").read_text()
+    assert "verdict (partial): " in out

@@ -146,3 +146,41 @@ def test_offload_options_reach_load_options():
     assert d["flash_attn"] is None and d["type_k"] is None and d["rpc_servers"] == [] and d["tensor_split"] is None
     for bad in ("a,b", "0,0", "nan,1"):
         assert CliRunner().invoke(load_probe, ["--tensor-split", bad]).exit_code == 2
+
+
+def test_readme_lists_every_exit_code():
+    """Every exit code the program uses (LocalspecError subclasses, click usage errors, Ctrl-C, closed stdout)."""
+    import importlib
+    import pkgutil
+    import re
+    from pathlib import Path
+
+    import localspec
+    from localspec.commands.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
+    from localspec.errors import LocalspecError
+
+    for m in pkgutil.walk_packages(localspec.__path__, "localspec."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+
+    def subclasses(c):
+        return {c} | {s for sub in c.__subclasses__() for s in subclasses(sub)}
+
+    codes = {c.exit_code for c in subclasses(LocalspecError)} | {0, 2, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE}
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    listed = {int(x) for x in re.findall(r"^\| `(\d+)` \|", readme, re.M)}
+    assert codes <= listed, codes - listed
+
+
+def test_mode_and_k_report_what_happened():
+    from types import SimpleNamespace
+
+    from localspec.commands.run import k_used, run_mode
+
+    assert k_used({"4": 2, "8": 7, "0": 30}) == 8  # the γ of most drafting rounds, not the configured one
+    assert k_used({"2": 3, "5": 3}) == 5 and k_used({}) == 0 and k_used({"0": 9}) == 0
+    fixed = SimpleNamespace(adaptive=False, spec_disabled_reason=None)
+    off = SimpleNamespace(adaptive=True, spec_disabled_reason="would be 20 % slower")
+    assert run_mode(False, 0, None) == "plain"
+    assert run_mode(True, 0, fixed) == "spec"  # --no-adaptive -n 1: nothing drafted, nothing switched off
+    assert run_mode(True, 0, off) == "auto-off" and run_mode(True, 5, off) == "spec"

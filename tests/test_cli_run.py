@@ -84,3 +84,24 @@ def test_chat_template_from_models_toml_overrides_the_gguf(tmp_path, gemma_path,
     r = _run("--model", "gemma-chat", "--chat", "--no-spec", "-n", "4", "--json", "hi")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] >= 1
+
+
+def test_labels_tell_what_happened_for_a_one_token_request(smollm2_path):
+    """--no-adaptive never switches speculation off, so -n 1 is "spec", not "auto-off"; a 1-token prompt has no
+    prefill rate to report (its time is one decode step)."""
+    r = _run("--json", "--no-adaptive", "-k", "3", "-n", "1", "--prompt", "Hi")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["mode"] == "spec" and out["prompt_tokens"] == 1 and out["prompt_per_second"] == 0
+    assert out["stats"]["prompt_per_second"] == 0
+    r = _run("--no-spec", "-n", "2", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert "prompt 1 tok (0 cached)" in r.stderr and "cached) " not in r.stderr
+
+
+def test_chat_run_samples_with_chat_defaults_and_plain_run_is_greedy(smollm2_path):
+    plain = [json.loads(_run("--json", "--no-spec", "-n", "12", "--prompt", "Once upon a time").stdout)["text"]
+             for _ in range(2)]
+    assert plain[0] == plain[1]  # greedy: the same text every time
+    r = _run("--json", "--chat", "--no-spec", "-n", "4", "--seed", "1", "--prompt", "Hi")
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] >= 1, r.stderr
