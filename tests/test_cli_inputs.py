@@ -138,7 +138,8 @@ def run_argv(draw):
     return argv
 
 
-@settings(max_examples=int(os.environ.get("LOCALSPEC_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("LOCALSPEC_FUZZ_EXAMPLES", "300")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=run_argv(), stdin=st.binary(max_size=8))
 def test_no_option_or_prompt_source_reaches_a_traceback(argv, stdin, monkeypatch):
     import localspec.loader

@@ -84,7 +84,8 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
         }))
     else:
         sys.stdout.write("\n")
-        how = f"{mode}: {engine.drafter_name}, k={ctl.label}" if ctl else "plain"
+        mostly = f" (mostly {k})" if ctl and ctl.label == "auto" and k else ""
+        how = f"{mode}: {engine.drafter_name}, k={ctl.label}{mostly}" if ctl else "plain"
         log_err(f"[{engine.name} | {how}] {stats.line()}" + (f" | {thr.line()}" if thr else ""))
         for change in rec.get("thread_changes", []):
             log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
