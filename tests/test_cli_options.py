@@ -61,7 +61,8 @@ def test_every_model_command_takes_the_same_engine_options():
     # serve reads sampling from each request and writes no acceptance log: it does not offer those options
     assert not (sampling | {"--metrics-log", "--task"}) & serve
     bench = _options("bench")
-    assert {"-k", "--k", "--pair", "--model", "--draft", "--lookup", "--ctx", "--threads", "--temp"} <= bench
+    assert {"-k", "--k", "--pair", "--model", "--draft", "--lookup", "--ctx", "--threads", "--temp", "--seed",
+            "--repeat-penalty", "--repeat-last-n"} <= bench
 
 
 def test_serve_help_does_not_advertise_options_it_ignores():
@@ -114,7 +115,7 @@ def test_help_states_the_sampling_defaults():
 
 def test_k_help_tells_the_truth_and_k0_points_to_no_spec():
     out = " ".join(cli("run", "--help").output.split())
-    assert "default: adaptive" in out and "Pin the draft length" in out
+    assert "Default: adaptive" in out and "Pin the draft length" in out and "For no drafting use --no-spec" in out
     for args in (["run", "-k", "0", "hi"], ["bench", "-k", "0"], ["bench", "-k", "2,0"]):
         r = cli(*args)
         assert r.exit_code == 2 and "use --no-spec for no drafting" in r.output, r.output

@@ -52,6 +52,8 @@ class Plan:
     seed: int = 1234
     busy: int = 0  # CPU-bound background processes during the run (bench --busy N)
     cost_repeats: int = 7
+    repeat_penalty: float = 1.0  # applied alike to every configuration (plain and speculative)
+    repeat_last_n: int = 64
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,8 @@ def _run_prompts(fam: _Family, spec: TargetSpec, plan: Plan, prompts, cfgs, rend
     for i, p in enumerate(prompts):
         for temp in plan.temps:
             for rep in range(plan.repeats):
-                params = SamplingParams(temperature=temp, seed=plan.seed + 1000 * i + rep)
+                params = SamplingParams(temperature=temp, seed=plan.seed + 1000 * i + rep,
+                                        repeat_penalty=plan.repeat_penalty, repeat_last_n=plan.repeat_last_n)
                 order = cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]  # rotate: no config always runs first
                 for cfg in order:
                     progress(f"{spec.label} {p.id} {cfg.name} T={temp:g}")

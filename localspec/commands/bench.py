@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from .common import EXIT_INTERRUPTED, friendly_errors, log_err
-from .options import NO_DRAFT_HINT, pair_models
+from .options import NO_DRAFT_HINT, Finite, pair_models
 
 QUICK = dict(per_task=1, ks="2,4,auto", max_tokens=64, temps="0", repeats=1)
 FULL = dict(per_task=None, ks="2,4,6,auto", max_tokens=128, temps="0", repeats=1)
@@ -65,6 +65,10 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Your own prompts (JSONL with "
               "\"task\" and \"prompt\"; \"chat\": false for raw completion).")
 @click.option("--temp", "temps", metavar="LIST", help="Temperatures, e.g. 0,0.8 (default 0).")
+@click.option("--repeat-penalty", type=Finite(0, min_open=True), default=1.0, show_default=True,
+              help="Repeat penalty for every configuration, 1 = off.")
+@click.option("--repeat-last-n", type=click.IntRange(0), default=64, show_default=True,
+              help="Tokens the repeat penalty looks back over.")
 @click.option("--repeats", type=click.IntRange(1), help="Runs per prompt and configuration (default 1).")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), help="New tokens per run (default 128; --quick 64).")
 @click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4,auto, 64 tokens): a few "
@@ -81,8 +85,9 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--from-log", "log_file", type=click.Path(dir_okay=False),
               help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
 @friendly_errors
-def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeats,
-          max_tokens, quick, n_ctx, threads, seed, busy, json_file, md_file, plot_file, note, log_file):
+def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeat_penalty,
+          repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, seed, busy, json_file, md_file, plot_file, note,
+          log_file):
     """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
 
     \b
@@ -106,7 +111,8 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     targets = _targets(models, drafts, pairs, lookup, all_drafters)
     plan = Plan(targets=tuple(targets), prompts=tuple(prompts), ks=k_list, auto=auto,
                 temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
-                max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed, busy=busy)
+                max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed, busy=busy,
+                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
     total = count_runs(plan)
     partial = False
     with busy_machine(busy), click.progressbar(length=total, label="bench", file=sys.stderr, show_pos=True,

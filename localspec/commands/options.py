@@ -21,8 +21,8 @@ import click
 # repeat_last_n 64; Ollama repeat_penalty 1.1). Plain `run` without --chat stays greedy.
 CHAT_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=64)
 PLAIN_SAMPLING = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, repeat_last_n=64)
-K_HELP = ("Pin the draft length γ to N (default: adaptive, γ chosen each round in --k-min..--k-max; with "
-          "--no-adaptive the pair's k from models.toml, else 4). No drafting: --no-spec.")
+K_HELP = ("Pin the draft length γ to N. Default: adaptive, γ chosen each round between --k-min and --k-max "
+          "(with --no-adaptive: the pair's k from models.toml, else 4). For no drafting use --no-spec.")
 NO_DRAFT_HINT = "use --no-spec for no drafting"
 
 
