@@ -55,6 +55,7 @@ CASES = [
     (["run", "--model", "{dir}", "hi"], None, 2, "not a file"),
     (["run", "--model", "{dir}/none.gguf", "hi"], None, 2, "not found"),
     (["run", "--pair", "no-such-pair", "hi"], None, 2, "no pair named"),
+    (["run", "--metrics-log", "{empty}/log.jsonl", "hi"], None, 2, "cannot write"),
     (["run", "--pair", "smollm2-135m-lookup", "--model", "x", "hi"], None, 2, "choose one of --model and --pair"),
     (["chat", "-k", "0"], None, 2, "use --no-spec"),
     (["serve", "--port", "70000"], None, 2, "--port"),

@@ -255,7 +255,12 @@ _METRICS = [
 def _metrics(v: dict, _rest: dict) -> dict:
     from ..metrics import MetricsLog
 
-    return {"metrics_log": MetricsLog(v["metrics_log"]) if v["metrics_log"] else None, "task": v["task"]}
+    try:
+        log = MetricsLog(v["metrics_log"]) if v["metrics_log"] else None
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {v['metrics_log']}: {e.strerror or e} ({e.filename})",
+                                 param_hint="--metrics-log") from None
+    return {"metrics_log": log, "task": v["task"]}
 
 
 metrics_options = bundle(_METRICS, _metrics)
