@@ -67,8 +67,8 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--temp", "temps", metavar="LIST", help="Temperatures, e.g. 0,0.8 (default 0).")
 @click.option("--repeat-penalty", type=Finite(0, min_open=True), default=1.0, show_default=True,
               help="Repeat penalty for every configuration, 1 = off.")
-@click.option("--repeat-last-n", type=click.IntRange(0), default=64, show_default=True,
-              help="Tokens the repeat penalty looks back over.")
+@click.option("--repeat-last-n", type=click.IntRange(-1), default=64, show_default=True,
+              help="Tokens the repeat penalty looks back over (0 = off, -1 = all).")
 @click.option("--repeats", type=click.IntRange(1), help="Runs per prompt and configuration (default 1).")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), help="New tokens per run (default 128; --quick 64).")
 @click.option("--quick", is_flag=True, help="A small run (1 prompt per task, k=2,4,auto, 64 tokens): a few "

@@ -89,7 +89,8 @@ _ENGINE = [
     click.option("--ngl", type=int, help="Target layers to offload to the GPU (-1 = all; default: the model's "
                  "n_gpu_layers in models.toml, else 0)."),
     click.option("--ngl-draft", type=int, help="Drafter layers to offload (default: same as --ngl)."),
-    click.option("--threads", "-t", type=click.IntRange(1, 1024), help="CPU threads (default: all cores)."),
+    click.option("--threads", "-t", type=click.IntRange(1, 1024), help="Pin CPU threads to N for every phase "
+                 "(default: chosen at run time per model and phase)."),
     click.option("--verbose", is_flag=True, help="Show llama.cpp's load log (offload, buffers)."),
     # GPU offload / RPC (docs/models.md)
     click.option("--main-gpu", type=click.IntRange(0), default=0, help="GPU for the whole model or its small "
@@ -219,8 +220,8 @@ def _sampling_block(d: SamplingDefaults) -> list[Callable]:
         click.option("--min-p", type=Finite(0, 1), help=f"Min-p, 0 = off ({d.doc('min_p')})."),
         click.option("--repeat-penalty", type=Finite(0, min_open=True), help="Penalise tokens seen in the last "
                      f"--repeat-last-n tokens, 1 = off ({d.doc('repeat_penalty')})."),
-        click.option("--repeat-last-n", type=click.IntRange(0), help="Tokens the repeat penalty looks back over, "
-                     f"0 = off ({d.doc('repeat_last_n')})."),
+        click.option("--repeat-last-n", type=click.IntRange(-1), help="Tokens the repeat penalty looks back over, "
+                     f"0 = off, -1 = all ({d.doc('repeat_last_n')})."),
         click.option("--seed", type=click.IntRange(0), help="Random seed for sampling (default: random)."),
     ]
 
