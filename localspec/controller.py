@@ -21,7 +21,7 @@ the interval doubling while the probes keep failing.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence, TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -180,6 +180,13 @@ class ControllerState:
         """The draft length chosen in most rounds so far (0 when no round drafted): what "k" means in a report."""
         drafted = {k: n for k, n in self.k_chosen.items() if k > 0}
         return max(drafted, key=lambda k: (drafted[k], k)) if drafted else 0
+
+    def since(self, before: "ControllerState | None") -> "ControllerState":
+        """This state with `k_chosen` counting only the rounds after `before` (a controller lives across
+        requests; a report of one request wants that request's rounds)."""
+        prev = before.k_chosen if before else {}
+        return replace(self, k_chosen={k: n - prev.get(k, 0) for k, n in sorted(self.k_chosen.items())
+                                       if n > prev.get(k, 0)})
 
     def to_dict(self) -> dict:
         return {"adaptive": self.adaptive, "k_chosen": {str(k): n for k, n in sorted(self.k_chosen.items())},
@@ -367,3 +374,39 @@ def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: floa
     if c >= 0.05:
         cost += f", each drafted token {c:.2f}×"
     return f"{source}: {verdict} — drafts accepted {100 * alpha:.0f} %, {cost} (α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})"
+
+
+# -- what one request did, named the same by every front end ----------------------------------------------------
+
+SPEC, PLAIN, AUTO_OFF = "spec", "plain", "auto-off"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What speculation did in one request: `run`, `--json`, the chat, the server and the metrics log all
+    report these, so a label always means the same thing."""
+
+    mode: str  # SPEC: drafts were verified; AUTO_OFF: a drafter was on but the controller chose γ = 0 in every
+    #            round; PLAIN: otherwise (speculation off, or the drafter found nothing to propose)
+    k: int  # the γ the controller chose in most of this request's rounds (0: it never chose to draft)
+    k_chosen: dict[int, int]  # this request's rounds by the γ chosen
+    reason: str | None = None  # the controller's words while it keeps speculation off
+
+
+def request_mode(draft_n: int, rounds: int, *, drafting: bool, k_chosen: Mapping[int, int]) -> str:
+    """The one rule for a request's mode (see `Outcome.mode`)."""
+    if draft_n:
+        return SPEC
+    if drafting and rounds and not any(k > 0 for k in k_chosen):
+        return AUTO_OFF
+    return PLAIN
+
+
+def outcome(before: ControllerState | None, after: ControllerState | None, *, draft_n: int,
+            rounds: int) -> Outcome:
+    """A request's `Outcome` from the controller's state before and after it (None: no drafter in use)."""
+    if after is None:
+        return Outcome(PLAIN, 0, {})
+    req = after.since(before)
+    mode = request_mode(draft_n, rounds, drafting=True, k_chosen=req.k_chosen)
+    return Outcome(mode, req.k_mode, dict(req.k_chosen), after.spec_disabled_reason)

@@ -32,11 +32,7 @@ def request_record(*, model: str, drafter: str, mode: str, stats: Stats, finish:
                    threads_before: ThreadState | None = None, **extra: Any) -> dict[str, Any]:
     """One log line for one request. `before` is the controller's state when the request started, so
     `k_chosen` counts this request's rounds only (the controller lives across requests)."""
-    k_chosen: dict[str, int] = {}
-    if controller is not None:
-        prev = before.k_chosen if before else {}
-        k_chosen = {str(k): n - prev.get(k, 0) for k, n in sorted(controller.k_chosen.items())
-                    if n - prev.get(k, 0) > 0}
+    k_chosen = {str(k): n for k, n in controller.since(before).k_chosen.items()} if controller else {}
     rec: dict[str, Any] = {
         "schema": SCHEMA, "time": round(time.time(), 3), "model": model, "drafter": drafter, "mode": mode,
         "task": task, "finish": finish, "k_chosen": k_chosen,

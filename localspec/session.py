@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Callable, Iterator, Sequence
 
 from .backend import Model
-from .controller import DEFAULT_K, Controller, FixedK
+from .controller import DEFAULT_K, Controller, FixedK, Outcome, outcome
 from .drafters import NO_DRAFTER, Drafter
 from .errors import LocalspecError
 from .sampling import SamplingParams
@@ -34,6 +34,7 @@ class Chunk:
     stats: Stats  # running totals for this request
     finish: str | None = None  # "stop" (EOG or stop string), "length", "context"; None while going
     mode: str = "plain"  # "spec" or "plain" for this round
+    outcome: Outcome | None = None  # on the last chunk: what speculation did in the whole request
 
 
 class ChatTemplateError(LocalspecError):
@@ -152,8 +153,9 @@ class Engine:
         drafter = self.drafter if spec else None
         counter = StatsCounter(t_start)
         text = TextStream(stop)
-        steps = generate(self.target, tokens, drafter=drafter, controller=controller or self.controller,
-                         params=params, max_tokens=max_tokens)
+        ctl = controller or self.controller
+        before = ctl.state() if drafter else None
+        steps = generate(self.target, tokens, drafter=drafter, controller=ctl, params=params, max_tokens=max_tokens)
         if self.threads is not None:
             steps = self.threads.follow(steps)  # thread counts chosen between rounds
         with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
@@ -165,7 +167,10 @@ class Engine:
                     out += text.flush()
                 if not finish and should_stop and should_stop():
                     finish = "cancelled"
-                yield Chunk(out, step, counter.snapshot(), finish, "spec" if step.drafted else "plain")
+                stats = counter.snapshot()
+                done = outcome(before, ctl.state() if drafter else None, draft_n=stats.draft_n,
+                               rounds=stats.rounds) if finish else None
+                yield Chunk(out, step, stats, finish, "spec" if step.drafted else "plain", done)
                 if finish:
                     return
 

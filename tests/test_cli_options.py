@@ -174,14 +174,17 @@ def test_readme_lists_every_exit_code():
 
 
 def test_mode_and_k_report_what_happened():
-    from types import SimpleNamespace
+    """One rule for every front end (controller.outcome): k is the γ chosen in most of THIS request's rounds,
+    auto-off only when the controller chose γ = 0 in every round, plain when nothing was drafted."""
+    from localspec.controller import ControllerState, outcome
 
-    from localspec.commands.run import k_used, run_mode
+    def st(k_chosen, off=None):
+        return ControllerState(True, k_chosen, {}, (), {}, {}, {}, off)
 
-    assert k_used({"4": 2, "8": 7, "0": 30}) == 8  # the γ of most drafting rounds, not the configured one
-    assert k_used({"2": 3, "5": 3}) == 5 and k_used({}) == 0 and k_used({"0": 9}) == 0
-    fixed = SimpleNamespace(adaptive=False, spec_disabled_reason=None)
-    off = SimpleNamespace(adaptive=True, spec_disabled_reason="would be 20 % slower")
-    assert run_mode(False, 0, None) == "plain"
-    assert run_mode(True, 0, fixed) == "spec"  # --no-adaptive -n 1: nothing drafted, nothing switched off
-    assert run_mode(True, 0, off) == "auto-off" and run_mode(True, 5, off) == "spec"
+    before = st({4: 100})
+    o = outcome(before, st({4: 102, 8: 7, 0: 30}), draft_n=40, rounds=39)
+    assert (o.mode, o.k, o.k_chosen) == ("spec", 8, {4: 2, 8: 7, 0: 30})  # not the configured γ, not history
+    assert outcome(None, st({0: 9}, "it would be 20 % slower"), draft_n=0, rounds=9).mode == "auto-off"
+    assert outcome(None, st({4: 1}), draft_n=0, rounds=1).mode == "plain"  # --no-adaptive -n 1: nothing drafted
+    assert outcome(None, None, draft_n=0, rounds=5) == outcome(None, None, draft_n=0, rounds=1)
+

@@ -88,12 +88,12 @@ def test_chat_template_from_models_toml_overrides_the_gguf(tmp_path, gemma_path,
 
 
 def test_labels_tell_what_happened_for_a_one_token_request(smollm2_path):
-    """--no-adaptive never switches speculation off, so -n 1 is "spec", not "auto-off"; a 1-token prompt has no
-    prefill rate to report (its time is one decode step)."""
+    """-n 1 leaves no room to draft: the request decoded plainly, and says "plain" (not "auto-off": the
+    controller switched nothing off); a 1-token prompt has no prefill rate to report (its time is one decode step)."""
     r = _run("--json", "--no-adaptive", "-k", "3", "-n", "1", "--prompt", "Hi")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["mode"] == "spec" and out["prompt_tokens"] == 1 and out["prompt_per_second"] == 0
+    assert out["mode"] == "plain" and out["k"] == 0 and out["prompt_tokens"] == 1 and out["prompt_per_second"] == 0
     assert out["stats"]["prompt_per_second"] == 0
     r = _run("--no-spec", "-n", "2", "Hi")
     assert r.returncode == 0, r.stderr

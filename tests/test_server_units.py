@@ -138,16 +138,6 @@ def test_cors_origin_rules():
     assert listed.allow("https://b.example") and listed.allow("https://c.example") is None
 
 
-def test_draft_len_mode_is_this_requests_most_common_draft_length():
-    from localspec.server.common import draft_len_mode
-    from localspec.stats import Stats
-
-    assert draft_len_mode(Stats()) == 0
-    # rounds with drafts of length 4, 4, 4, 2: position 0..1 drafted 4 times, 2..3 three times
-    assert draft_len_mode(Stats(drafted_at=(4, 4, 3, 3))) == 4
-    assert draft_len_mode(Stats(drafted_at=(5, 5, 1))) == 2
-
-
 def test_metrics_text_has_the_promised_series():
     from localspec.server.metrics import Metrics
 

@@ -22,7 +22,7 @@ from localspec.tui.controls import AUTO, K_STEPS, OFF, ON, SpecControls, SpecSta
 from localspec.tui.palette import chat_commands
 from localspec.tui.screens.loading import LoadingScreen
 from localspec.tui.store import ChatStore
-from localspec.tui.stream import Batcher, Segment, Update, accepted_spans, from_spans, rounds_since, split_accepted
+from localspec.tui.stream import Batcher, Segment, Update, accepted_spans, from_spans, split_accepted
 from localspec.tui.summary import answer_record, meta_line, stats_from_dict
 from localspec.tui.widgets.chat_message import ACCEPTED_STYLE, AssistantMessage
 from localspec.tui.widgets.conversation_list import ConversationList
@@ -315,9 +315,9 @@ def test_answer_stats_across_chats():
     assert reloaded(new, STATS, {"mode": "spec", "k": "auto"}).k == 0  # records written before k was a number
 
 
-def test_rounds_since_counts_this_request_only():
+def test_since_counts_this_request_only():
     before, now = ctl_state({4: 10, 0: 2}), ctl_state({4: 13, 6: 2, 0: 2})
-    assert rounds_since(before, now) == {4: 3, 6: 2}
+    assert now.since(before).k_chosen == {4: 3, 6: 2} and now.since(None).k_chosen == now.k_chosen
 
 
 # -- the controls: the one place the chat changes the engine -------------------------------------------------

@@ -60,11 +60,10 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     stats = last.stats
     ctl = engine.controller.state() if engine.drafter else None
     thr = engine.threads.state() if engine.threads else None
-    mode = run_mode(bool(engine.drafter), stats.draft_n, ctl)
+    mode, k = last.outcome.mode, last.outcome.k  # one rule for every front end (controller.outcome)
     rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
                          finish=last.finish, task=task, controller=ctl, before=before, threads=thr,
                          threads_before=thr_before)
-    k = k_used(rec["k_chosen"]) if engine.drafter else 0
     if metrics_log:
         metrics_log.write(rec)
     if as_json:
@@ -91,21 +90,6 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
             log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
         if ctl and ctl.spec_disabled_reason:
             log_err(f"speculation off: {ctl.spec_disabled_reason}")
-
-
-def run_mode(has_drafter: bool, draft_n: int, ctl) -> str:
-    """"plain" (no drafter), "spec", or "auto-off": only when the controller switched speculation off and nothing
-    was drafted (a fixed-k run that drafted nothing, e.g. -n 1, is still "spec")."""
-    if not has_drafter:
-        return "plain"
-    off = bool(ctl and ctl.adaptive and ctl.spec_disabled_reason)
-    return "auto-off" if off and not draft_n else "spec"
-
-
-def k_used(k_chosen: dict) -> int:
-    """The draft length γ chosen in most of this request's drafting rounds (ties: the longer); 0 when none."""
-    drafted = {int(k): n for k, n in k_chosen.items() if int(k) > 0 and n > 0}
-    return max(drafted, key=lambda k: (drafted[k], k)) if drafted else 0
 
 
 def read_prompt(arg: str | None, opt: str | None, path: str | None) -> str:

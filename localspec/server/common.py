@@ -204,28 +204,22 @@ def spec_policy(engine: Engine) -> tuple[str, int]:
     return st.label, st.k_now
 
 
-def speculative(state: State, started: Started | None, s: Stats) -> dict[str, Any]:
+def speculative(state: State, run: "Run") -> dict[str, Any]:
     """Our extra field: did this request draft (`enabled`: drafts were actually made), why not, and how well
-    it did. `k` is the draft length of most of its drafting rounds (0: none); `k_policy` how γ is chosen."""
-    drafted = s.draft_n > 0
+    it did. `mode` and `k` follow the one rule every front end uses (`controller.outcome`): k is the γ the
+    controller chose in most of this request's rounds; `k_policy` says how γ is chosen."""
+    s, started = run.stats, run.started
+    out = run.last.outcome if run.last else None
     policy, _ = spec_policy(state.engine)
-    d: dict[str, Any] = {"enabled": drafted, "drafter": state.engine.drafter_name, "k_policy": policy,
-                         "k": draft_len_mode(s),
+    d: dict[str, Any] = {"enabled": s.draft_n > 0, "mode": out.mode if out else "plain",
+                         "drafter": state.engine.drafter_name, "k_policy": policy, "k": out.k if out else 0,
                          "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted,
                          "acceptance_rate": s.acceptance_rate,
                          "mean_acceptance_length": s.mean_acceptance_length,
                          "tokens_per_second": s.tokens_per_second, "ttft_ms": s.ttft_ms}
-    if not drafted:
+    if not s.draft_n:
         d["reason"] = _no_draft_reason(state, started)
     return d
-
-
-def draft_len_mode(s: Stats) -> int:
-    """The draft length most of this request's drafting rounds had: rounds of length exactly j are
-    drafted_at[j-1] - drafted_at[j]."""
-    at = list(s.drafted_at) + [0]
-    counts = {j: at[j - 1] - at[j] for j in range(1, len(at))}
-    return max(counts, key=lambda j: (counts[j], j)) if counts else 0
 
 
 def _no_draft_reason(state: State, started: Started | None) -> str:

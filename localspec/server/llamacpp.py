@@ -213,7 +213,7 @@ def _final(state: State, run: Run, req: CompletionRequest, content: str, stop_ty
             "prompt": _prompt_text(state.engine, started.prompt_tokens) if started else "",
             "tokens_cached": s.n_cached, "truncated": truncated, "has_new_line": "\n" in content,
             "stop_type": stop_type, "stopping_word": "",
-            "timings": timings(s), "speculative": speculative(state, started, s)}
+            "timings": timings(s), "speculative": speculative(state, run)}
 
 
 async def _sse(state: State, run: Run, req: CompletionRequest) -> AsyncIterator[str]:

@@ -126,7 +126,7 @@ def _final(state: State, run: Run, t0: float) -> dict[str, Any]:
             "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
             "prompt_eval_count": s.n_prompt, "prompt_eval_duration": int(s.prompt_ms * ns),
             "eval_count": s.n_generated, "eval_duration": int(s.gen_ms * ns),
-            "speculative": speculative(state, run.started, s)}
+            "speculative": speculative(state, run)}
 
 
 async def _ndjson(state: State, run: Run, chat: bool, t0: float) -> AsyncIterator[str]:

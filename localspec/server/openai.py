@@ -146,7 +146,7 @@ def _usage(run: Run) -> dict[str, Any]:
 
 def _extras(state: State, run: Run) -> dict[str, Any]:
     s = run.stats
-    return {"usage": _usage(run), "timings": timings(s), "speculative": speculative(state, run.started, s)}
+    return {"usage": _usage(run), "timings": timings(s), "speculative": speculative(state, run)}
 
 
 async def _sse(state: State, run: Run, ident: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
@@ -172,8 +172,7 @@ async def _sse(state: State, run: Run, ident: str, chat: bool, include_usage: bo
                                                                   offset)))
             offset += len(ch.text)
     final = chunk(None, FINISH[run.last.finish if run.last else "stop"])
-    s = run.stats
-    final.update(timings=timings(s), speculative=speculative(state, run.started, s))
+    final.update(timings=timings(run.stats), speculative=speculative(state, run))
     if not include_usage:
         final["usage"] = _usage(run)  # not OpenAI's, but clients before stream_options read it here
     yield _data(final)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..controller import AUTO_OFF, PLAIN, SPEC, request_mode
 from ..stats import Stats
 
 if TYPE_CHECKING:
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from ..threads import ThreadState
     from .stream import Update
 
-SPEC, PLAIN, AUTO_OFF = "spec", "plain", "auto-off"
 HISTORY = 60  # points kept in each sparkline
 
 
@@ -53,16 +53,6 @@ class AnswerStats:
         return self.controller.spec_disabled_reason if self.controller else None
 
 
-def answer_mode(stats: Stats, *, drafting: bool, k_chosen: Mapping[int, int]) -> str:
-    """SPEC if anything was drafted; AUTO_OFF if a drafter was on but the controller chose γ = 0 every round;
-    else PLAIN (speculation off, or the drafter found nothing to propose)."""
-    if stats.draft_n:
-        return SPEC
-    if drafting and stats.rounds and not any(k > 0 for k in k_chosen):
-        return AUTO_OFF
-    return PLAIN
-
-
 def answer_k(controller: "ControllerState | None", k_chosen: Mapping[int, int]) -> int:
     """The γ chosen in most of this answer's rounds, by the controller's own rule (`ControllerState.k_mode`)."""
     return replace(controller, k_chosen=dict(k_chosen)).k_mode if controller else 0
@@ -72,7 +62,7 @@ def fold(a: AnswerStats, upd: "Update") -> AnswerStats:
     """One more batch of rounds of the answer being written."""
     drafting = upd.controller is not None
     tps = (a.tps_history + (upd.tps_now,))[-HISTORY:] if upd.tps_now else a.tps_history
-    out = replace(a, stats=upd.stats, mode=answer_mode(upd.stats, drafting=drafting, k_chosen=upd.k_chosen),
+    out = replace(a, stats=upd.stats, mode=request_mode(upd.stats.draft_n, upd.stats.rounds, drafting=drafting, k_chosen=upd.k_chosen),
                   k=answer_k(upd.controller, upd.k_chosen), tps_now=upd.tps_now or a.tps_now,
                   controller=upd.controller, threads=upd.threads or a.threads, live=True, finish=upd.finish,
                   tps_history=tps, acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])

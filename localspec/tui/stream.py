@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 from ..drafters import NO_DRAFTER
 from ..sampling import SamplingParams
 from ..stats import Stats
-from .answer import answer_mode
+from ..controller import request_mode
 
 if TYPE_CHECKING:
     from ..controller import ControllerState
@@ -135,12 +135,6 @@ class Batcher:
         return upd
 
 
-def rounds_since(before: "ControllerState", now: "ControllerState") -> dict[int, int]:
-    """Rounds by the γ the controller chose, counted since `before` (the controller lives across requests)."""
-    prev = before.k_chosen
-    return {k: n - prev.get(k, 0) for k, n in sorted(now.k_chosen.items()) if n > prev.get(k, 0)}
-
-
 def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = SamplingParams(),
                    max_tokens: int = 512, spec: bool = True, should_stop: Callable[[], bool] | None = None,
                    metrics_log: "MetricsLog | None" = None, task: str | None = None,
@@ -161,7 +155,7 @@ def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = Sa
         batcher.add(chunk, accepted.decode("utf-8", errors="ignore"))
         if chunk.finish or batcher.due():
             now = ctl.state() if before is not None else None
-            upd = batcher.take(controller=now, k_chosen=rounds_since(before, now) if now and before else {},
+            upd = batcher.take(controller=now, k_chosen=now.since(before).k_chosen if now else {},
                                threads=threads.state() if threads else None)
             yield upd
     if metrics_log is not None and upd is not None:
@@ -169,6 +163,7 @@ def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = Sa
 
         metrics_log.write(request_record(
             model=engine.name, drafter=engine.drafter_name if drafting else NO_DRAFTER,
-            mode=answer_mode(upd.stats, drafting=drafting, k_chosen=upd.k_chosen), stats=upd.stats,
+            mode=request_mode(upd.stats.draft_n, upd.stats.rounds, drafting=drafting, k_chosen=upd.k_chosen),
+            stats=upd.stats,
             finish=upd.finish, task=task, controller=upd.controller, before=before, threads=upd.threads,
             threads_before=threads_before, front_end="chat"))
