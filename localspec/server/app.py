@@ -24,7 +24,7 @@ from .. import __version__
 from ..errors import LocalspecError, ModelNotFound
 from ..session import Engine
 from . import llamacpp, ollama, openai
-from .common import ApiError, ServerConfig, State
+from .common import ApiError, ClientGone, ServerConfig, State
 from .worker import ExceedContext
 
 log = logging.getLogger("localspec.server")
@@ -90,6 +90,10 @@ def _error_handlers(app: FastAPI) -> None:
                               n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
         status = 404 if isinstance(exc, ModelNotFound) else 400
         return error_body(request.url.path, status, str(exc))
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the log does
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, exc: ValueError) -> JSONResponse:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import __version__
 from ..fim import Extra, FimTokens, build_infill, indent_cut, require_fim
 from ..session import Chunk, Engine
-from .common import (ApiError, ClientGone, Run, State, chat_prompt, chat_text, sampling, spec_policy, speculative,
+from .common import (ApiError, Run, State, chat_prompt, chat_text, sampling, spec_policy, speculative,
                      stops, timings)
 from .probs import llama_probs
 from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
@@ -137,10 +137,7 @@ async def _answer(state: State, req: CompletionRequest, request: Request, build)
                                      penalties=req, **extra),
               max_tokens=state.budget(req.n_predict), stop=stops(req.stop))
     run = Run(state, job, request)
-    try:
-        started = await run.start()
-    except ClientGone:
-        return Response(status_code=499)
+    started = await run.start()  # a client gone before the start is a 499 (app.py)
     if req.stream:
         return StreamingResponse(_sse(state, run, req), media_type="text/event-stream")
     content, stop_type, tokens, probs = "", "none", [], []

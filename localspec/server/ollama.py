@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..fim import build_infill, require_fim
 from ..session import Engine
-from .common import ClientGone, Run, State, chat_prompt, sampling, speculative, stops
+from .common import Run, State, chat_prompt, sampling, speculative, stops
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
 from .structured import request_extras
 from .worker import Job
@@ -104,10 +104,7 @@ async def _answer(state: State, options: OllamaOptions | None, stream: bool, req
                                      penalties=o, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop))
     run = Run(state, job, request)
-    try:
-        await run.start()
-    except ClientGone:
-        return Response(status_code=499)
+    await run.start()  # a client gone before the start is a 499 (app.py)
     if stream:
         return StreamingResponse(_ndjson(state, run, chat, t0), media_type="application/x-ndjson")
     text = "".join([ch.text async for ch in run.chunks()])

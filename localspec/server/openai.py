@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import __version__
 from ..fim import build_infill, require_fim
 from ..session import Engine
-from .common import (ApiError, ClientGone, Run, State, chat_prompt, chat_text, sampling, speculative, stops,
+from .common import (ApiError, Run, State, chat_prompt, chat_text, sampling, speculative, stops,
                      timings)
 from .probs import openai_chat, openai_completion
 from .schemas import OAIChatRequest, OAICompletionRequest
@@ -106,10 +106,7 @@ async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, requ
                                      penalties=req, **extra),
               max_tokens=state.budget(req.max_tokens, "max_tokens"), stop=stops(req.stop))
     run = Run(state, job, request)
-    try:
-        await run.start()
-    except ClientGone:
-        return Response(status_code=499)
+    await run.start()  # a client gone before the start is a 499 (app.py)
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
