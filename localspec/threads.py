@@ -37,20 +37,24 @@ if TYPE_CHECKING:
     from .speculative import Step
 
 PHASES = ("target", "draft", "prompt")
-# OMP_WAIT_POLICY default. ggml's barrier between graph nodes is `#pragma omp barrier`, so the policy decides
-# what a thread does while it waits for its partner: spin (libgomp's default: ~3 ms, then sleep) or sleep at
-# once (passive). Measured on this project's 2 cores under load (SmolLM2-135M, 48 tokens, tok/s):
-#   2 threads: passive 13.6-16.1, libgomp default 0.8, GOMP_SPINCOUNT=10000 2.5, active 0.6
-#   thread controller (prompt at 2 threads, decode at 1): passive 13.8-17.3, libgomp default 1.1-5.0, active 3.2
-# so one wrong count (a probe, a prompt evaluated on 2 threads) costs 1.2x with passive and up to 60x without.
-# Idle, passive costs the wake-ups (llama.cpp PR 13079, 4 idle Pi 5 cores: 24.5 vs 26.4 tok/s);
-# scripts/bench_threads.py measures both policies on an idle and a busy machine.
-OMP_WAIT_POLICY = "passive"
+# OpenMP's spin before a waiting thread sleeps. ggml's barrier between graph nodes is `#pragma omp barrier`;
+# a waiting thread spins GOMP_SPINCOUNT times (libgomp's default 300000, ~ms), then sleeps. Measured on this
+# project's 2 cores (tok/s, `localspec run --no-spec -n 128`, thread controller on):
+#   busy (2 CPU-bound hogs), SmolLM2-135M:  passive 29-33, libgomp default 3.9-6.7, GOMP_SPINCOUNT=3000 33-37
+#   idle, SmolLM2-135M (-n 256):            active 87-96, libgomp default 86-95, GOMP_SPINCOUNT=3000 91-95
+#   idle, Gemma-3-270M:                     passive 26-27, active 47-48, libgomp default 38, 3000 42
+# Passive (sleep at once) halves idle speed: every barrier becomes a futex wake-up. The default long spin makes a
+# busy machine 5-10x slower even at 1 thread (the pool's idle worker spins against the decoding thread). A short
+# spin covers the microseconds between graph nodes and gives the core back between tokens: near the best in both.
+OPENMP_DEFAULTS = {"GOMP_SPINCOUNT": "3000"}
 
 
 def openmp_defaults() -> None:
-    """Set localspec's OpenMP defaults unless the user set them; must run before llama.cpp is imported."""
-    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+    """Set localspec's OpenMP defaults unless the user chose a wait policy or spin count; must run before
+    llama.cpp is imported (libgomp reads them once)."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ.update(OPENMP_DEFAULTS)
 
 
 def openmp_settings() -> dict[str, str | None]:
