@@ -39,11 +39,11 @@ if TYPE_CHECKING:
 PHASES = ("target", "draft", "prompt")
 # OpenMP's spin before a waiting thread sleeps. ggml's barrier between graph nodes is `#pragma omp barrier`;
 # a waiting thread spins GOMP_SPINCOUNT times (libgomp's default 300000, ~ms), then sleeps. Measured on this
-# project's 2 cores (tok/s, `localspec run --no-spec -n 128`, thread controller on):
-#   busy (2 CPU-bound hogs), SmolLM2-135M:  passive 29-33, libgomp default 3.9-6.7, GOMP_SPINCOUNT=3000 33-37
-#   idle, SmolLM2-135M (-n 256):            active 87-96, libgomp default 86-95, GOMP_SPINCOUNT=3000 91-95
-#   idle, Gemma-3-270M:                     passive 26-27, active 47-48, libgomp default 38, 3000 42
-# Passive (sleep at once) halves idle speed: every barrier becomes a futex wake-up. The default long spin makes a
+# project's 2 cores, SmolLM2-135M, `localspec run --no-spec -n 128`, thread controller on, 3 interleaved
+# repeats (tok/s, median and range):
+#   idle:                     libgomp default 77 (76-85), GOMP_SPINCOUNT=3000 75 (51-75), passive 46 (41-48)
+#   busy (2 CPU-bound hogs):  libgomp default 5.7 (2.7-7.6), GOMP_SPINCOUNT=3000 27 (23-38), passive 31 (26-40)
+# Passive (sleep at once) costs ~40 % idle: every barrier becomes a futex wake-up. The default long spin makes a
 # busy machine 5-10x slower even at 1 thread (the pool's idle worker spins against the decoding thread). A short
 # spin covers the microseconds between graph nodes and gives the core back between tokens: near the best in both.
 OPENMP_DEFAULTS = {"GOMP_SPINCOUNT": "3000"}
