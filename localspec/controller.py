@@ -388,7 +388,7 @@ class Outcome:
 
     mode: str  # SPEC: drafts were verified; AUTO_OFF: a drafter was on but the controller chose γ = 0 in every
     #            round; PLAIN: otherwise (speculation off, or the drafter found nothing to propose)
-    k: int  # the γ the controller chose in most of this request's rounds (0: it never chose to draft)
+    k: int  # the γ the controller chose in most of this request's rounds; 0 when nothing was drafted
     k_chosen: dict[int, int]  # this request's rounds by the γ chosen
     reason: str | None = None  # the controller's words while it keeps speculation off
 
@@ -409,4 +409,4 @@ def outcome(before: ControllerState | None, after: ControllerState | None, *, dr
         return Outcome(PLAIN, 0, {})
     req = after.since(before)
     mode = request_mode(draft_n, rounds, drafting=True, k_chosen=req.k_chosen)
-    return Outcome(mode, req.k_mode, dict(req.k_chosen), after.spec_disabled_reason)
+    return Outcome(mode, req.k_mode if mode == SPEC else 0, dict(req.k_chosen), after.spec_disabled_reason)
