@@ -294,7 +294,7 @@ def test_fold_names_the_answer_as_run_json_does():
                                                                                                why)
     # drafting on, the controller chose γ = 4, but the drafter found nothing to propose: plain, not auto-off
     c = fold(a, update(plain, controller=ctl_state({4: 9}), k_chosen={4: 9}, finish="stop", acc=()))
-    assert (c.mode, c.k) == ("plain", 4)
+    assert (c.mode, c.k) == ("plain", 0)  # k: what was drafted, as run and the server report it
     # speculation off: no controller in the request
     d = fold(a, update(plain, finish="length", acc=()))
     assert (d.mode, d.k, d.controller) == ("plain", 0, None)

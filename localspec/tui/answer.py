@@ -54,7 +54,8 @@ class AnswerStats:
 
 
 def answer_k(controller: "ControllerState | None", k_chosen: Mapping[int, int]) -> int:
-    """The γ chosen in most of this answer's rounds, by the controller's own rule (`ControllerState.k_mode`)."""
+    """The γ chosen in most of this answer's rounds, by the controller's own rule (`ControllerState.k_mode`);
+    `fold` shows it only when something was drafted, as `controller.outcome` does for the other front ends."""
     return replace(controller, k_chosen=dict(k_chosen)).k_mode if controller else 0
 
 
@@ -62,10 +63,11 @@ def fold(a: AnswerStats, upd: "Update") -> AnswerStats:
     """One more batch of rounds of the answer being written."""
     drafting = upd.controller is not None
     tps = (a.tps_history + (upd.tps_now,))[-HISTORY:] if upd.tps_now else a.tps_history
-    out = replace(a, stats=upd.stats, mode=request_mode(upd.stats.draft_n, upd.stats.rounds, drafting=drafting, k_chosen=upd.k_chosen),
-                  k=answer_k(upd.controller, upd.k_chosen), tps_now=upd.tps_now or a.tps_now,
-                  controller=upd.controller, threads=upd.threads or a.threads, live=True, finish=upd.finish,
-                  tps_history=tps, acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])
+    mode = request_mode(upd.stats.draft_n, upd.stats.rounds, drafting=drafting, k_chosen=upd.k_chosen)
+    k = answer_k(upd.controller, upd.k_chosen) if mode == SPEC else 0
+    out = replace(a, stats=upd.stats, mode=mode, k=k, tps_now=upd.tps_now or a.tps_now, controller=upd.controller,
+                  threads=upd.threads or a.threads, live=True, finish=upd.finish, tps_history=tps,
+                  acc_history=(a.acc_history + upd.acceptance)[-HISTORY:])
     return ended(out) if upd.finish else out
 
 
