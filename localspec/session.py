@@ -18,7 +18,8 @@ from datetime import datetime
 from typing import Callable, Iterator, Sequence
 
 from .backend import Model
-from .controller import DEFAULT_K, Controller, FixedK, Outcome, outcome
+from .controller import DEFAULT_K, Controller, FixedK
+from .outcome import Outcome, outcome
 from .drafters import NO_DRAFTER, Drafter
 from .errors import LocalspecError
 from .sampling import SamplingParams

@@ -60,7 +60,7 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     stats = last.stats
     ctl = engine.controller.state() if engine.drafter else None
     thr = engine.threads.state() if engine.threads else None
-    mode, k = last.outcome.mode, last.outcome.k  # one rule for every front end (controller.outcome)
+    mode, k = last.outcome.mode, last.outcome.k  # one rule for every front end (outcome.outcome)
     rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
                          finish=last.finish, task=task, controller=ctl, before=before, threads=thr,
                          threads_before=thr_before)

@@ -206,7 +206,7 @@ def spec_policy(engine: Engine) -> tuple[str, int]:
 
 def speculative(state: State, run: "Run") -> dict[str, Any]:
     """Our extra field: did this request draft (`enabled`: drafts were actually made), why not, and how well
-    it did. `mode` and `k` follow the one rule every front end uses (`controller.outcome`): k is the γ the
+    it did. `mode` and `k` follow the one rule every front end uses (`outcome.outcome`): k is the γ the
     controller chose in most of this request's rounds; `k_policy` says how γ is chosen."""
     s, started = run.stats, run.started
     out = run.last.outcome if run.last else None

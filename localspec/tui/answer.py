@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..controller import AUTO_OFF, PLAIN, SPEC, request_mode
+from ..outcome import AUTO_OFF, PLAIN, SPEC, request_mode
 from ..stats import Stats
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class AnswerStats:
 
 def answer_k(controller: "ControllerState | None", k_chosen: Mapping[int, int]) -> int:
     """The γ chosen in most of this answer's rounds, by the controller's own rule (`ControllerState.k_mode`);
-    `fold` shows it only when something was drafted, as `controller.outcome` does for the other front ends."""
+    `fold` shows it only when something was drafted, as `outcome.outcome` does for the other front ends."""
     return replace(controller, k_chosen=dict(k_chosen)).k_mode if controller else 0
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 from ..drafters import NO_DRAFTER
 from ..sampling import SamplingParams
 from ..stats import Stats
-from ..controller import request_mode
+from ..outcome import request_mode
 
 if TYPE_CHECKING:
     from ..controller import ControllerState
