@@ -13,7 +13,9 @@ it follows a change of content); c is drafter time per drafted token ÷ target s
 is target time for γ+1 rows ÷ one row (calibrated at load, refined from `Step.t_verify`).
 Estimates are kept per draft source ("lookup", "model"), so a hybrid drafter can keep the free lookup
 on while the model drafter is off; each source's cost c starts from what its drafter declares
-(`Drafter.cost`: 0 for a free one, None = measured at load) and is refined online. A source switches off when its best rate falls below `off_below`,
+(`Drafter.cost`: 0 for a free one, None = measured at load) and is refined online; its acceptance starts
+from the prior its drafter declares (`Drafter.prior`: how often a lookup match of this strength is copied on,
+measured), else from `alpha_prior`. A source switches off when its best rate falls below `off_below`,
 back on above `on_above` (hysteresis); while off it is re-probed with a short draft now and then, with
 the interval doubling while the probes keep failing.
 """
@@ -123,7 +125,8 @@ _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted
 class SourceEstimate:
     """What one draft source has shown: per-position acceptance (decayed Beta counts) and its cost c."""
 
-    alpha_prior: float = 0.7
+    alpha_prior: float = 0.7  # prior acceptance of the first draft position ...
+    alpha_next: float | None = None  # ... and of each later one (None: each leans on the position before it)
     c: float = 0.0
     n: list[float] = field(default_factory=list)  # decayed observations per position (position reached)
     a: list[float] = field(default_factory=list)  # ... accepted
@@ -138,13 +141,15 @@ class SourceEstimate:
     probe_due: bool = False  # off, and a probe is owed the next round this source drafts
 
     def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
-        """α_1..α_k; an unobserved position leans on the one before it."""
+        """α_1..α_k: each position's counts over its prior, which is `alpha_prior` for the first and
+        `alpha_next` for the rest when the drafter declared one, else the estimate of the position before."""
         out: list[float] = []
         prev = self.alpha_prior
         for i in range(k):
             n = self.n[i] if i < len(self.n) else 0.0
             a = self.a[i] if i < len(self.a) else 0.0
-            prev = (a + prior_n * prev) / (n + prior_n)
+            prior = prev if i == 0 or self.alpha_next is None else self.alpha_next
+            prev = (a + prior_n * prior) / (n + prior_n)
             out.append(prev)
         return out
 
@@ -200,7 +205,7 @@ class Adaptive:
 
     def __init__(self, *, sources: Sequence[str] = ("draft",), k_min: int = 1, k_max: int = 8,
                  v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float] | None = None,
-                 alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
+                 prior: Mapping[str, tuple[float, float]] | None = None, alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.05, warmup: int = 0,
                  probe_every: int = 16, probe_max: int = 256, probe_k: int | None = None,
                  learn_costs: bool = True, explore_every: int = 16) -> None:
@@ -223,8 +228,9 @@ class Adaptive:
         seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
         self.vr: list[float] = [_v_at(seed, d) for d in range(k_max + 1)]
         c = dict(c or {})
+        self.prior = dict(prior or {})  # source -> (α first, α later) a drafter declared (`Drafter.prior`)
         self.src: dict[str, SourceEstimate] = {
-            s: SourceEstimate(alpha_prior=alpha_prior, c=_C_UNKNOWN if c.get(s) is None else c[s]) for s in sources}
+            s: self._new_estimate(s, _C_UNKNOWN if c.get(s) is None else c[s]) for s in sources}
         self.k_hist: Counter[int] = Counter()
         for s in self.src:
             self._decide(s)
@@ -284,9 +290,14 @@ class Adaptive:
         est = self.src.get(source)
         if est is None:
             fam = self.src.get(family(source))
-            est = self.src[source] = SourceEstimate(alpha_prior=self.alpha_prior, c=fam.c if fam else _C_UNKNOWN)
+            est = self.src[source] = self._new_estimate(source, fam.c if fam else _C_UNKNOWN)
             self._decide(source)
         return est
+
+    def _new_estimate(self, source: str, c: float) -> SourceEstimate:
+        """A source's estimate before any round: the prior its drafter declared, else the controller's."""
+        first, later = self.prior.get(source, (self.alpha_prior, None))
+        return SourceEstimate(alpha_prior=first, alpha_next=later, c=c)
 
     def _next_k(self, est: SourceEstimate) -> int:
         """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);

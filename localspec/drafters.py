@@ -35,8 +35,17 @@ class Draft:
 
 EMPTY = Draft(())
 LOOKUP = "lookup"  # the name of prompt lookup, as a drafter choice and as the family of its draft sources
-LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG = "lookup:short", "lookup:mid", "lookup:long"  # by match length
+LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG = "lookup:short", "lookup:mid", "lookup:long"  # by match length ...
+LOOKUP_VERBATIM = "lookup:verbatim"  # ... and the longest: the answer is copying the context word for word
 LOOKUP_CACHE = "lookup:cache"  # a match in earlier requests (the engine's SuffixCache)
+# How often a match of each strength is copied on: (α of the first drafted token, α of each later one), the
+# controller's prior until this session's own rounds speak. Measured with scripts/replay_lookup.py on the
+# recorded greedy answers of SmolLM2-135M and Gemma-3-270M to the copy-heavy and prose prompts of
+# localspec/bench/samples.py: the first token of a 1-2-token match is accepted 24-51 % of the time, of a 3-7-token
+# match 60-90 %, 8-15 tokens ~90 %, 16 or more 93-100 %; once the first is accepted, a copy runs on for 10-20
+# tokens (later positions ~0.93).
+LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG: (0.9, 0.93),
+                LOOKUP_VERBATIM: (0.97, 0.95), LOOKUP_CACHE: (0.8, 0.92)}
 NO_DRAFTER = "none"  # "no speculation", as a drafter choice and in reports
 
 KFor = Callable[[str], int]  # source -> draft length allowed this round (the controller's decision)
@@ -46,6 +55,7 @@ class Drafter(Protocol):
     name: str
     sources: tuple[str, ...]  # the `Draft.source` values it produces
     cost: Mapping[str, float | None]  # c per source (drafter time per token ÷ target step); None = measure
+    prior: Mapping[str, tuple[float, float]]  # per source, the acceptance it expects (first, later); {} = no idea
 
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft: ...
@@ -68,27 +78,32 @@ class PromptLookup:
     that followed it. Free, and strong on edits, RAG and extraction.
 
     The match length names the draft's source, a bucket the controller keeps its own acceptance for
-    (`LOOKUP_SHORT` < `mid_at` ≤ `LOOKUP_MID` < `long_at` ≤ `LOOKUP_LONG`), so weak 1-3-token matches that fail
-    do not switch off the strong ones; the controller answers `k_for(bucket)` from that bucket's estimate.
+    (`LOOKUP_SHORT` < `mid_at` ≤ `LOOKUP_MID` < `long_at` ≤ `LOOKUP_LONG` < `verbatim_at` ≤ `LOOKUP_VERBATIM`),
+    so weak 1-2-token matches that fail do not switch off the strong ones; the controller answers
+    `k_for(bucket)` from that bucket's estimate, which starts from the bucket's measured `LOOKUP_PRIOR`.
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
     searched too when the context itself has no longer match (`LOOKUP_CACHE`); the context is handed to the
     cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
-    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_CACHE)
+    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE)
     cost = {s: 0.0 for s in sources}  # dict look-ups: microseconds against a target step of milliseconds
+    prior = LOOKUP_PRIOR
 
-    def __init__(self, *, mid_at: int = 4, long_at: int = 12, cache: SuffixCache | None = None,
-                 cache_min: int = 8, max_draft: int = 64) -> None:
-        if not 1 < mid_at < long_at:
-            raise ValueError(f"need 1 < mid_at < long_at, got {mid_at}, {long_at}")
-        self.mid_at, self.long_at, self.cache_min, self.max_draft = mid_at, long_at, cache_min, max_draft
+    def __init__(self, *, mid_at: int = 3, long_at: int = 8, verbatim_at: int = 16,
+                 cache: SuffixCache | None = None, cache_min: int = 8, max_draft: int = 64) -> None:
+        if not 1 < mid_at < long_at < verbatim_at:
+            raise ValueError(f"need 1 < mid_at < long_at < verbatim_at, got {mid_at}, {long_at}, {verbatim_at}")
+        self.mid_at, self.long_at, self.verbatim_at = mid_at, long_at, verbatim_at
+        self.cache_min, self.max_draft = cache_min, max_draft
         self.cache = cache
         self.index = MatchIndex()
         self._synced: Sequence[int] | None = None  # the context list last indexed (see `sync`)
 
     def bucket(self, length: int) -> str:
-        return LOOKUP_LONG if length >= self.long_at else LOOKUP_MID if length >= self.mid_at else LOOKUP_SHORT
+        if length >= self.long_at:
+            return LOOKUP_VERBATIM if length >= self.verbatim_at else LOOKUP_LONG
+        return LOOKUP_MID if length >= self.mid_at else LOOKUP_SHORT
 
     def sync(self, context: Sequence[int]) -> None:
         """Bring the index to `context` by common prefix; what a rewind drops goes to the cache. Within a
@@ -136,6 +151,7 @@ class ModelDrafter:
     name = "model"
     sources = ("model",)
     cost = {"model": None}  # measured at load (calibration) and refined online
+    prior: Mapping[str, tuple[float, float]] = {}  # a model pair's acceptance is anyone's guess: learnt online
 
     def __init__(self, model: "Model", *, p_min: float = 0.0) -> None:
         self.model = model
@@ -190,6 +206,7 @@ class HybridDrafter:
         self.lookup, self.model = lookup, model
         self.sources = (*lookup.sources, *model.sources)
         self.cost = {**lookup.cost, **model.cost}
+        self.prior = {**lookup.prior, **model.prior}
 
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:

@@ -171,6 +171,6 @@ def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration
     if spec.k is None and spec.k_max == EngineSpec.k_max and any(family(s) == LOOKUP for s in drafter.sources):
         k_max = max(k_max, spec.k_max_lookup)  # copying pays at long γ; calibration stays short (to k_max)
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v if cal else (),
-                   t1=costs.t1 if costs else None, c={**drafter.cost, **measured})
+                   t1=costs.t1 if costs else None, c={**drafter.cost, **measured}, prior=drafter.prior)
     ctl.calibration = cal
     return ctl

@@ -37,7 +37,7 @@ from localspec.registry import resolve_model
 from localspec.session import Engine
 from localspec.suffix import SuffixCache
 
-CPP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-cache")  # defaults: 12-token key, up to 48 drafted; cache: 8
+CPP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")  # llama.cpp's n-gram drafters, defaults
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--per-task", type=int, default=3)
     ap.add_argument("--turns", type=int, default=len(CHAT_TURNS))
+    ap.add_argument("--task", action="append", help="only this task (repeat); default: all")
+    ap.add_argument("--no-sequences", action="store_true", help="leave out the chat and editor sequences")
     ap.add_argument("--cpp-bin", default=os.environ.get("LLAMA_CPP_BIN", ""))
     ap.add_argument("--quick", action="store_true", help="one prompt a task, 16 tokens, 2 turns")
     ap.add_argument("--markdown", help="write the table here")
@@ -188,12 +190,14 @@ def main() -> None:
     if bin_dir is None:
         print("llama-speculative-simple not found (--cpp-bin / LLAMA_CPP_BIN): llama.cpp rows left out",
               file=sys.stderr)
-    tasks = {t: ps[:a.per_task] for t, ps in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items()}
+    tasks = {t: ps[:a.per_task] for t, ps in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items()
+             if not a.task or t in a.task}
     results: list[Result] = []
     for path in a.model or default_models():
         b = Bench(path, a)
         results += run_tasks(b, tasks, a, bin_dir)
-        results += run_sequences(b, a)
+        if not a.no_sequences:
+            results += run_sequences(b, a)
         b.target.close()
     md = table(results)
     cmd = "python scripts/compare_lookup.py " + " ".join(sys.argv[1:])

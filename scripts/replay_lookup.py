@@ -1,0 +1,224 @@
+"""Replay prompt-lookup drafters on recorded greedy answers: rounds, drafts, acceptance and predicted speed, in
+seconds instead of minutes, so a drafting rule can be tuned before it is timed for real (scripts/compare_lookup.py).
+
+Greedy decoding is lossless: the answer is the same whatever was drafted, so the drafts a rule would make and how
+many of them the target accepts follow from the recorded answer alone (exactly, up to llama.cpp's batch-size
+numerics). A round that drafts d tokens costs v(d) single-token steps (the model's calibrated verify cost), so
+
+    predicted speed-up over plain = answer tokens / Σ_rounds v(d_r)
+
+    python scripts/replay_lookup.py --record runs.json                # plain decoding, every task prompt, each model
+    python scripts/replay_lookup.py --replay runs.json                # every drafting rule on those answers
+
+`--replay` runs localspec's own `PromptLookup` with the default adaptive controller (fed the rounds it would see),
+a re-implementation of llama.cpp's ngram-cache drafting rule, and the rules named in `RULES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from localspec.controller import Adaptive, _v_at
+from localspec.drafters import PromptLookup
+from localspec.sampling import SamplingParams
+from localspec.speculative import Step
+from localspec.suffix import SuffixCache
+
+GREEDY = SamplingParams()
+
+
+def record(path: str, models: list[str], max_tokens: int, threads: int) -> None:
+    from compare_lookup import Bench, default_models  # noqa: the same prompts and rendering as the real benchmark
+    from localspec.bench.samples import LOOKUP_PROSE, LOOKUP_TASKS
+    from localspec.speculative import generate
+
+    a = argparse.Namespace(ctx=4096, threads=threads)
+    out = []
+    for m in models or default_models():
+        b = Bench(m, a)
+        cal_v = list(b.ctl0.v)
+        runs = []
+        for task, prompts in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items():
+            for p in prompts:
+                toks, _ = b.render([{"role": "user", "content": p}])
+                b.fresh()
+                answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
+                runs.append({"task": task, "prompt": toks, "answer": answer})
+                print(f"{b.name} {task}: {len(answer)} tokens", file=sys.stderr)
+        out.append({"model": b.name, "v": cal_v, "runs": runs})
+        b.target.close()
+    Path(path).write_text(json.dumps(out))
+
+
+# -- drafting rules ------------------------------------------------------------------------------------------
+
+Rule = Callable[[list[int]], tuple[list[int], str]]  # context -> (draft, source); fed back by `observe`
+
+
+class Localspec:
+    """localspec's PromptLookup and a fresh default Adaptive controller (v from the recording)."""
+
+    def __init__(self, v: Sequence[float], lookup: PromptLookup | None = None, **ctl) -> None:
+        self.lookup = lookup or PromptLookup()
+        self.v = list(v)
+        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=32, v=v, t1=1.0,
+                            c=dict(self.lookup.cost), prior=self.lookup.prior, **ctl)
+
+    def __call__(self, context: list[int]) -> tuple[list[int], str]:
+        k = self.ctl.choose_k()
+        if k <= 0:
+            return [], ""
+        d = self.lookup.propose(context, lambda s: min(self.ctl.k_for(s), k), GREEDY, np.random.default_rng(0))
+        return list(d.tokens), d.source
+
+    def observe(self, drafted: int, accepted: int, source: str) -> None:
+        t = _v_at(self.v, drafted)
+        self.ctl.observe(Step((), drafted, accepted, 0.0, t, source))
+
+
+class NgramCache:
+    """llama.cpp's ngram-cache rule (common/ngram-cache.cpp, context cache only): token by token, the most frequent
+    follower of the longest of the last 4..1 tokens whose counts pass the 'lax' thresholds; at most 8."""
+
+    SAMPLE = (2, 2, 1, 1)
+    PERCENT = (66, 50, 50, 50)
+
+    def __init__(self, v: Sequence[float], n_draft: int = 8) -> None:
+        self.n_draft = n_draft
+        self.counts: dict[tuple[int, ...], Counter] = defaultdict(Counter)
+        self.seen = 0
+
+    def _update(self, context: list[int]) -> None:
+        for i in range(max(self.seen, 1), len(context)):
+            for n in range(1, 5):
+                if i - n >= 0:
+                    self.counts[tuple(context[i - n:i])][context[i]] += 1
+        self.seen = len(context)
+
+    def __call__(self, context: list[int]) -> tuple[list[int], str]:
+        self._update(context)
+        inp = list(context)
+        draft: list[int] = []
+        while len(draft) < self.n_draft:
+            tok = None
+            for n in range(4, 0, -1):
+                c = self.counts.get(tuple(inp[-n:]))
+                if not c:
+                    continue
+                best, cnt = c.most_common(1)[0]
+                tot = sum(c.values())
+                if tot < self.SAMPLE[n - 1] or 100 * cnt < self.PERCENT[n - 1] * tot:
+                    continue
+                tok = best
+                break
+            if tok is None:
+                break
+            draft.append(tok)
+            inp.append(tok)
+        return draft, "ngram-cache"
+
+    def observe(self, drafted: int, accepted: int, source: str) -> None:
+        pass
+
+
+class Oracle:
+    """An upper bound, not a drafter: the longest match's continuation (as PromptLookup finds it), cut to the
+    tokens the target will accept; nothing drafted when the first would be rejected."""
+
+    def __init__(self, v: Sequence[float]) -> None:
+        self.lookup = PromptLookup()
+        self.future: list[int] = []
+
+    def __call__(self, context: list[int]) -> tuple[list[int], str]:
+        found = self.lookup.find(context)
+        if found is None:
+            return [], ""
+        source, where, m = found
+        cont = where.continuation(m, 64)
+        n = 0
+        while n < len(cont) and n < len(self.future) and cont[n] == self.future[n]:
+            n += 1
+        return cont[:n], source
+
+    def observe(self, drafted: int, accepted: int, source: str) -> None:
+        pass
+
+
+RULES: dict[str, Callable[[Sequence[float]], object]] = {
+    "oracle": Oracle,
+    "localspec": Localspec,
+    "ngram-cache": NgramCache,
+}
+
+
+def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -> dict:
+    context = list(prompt)
+    i = rounds = drafted = accepted = 0
+    cost = 0.0
+    ks: Counter = Counter()
+    while i < len(answer):
+        rule.future = answer[i:]
+        draft, source = rule(context)
+        draft = draft[:len(answer) - i - 1]
+        n = 0
+        while n < len(draft) and draft[n] == answer[i + n]:
+            n += 1
+        new = answer[i:i + n + 1]
+        rule.observe(len(draft), n, source)
+        context.extend(new)
+        i += len(new)
+        rounds += 1
+        drafted += len(draft)
+        accepted += n
+        cost += _v_at(v, len(draft))
+        ks[len(draft)] += 1
+    return {"tokens": len(answer), "rounds": rounds, "drafted": drafted, "accepted": accepted,
+            "speedup": len(answer) / cost if cost else 1.0, "ks": ks}
+
+
+def replay(path: str, rules: list[str]) -> None:
+    data = json.loads(Path(path).read_text())
+    print("| model | task | rule | predicted × plain | tokens/round | accepted / drafted |")
+    print("|---|---|---|---|---|---|")
+    for m in data:
+        v = m["v"]
+        by_task: dict[str, list] = defaultdict(list)
+        for r in m["runs"]:
+            by_task[r["task"]].append(r)
+        for task, runs in by_task.items():
+            for name in rules:
+                res = [replay_one(RULES[name](v), r["prompt"], r["answer"], v) for r in runs]
+                sp = statistics.median(x["speedup"] for x in res)
+                tok = sum(x["tokens"] for x in res) / max(1, sum(x["rounds"] for x in res))
+                acc, dr = sum(x["accepted"] for x in res), sum(x["drafted"] for x in res)
+                print(f"| {m['model'][:12]} | {task} | {name} | {sp:.2f} | {tok:.2f} | {acc}/{dr} "
+                      f"({100 * acc / max(dr, 1):.0f} %) |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--record")
+    ap.add_argument("--replay")
+    ap.add_argument("--model", action="append", default=[])
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rules", default=",".join(RULES))
+    a = ap.parse_args()
+    if a.record:
+        sys.path.insert(0, str(Path(__file__).parent))
+        record(a.record, a.model, a.max_tokens, a.threads)
+    if a.replay:
+        replay(a.replay, a.rules.split(","))
+
+
+if __name__ == "__main__":
+    main()
