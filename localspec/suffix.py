@@ -28,10 +28,20 @@ MAX_MATCH = RUNGS[-1]  # a match this long is as strong as it gets; longer ones 
 SEPARATOR = -1  # between cached documents: never equal to a token, so no match or draft crosses it
 
 
+CONSENSUS_MAX = 8  # occurrences looked at (most recent first) to tell whether the text agrees on what follows
+
+
 @dataclass(frozen=True)
 class Match:
     length: int  # tokens of the query's suffix matched (1..MAX_MATCH)
     end: int  # index just past the earlier occurrence: its continuation starts at tokens[end]
+    support: int = 1  # earlier occurrences of the match's n-gram (its rung; at most CONSENSUS_MAX) with a follower
+    agree: int = 1  # ... followed by the same token as this occurrence
+
+    @property
+    def split(self) -> bool:
+        """The text continued this n-gram in more than one way: which way comes next is a guess."""
+        return self.agree < self.support
 
 
 class MatchIndex:
@@ -95,7 +105,25 @@ class MatchIndex:
                 best = Match(length, e + 1)
                 if length == upper:
                     break
-        return best if best is not None and best.length > 0 else None
+        if best is None or best.length <= 0:
+            return None
+        return self._consensus(best, list(query[m - rung:]), cands[:hi])
+
+    def _consensus(self, match: Match, gram: list[int], ends: Sequence[int]) -> Match:
+        """`match` with how the most recent occurrences of its rung's n-gram `gram` went on (SuffixDecoding
+        scores a continuation by how often it followed; a split is where copies go wrong). A document
+        separator is no way of going on; a hash collision is no occurrence."""
+        toks, n = self.tokens, len(gram)
+        nxt = toks[match.end] if match.end < len(toks) else SEPARATOR
+        follow: list[int] = []
+        for e in reversed(ends):
+            if len(follow) == CONSENSUS_MAX:
+                break
+            if e + 1 < len(toks) and toks[e + 1] != SEPARATOR and toks[e - n + 1:e + 1] == gram:
+                follow.append(toks[e + 1])
+        if not follow:
+            return match
+        return Match(match.length, match.end, len(follow), sum(t == nxt for t in follow))
 
     def _back(self, query: Sequence[int], e: int, cap: int) -> int:
         """How many tokens of query's suffix equal the tokens ending at position e (at most cap)."""

@@ -149,7 +149,7 @@ def test_hybrid_keeps_lookup_on_while_the_model_is_off():
 class _Fixed:
     def __init__(self, name, out):
         self.name, self.out, self.asked = name, out, []
-        self.sources, self.cost = (name,), {name: 0.0}
+        self.sources, self.cost, self.prior = (name,), {name: 0.0}, {}
 
     def propose(self, context, k_for, params, rng):
         k = k_for(self.name)

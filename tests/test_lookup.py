@@ -8,7 +8,7 @@ import numpy as np
 
 from localspec.controller import Adaptive, FixedK
 from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_LONG, LOOKUP_MID, LOOKUP_SHORT,
-                                PromptLookup)
+                                LOOKUP_VERBATIM, PromptLookup)
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step
 from localspec.suffix import SuffixCache
@@ -28,23 +28,44 @@ def asked(k: int = 8):
 
 
 def test_bucket_follows_match_length():
-    lk = PromptLookup(mid_at=4, long_at=12)
+    lk = PromptLookup(mid_at=4, long_at=12, verbatim_at=20)
     text = list(range(100, 130))
     k_for, log = asked(5)
     assert lk.propose(text + [7, 100, 101], k_for, P, RNG).tokens == (102, 103, 104, 105, 106)
     assert log == [LOOKUP_SHORT]
     d = lk.propose(text + [7] + text[:5], k_for, P, RNG)
     assert d.source == LOOKUP_MID and d.tokens == tuple(text[5:10])
+    d = lk.propose(text + [7] + text[:14], k_for, P, RNG)
+    assert d.source == LOOKUP_LONG and d.tokens == tuple(text[14:19])
     d = lk.propose(text + [7] + text[:20], k_for, P, RNG)
-    assert d.source == LOOKUP_LONG and d.tokens == tuple(text[20:25])
+    assert d.source == LOOKUP_VERBATIM and d.tokens == tuple(text[20:25])
     assert lk.propose([1, 2, 3], k_for, P, RNG) is EMPTY  # nothing repeats: no source is even asked
-    assert log == [LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG]
+    assert log == [LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM]
+
+
+def test_a_split_match_drops_a_level_and_a_split_short_one_drafts_nothing():
+    lk = PromptLookup(mid_at=3, long_at=8, verbatim_at=16)
+    k_for, log = asked(4)
+    # "5 6 7" was followed by 8 once and by 9 once: the text does not agree on what comes next
+    ctx = [5, 6, 7, 8, 1, 2, 5, 6, 7, 9, 3, 4, 5, 6, 7]
+    d = lk.propose(ctx, k_for, P, RNG)
+    assert d.source == LOOKUP_SHORT and d.tokens[0] == 9  # a 3-token match, split: mid -> short
+    assert lk.propose([1, 5, 2, 5, 3, 5], k_for, P, RNG) is EMPTY  # "5" went on as 2 and 3: split short
+    assert log == [LOOKUP_SHORT]
+
+
+def test_each_bucket_starts_from_its_declared_prior():
+    ctl = Adaptive(sources=SOURCES, v=CPU_V, t1=0.005, c=PromptLookup.cost, prior=PromptLookup.prior)
+    st = ctl.state()
+    assert st.alpha[LOOKUP_VERBATIM][0] > st.alpha[LOOKUP_LONG][0] > st.alpha[LOOKUP_MID][0] \
+        > st.alpha[LOOKUP_SHORT][0]
+    assert st.k[LOOKUP_VERBATIM] >= st.k[LOOKUP_MID] > 0 and st.k[LOOKUP_SHORT] == 0  # weak: off until shown
 
 
 def test_off_bucket_is_not_asked_for_more_and_draft_is_capped():
     lk = PromptLookup(max_draft=40)
     text = list(range(50))
-    assert lk.propose(text + text[:30], {LOOKUP_LONG: 0}.get, P, RNG) is EMPTY
+    assert lk.propose(text + text[:30], {LOOKUP_VERBATIM: 0}.get, P, RNG) is EMPTY
     assert lk.propose(text + text[:30], lambda s: 100, P, RNG).tokens == tuple(text[30:] + text[:20])
     assert lk.propose(text + text[:30], lambda s: 100, P, RNG).tokens == tuple(text[30:] + text[:20])
 

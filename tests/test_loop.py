@@ -17,6 +17,7 @@ class Scripted:
     name = "scripted"
     sources = ("scripted",)
     cost = {"scripted": 0.0}
+    prior: dict = {}
 
     def __init__(self, proposals):
         self.proposals = proposals

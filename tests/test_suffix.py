@@ -8,16 +8,26 @@ import tracemalloc
 
 import pytest
 
-from localspec.suffix import MAX_MATCH, SEPARATOR, Match, MatchIndex, SuffixCache
+from localspec.suffix import CONSENSUS_MAX, MAX_MATCH, RUNGS, SEPARATOR, Match, MatchIndex, SuffixCache
 
 
 def brute_longest(tokens: list[int], query: list[int], before: int) -> Match | None:
-    """Longest suffix of query (≤ MAX_MATCH) ending in tokens at a position < before; most recent wins."""
+    """Longest suffix of query (≤ MAX_MATCH) ending in tokens at a position < before; most recent wins. Its
+    consensus: of the most recent CONSENSUS_MAX occurrences (ending < before, with a follower that is not a
+    separator) of the query's last n tokens, n the largest rung ≤ the length, how many go on as this one."""
     for length in range(min(MAX_MATCH, len(query)), 0, -1):
         pat = query[len(query) - length:]
         for e in range(min(before, len(tokens)) - 1, length - 2, -1):
             if tokens[e - length + 1:e + 1] == pat:
-                return Match(length, e + 1)
+                rung = max(r for r in RUNGS if r <= length)
+                gram = query[len(query) - rung:]
+                nxt = tokens[e + 1] if e + 1 < len(tokens) else SEPARATOR
+                follow = [tokens[f + 1] for f in range(min(before, len(tokens)) - 1, rung - 2, -1)
+                          if tokens[f - rung + 1:f + 1] == gram and f + 1 < len(tokens)
+                          and tokens[f + 1] != SEPARATOR][:CONSENSUS_MAX]
+                if not follow:
+                    return Match(length, e + 1)
+                return Match(length, e + 1, len(follow), sum(t == nxt for t in follow))
     return None
 
 
@@ -64,7 +74,8 @@ def test_long_match_capped_and_most_recent():
     idx = MatchIndex()
     idx.extend(block + [1] + block + [2] + block)
     m = idx.longest(idx.tokens, len(idx) - 1)
-    assert m == Match(MAX_MATCH, 201) and idx.continuation(m, 3) == [2, 100, 101]
+    assert (m.length, m.end) == (MAX_MATCH, 201) and idx.continuation(m, 3) == [2, 100, 101]
+    assert (m.support, m.agree) == (2, 1) and m.split  # the block went on as 1 once and as 2 once
 
 
 def test_external_query_and_separator_stop_drafts():
@@ -72,7 +83,7 @@ def test_external_query_and_separator_stop_drafts():
     cache.add([5, 6, 7, 8])
     cache.add([9, 5, 6, 1])
     m = cache.longest([0, 9, 5, 6])
-    assert m == Match(3, len([5, 6, 7, 8]) + 1 + 3) and cache.index.continuation(m, 4) == [1]
+    assert (m.length, m.end) == (3, len([5, 6, 7, 8]) + 1 + 3) and cache.index.continuation(m, 4) == [1]
     m = cache.longest([7, 8])
     assert m is not None and cache.index.continuation(m, 4) == []  # the document ended there
     assert cache.longest([42]) is None and SEPARATOR not in cache.docs[0]
