@@ -17,7 +17,7 @@ from .model_facts import kv_cache_bytes, trained_context
 from .registry import load_registry, resolve_model
 from .session import Engine
 from .suffix import SuffixCache
-from .threads import ThreadControl
+from .threads import CpuMeter, ThreadControl
 
 DEFAULT_CTX = 4096
 
@@ -157,7 +157,8 @@ def make_threads(spec: EngineSpec, target: Model, draft_model: Model | None,
     """`--threads N` pins every phase; else the thread controller starts from the calibrated step times."""
     if spec.threads:
         return ThreadControl.pinned(target, draft_model, spec.threads)
-    return ThreadControl(target, draft_model, prior=cal.threads if cal else None, v=cal.v if cal else ())
+    return ThreadControl(target, draft_model, prior=cal.threads if cal else None, v=cal.v if cal else (),
+                         meter=CpuMeter())
 
 
 def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration | None) -> Controller:

@@ -12,7 +12,10 @@ of the rounds just before it at the current count, so a load change hits both si
 
 - when the current count's recent step time moves away from its baseline by more than `change` (the machine
   got busier or quieter: noticed within a few rounds), and
-- now and then (`probe_gap_s`, doubling while probes lose, back to the minimum after a switch).
+- now and then (`probe_gap_s`, doubling while probes lose, back to the minimum after a switch), and
+- when `CpuMeter` sees the rest of the machine start or stop using the cores (Linux: /proc/stat less this
+  process's own CPU time). Step times alone can miss that: with 1 thread and two neighbours on 2 cores the
+  scheduler often leaves the decoding thread a core of its own, so its speed hardly moves when they stop.
 
 A probe that wins is probed once more before the count switches, so one lucky round does not move it.
 
@@ -213,6 +216,11 @@ class ThreadChooser:
         self.move(n, f"{why}: {_plural(n)} {verb} {now / seconds:.1f}× faster than {self.current}")
         self.baseline = seconds
 
+    def nudge(self) -> None:
+        """Someone else's evidence that the machine changed (the CPU meter): probe at the next round."""
+        self.next_probe = min(self.next_probe, self.clock())
+        self.gap = self.gap_min
+
     def move(self, n: int, reason: str) -> None:
         """Switch to n threads (a won comparison, or another phase's evidence of a load change)."""
         old = self.current
@@ -221,6 +229,40 @@ class ThreadChooser:
         self.recent.clear()
         self.queue = [m for m in neighbours(n, self.cores) if m != old]  # keep climbing that way
         self.gap = self.gap_min
+
+
+class CpuMeter:
+    """How many cores the rest of the machine is using: the busy time in /proc/stat less this process's own CPU
+    time, over the interval since the last reading (at least `every_s`). Linux only; elsewhere `others()` is
+    always None and the thread choosers rely on step times."""
+
+    STAT = "/proc/stat"
+
+    def __init__(self, every_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        """(when, machine busy seconds, this process's CPU seconds), or None without /proc/stat."""
+        try:
+            with open(self.STAT, encoding="ascii") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
+        return self.clock(), busy / self.hz, time.process_time()
+
+    def others(self) -> float | None:
+        """Cores used by other processes since the last reading; None when unknown or too soon to tell."""
+        if self.last is None or self.clock() - self.last[0] < self.every_s:
+            return None
+        now = self._read()
+        if now is None:
+            return None
+        (t0, b0, p0), (t1, b1, p1) = self.last, now
+        self.last = now
+        return max(0.0, ((b1 - b0) - (p1 - p0)) / max(t1 - t0, 1e-9))
 
 
 def verify_rows_cost(v: Sequence[float], d: int) -> float:
@@ -246,17 +288,26 @@ class ThreadControl:
     there). A verify pass of γ+1 rows costs v(γ) single rows (`v`, from calibration), so rounds of any γ compare
     per row."""
 
+    BUSY_AT, QUIET_AT = 0.5, 0.2  # cores used by others: busy at or above, quiet at or below (in between: as was)
+    GAPS_S, METERED_GAPS_S = (0.5, 8.0), (2.0, 30.0)  # periodic probes: first gap, longest gap
+
     def __init__(self, target: ThreadModel, draft: ThreadModel | None = None, *, cores: int | None = None,
                  prior: Mapping[str, Mapping[int, float]] | None = None, v: Sequence[float] = (),
-                 pinned: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 pinned: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 meter: CpuMeter | None = None) -> None:
         self.target, self.draft = target, draft
+        self.meter = meter  # None: step times only (the loader gives a real engine a CpuMeter)
+        self.busy: bool | None = None  # what the meter last said
         self.cores = cores or cpu_count()
         self.pinned_n = pinned
         self.v = tuple(v)
         prior = prior or {}
         phases = PHASES if draft is not None else ("target", "prompt")
-        self.choosers = {p: ThreadChooser(p, self.cores, prior=prior.get(p), start=pinned, clock=clock)
-                         for p in phases}
+        # with a meter to say when the machine changes, periodic probes are only a backstop: each one at a
+        # losing count costs a slow round (6x a normal one with two neighbours on 2 cores)
+        gaps = self.METERED_GAPS_S if meter is not None else self.GAPS_S
+        self.choosers = {p: ThreadChooser(p, self.cores, prior=prior.get(p), start=pinned, clock=clock,
+                                          probe_gap_s=gaps) for p in phases}
         self._round: dict[str, int] = {}
 
     @classmethod
@@ -292,6 +343,7 @@ class ThreadControl:
                 close()
 
     def before_prefill(self) -> None:
+        self._listen()
         n = self._round["prompt"] = self._pick("prompt")
         self._set(self.target, n, n)
         if self.draft is not None:  # a model drafter catches up on the prompt during the first round
@@ -301,11 +353,24 @@ class ThreadControl:
     def before_round(self) -> None:
         """Counts for this round. A verify pass of γ+1 > 1 rows runs on n_threads_batch, one row on
         n_threads: both get the round's count (prompt evaluation sets its own before the next prefill)."""
+        self._listen()
         n = self._round["target"] = self._pick("target")
         self._set(self.target, n, n)
         if self.draft is not None:
             d = self._round["draft"] = self._pick("draft")
             self._set(self.draft, d, d)
+
+    def _listen(self) -> None:
+        """When the meter sees the machine turn busy or quiet, every phase probes at once (the probe, not the
+        meter, decides: a busy neighbour on another core may cost nothing)."""
+        others = self.meter.others() if self.meter is not None and self.pinned_n is None else None
+        if others is None:
+            return
+        busy = True if others >= self.BUSY_AT else False if others <= self.QUIET_AT else self.busy
+        if busy != self.busy and (self.busy is not None or busy):  # a change, or busy at the first reading
+            for c in self.choosers.values():  # (the calibrated counts are from a quiet machine)
+                c.nudge()
+        self.busy = busy
 
     def observe(self, step: "Step", *, prompt_only: bool = False) -> None:
         if self.pinned_n is not None:

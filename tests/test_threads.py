@@ -4,6 +4,7 @@ follows the machine when it gets busy and quiet again mid-generation, and pinnin
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -41,7 +42,8 @@ def machine(t: float) -> dict[int, float]:
     return BUSY if 2.0 <= t < 10.0 else IDLE
 
 
-def generate(ctl: ThreadControl, model: FakeModel, clock: FakeClock, seconds: float, noise: float = 0.1):
+def generate(ctl: ThreadControl, model: FakeModel, clock: FakeClock, seconds: float, noise: float = 0.1,
+             machine=machine):
     """Plain decoding for `seconds` of fake time; returns (time, threads chosen) per round (probes excluded)."""
     rng = np.random.default_rng(0)
     trace = []
@@ -76,6 +78,51 @@ def test_thread_count_follows_the_machine_both_ways():
     assert target[1].reason.startswith("machine quiet: 2 threads are")
     prompt = [c for c in st.changes if c.phase == "prompt"]  # one prompt per request: it follows the target
     assert [(c.old, c.new) for c in prompt][:2] == [(2, 1), (1, 2)] and prompt[0].reason.startswith("follows")
+
+
+class FakeMeter:
+    """Cores the rest of the machine uses: two hogs from 2 s to `stop`."""
+
+    def __init__(self, clock: FakeClock, stop: float) -> None:
+        self.clock, self.stop = clock, stop
+
+    def others(self) -> float:
+        return 2.0 if 2.0 <= self.clock.t < self.stop else 0.0
+
+
+@pytest.mark.parametrize("stop", [8.0, 10.0, 12.5, 15.0])
+def test_the_cpu_meter_brings_the_count_back_when_step_times_cannot_tell(stop):
+    """Busy, the scheduler leaves the single decoding thread a core of its own: 1 thread runs as fast as when
+    idle, so when the neighbours stop nothing in its step times changes and only a periodic probe (its gap
+    doubled by every lost probe while busy) would find out. The meter sees them stop."""
+    single_core_left = {1: IDLE[1], 2: BUSY[2]}
+
+    def cfs(t: float) -> dict[int, float]:
+        return single_core_left if 2.0 <= t < stop else IDLE
+
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": IDLE}, clock=clock, meter=FakeMeter(clock, stop))
+    trace = generate(ctl, model, clock, stop + 6.0, machine=cfs)
+    busy = [t for t, n in trace if t >= 2.0 and n == 1]
+    quiet = [t for t, n in trace if t >= stop and n == 2]
+    assert busy and busy[0] < 2.0 + 1.0
+    assert quiet and quiet[0] < stop + 1.0, "back to 2 threads within a second of the neighbours stopping"
+    assert _count_at(trace, stop + 1.0, stop + 6.0) == {2}
+
+
+def test_cpu_meter_counts_other_processes_only():
+    """A real reading: this process spinning for 0.3 s is not counted as someone else's load."""
+    from localspec.threads import CpuMeter
+
+    meter = CpuMeter(every_s=0.1)
+    if meter.last is None:
+        pytest.skip("no /proc/stat here")
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass
+    others = meter.others()
+    assert others is not None and 0.0 <= others <= os.cpu_count()
+    assert meter.others() is None  # asked again at once: too soon to tell
 
 
 def test_adaptive_tokens_are_close_to_the_best_pinned_count():
