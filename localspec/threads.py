@@ -361,15 +361,21 @@ class ThreadControl:
             self._set(self.draft, d, d)
 
     def _listen(self) -> None:
-        """When the meter sees the machine turn busy or quiet, every phase probes at once (the probe, not the
-        meter, decides: a busy neighbour on another core may cost nothing)."""
+        """When the meter sees the machine turn busy, a phase using more threads than there are free cores
+        drops to that many at once (every round at the old count would wait on a preempted thread); when it
+        turns quiet, every phase probes. Measurements have the last word: the probes that follow compare the
+        counts on this machine as it is."""
         others = self.meter.others() if self.meter is not None and self.pinned_n is None else None
         if others is None:
             return
         busy = True if others >= self.BUSY_AT else False if others <= self.QUIET_AT else self.busy
         if busy != self.busy and (self.busy is not None or busy):  # a change, or busy at the first reading
-            for c in self.choosers.values():  # (the calibrated counts are from a quiet machine)
-                c.nudge()
+            free = max(1, int(self.cores - others + 0.5))
+            for c in self.choosers.values():
+                if busy and c.current > free:  # probing the old count waits for the usual gap: it costs
+                    c.move(free, f"machine busy: other programs use {others:.1f} of {self.cores} cores")
+                else:
+                    c.nudge()
         self.busy = busy
 
     def observe(self, step: "Step", *, prompt_only: bool = False) -> None:

@@ -108,6 +108,21 @@ def test_the_cpu_meter_brings_the_count_back_when_step_times_cannot_tell(stop):
     assert busy and busy[0] < 2.0 + 1.0
     assert quiet and quiet[0] < stop + 1.0, "back to 2 threads within a second of the neighbours stopping"
     assert _count_at(trace, stop + 1.0, stop + 6.0) == {2}
+    first = ctl.state().changes[0]
+    assert (first.old, first.new) == (2, 1) and first.reason == "machine busy: other programs use 2.0 of 2 cores"
+
+
+def test_busy_at_the_start_means_fewer_threads_from_the_first_token():
+    """Calibrated on a quiet machine, started on a busy one the meter already sees: the prompt and the first
+    rounds run on the free core, not on a count that must first be measured slow."""
+    clock, model = FakeClock(), FakeModel()
+    clock.t = 3.0
+    ctl = ThreadControl(model, cores=2, prior={"target": IDLE, "prompt": IDLE}, clock=clock,
+                        meter=FakeMeter(clock, stop=100.0))
+    ctl.before_prefill()
+    ctl.before_round()
+    assert model.calls == [(1, 1), (1, 1)]
+    assert {c.phase for c in ctl.state().changes} == {"target", "prompt"}
 
 
 def test_cpu_meter_counts_other_processes_only():
