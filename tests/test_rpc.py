@@ -105,7 +105,7 @@ def test_other_protocol_version_is_refused():
 
 @pytest.mark.parametrize("args", [("run", "-n", "1", "hi"), ("models", "show", "--device")])
 def test_build_without_rpc_is_one_line(monkeypatch, smollm2_path, args):
-    monkeypatch.setattr(backend, "supports_rpc", lambda: False)  # as on a default (CPU-only) build
+    monkeypatch.setattr(backend.ggml, "supports_rpc", lambda: False)  # as on a default (CPU-only) build
     r = CliRunner().invoke(main, [*args, "--rpc", "127.0.0.1:50052"])
     line = _one_line_error(r, "needs llama-cpp-python built with the RPC backend")
     assert 'CMAKE_ARGS="-DGGML_RPC=on"' in line

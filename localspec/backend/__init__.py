@@ -1,0 +1,36 @@
+"""The one package that imports llama_cpp: everything localspec asks of llama.cpp goes through here.
+
+Why one place: localspec calls llama-cpp-python's low-level (and partly private, `_internals`) API, which moves
+between releases, and some llama.cpp calls abort the process on bad input (a token a grammar rejects, a dead RPC
+server). So every such call sits behind a small, checked interface here, and the rest of localspec (the loop,
+sampling, verify, drafters, controllers, front ends) is Python and numpy that tests drive with fake models.
+Importing this package loads llama.cpp: code that needs no model imports it lazily (`localspec models show`
+reads a GGUF header without it).
+
+  model.py    Model (one GGUF + its llama context: decode, rewind, tokenize, threads, flash attention),
+              LoadOptions, check_gguf_file, in_own_thread
+  ggml.py     backend start-up and llama.cpp's log, system and build info, ggml devices, RPC servers and
+              which devices a model's offloaded layers use
+  grammar.py  Grammar (llama.cpp's GBNF sampler as allowed-token masks), json_schema_grammar, GrammarError
+
+OpenMP's wait policy is read once, when llama.cpp loads its OpenMP runtime, so the thread controller's default
+(threads.openmp_defaults) is set here, before the first `import llama_cpp`; every module of this package is
+imported after this file has run.
+"""
+
+from __future__ import annotations
+
+from ..threads import openmp_defaults
+
+openmp_defaults()  # before llama.cpp loads its OpenMP runtime, which reads the wait policy once
+
+import llama_cpp  # noqa: E402  (also reachable as localspec.backend.llama_cpp)
+
+from .ggml import (add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload,  # noqa: E402
+                   supports_rpc, system_info)
+from .grammar import Grammar, GrammarError, json_schema_grammar  # noqa: E402
+from .model import LoadOptions, Model, check_gguf_file, in_own_thread  # noqa: E402
+
+__all__ = ["Grammar", "GrammarError", "LoadOptions", "Model", "add_rpc_servers", "build_info", "check_gguf_file",
+           "devices", "in_own_thread", "json_schema_grammar", "llama_cpp", "serve_rpc", "supports_gpu_offload",
+           "supports_rpc", "system_info"]
