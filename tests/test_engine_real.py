@@ -54,7 +54,7 @@ def _record_logits(model: Model) -> list[np.ndarray]:
     def decode(tokens, logits_rows=1):
         out = inner(tokens, logits_rows)
         if logits_rows:
-            seen.append(out)
+            seen.append(out.copy())  # decode's rows are a view, valid until the model's next decode
         return out
 
     model.decode = decode

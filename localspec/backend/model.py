@@ -271,8 +271,11 @@ class Model:
     def decode(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
         """Append `tokens` to the cache; return float32 logits [logits_rows, n_vocab] of the LAST rows.
 
-        Only those rows are computed by the output layer (never logits_all). The returned array is a copy:
-        llama.cpp reuses its buffer on the next decode.
+        Only those rows are computed by the output layer (never logits_all). The returned array is a read-only
+        view of llama.cpp's logits buffer, not a copy (up to ~9 MB a verify round at a 262k vocabulary): it is
+        valid until the next decode on this model (or set_flash_attn, or close), which overwrites or frees
+        that buffer. Use it before then, and copy what you keep or write (sampling's `_patched` and
+        constrain.py's rows do).
         """
         n = len(tokens)
         if n == 0:
@@ -291,7 +294,8 @@ class Model:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = llama_cpp.llama_get_logits(self._ctx.ctx)
         rows = np.ctypeslib.as_array(ptr, shape=(logits_rows, self.n_vocab))
-        return rows.copy()
+        rows.flags.writeable = False
+        return rows
 
     def _decode_chunk(self, chunk: Sequence[int], first_out: int) -> None:
         b = self._batch
