@@ -147,7 +147,7 @@ def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
         return None
     from .calibration import calibrate
 
-    # off this thread: a server loads on its main thread and decodes on a worker (backend.py, "Threads")
+    # off this thread: a server loads on its main thread and decodes on a worker (backend/model.py, "Threads")
     return in_own_thread(calibrate, target, k_max=_k_range(spec)[1] if adaptive else 0, draft_model=draft_model,
                          threads=spec.threads)
 

@@ -38,7 +38,7 @@ GREEDY = SamplingParams()
 
 def record(path: str, models: list[str], max_tokens: int, threads: int) -> None:
     from compare_lookup import Bench, default_models  # noqa: the same prompts and rendering as the real benchmark
-    from localspec.bench.samples import LOOKUP_PROSE, LOOKUP_TASKS
+    from localspec.bench.samples import CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS
     from localspec.speculative import generate
 
     a = argparse.Namespace(ctx=4096, threads=threads)
@@ -54,6 +54,17 @@ def record(path: str, models: list[str], max_tokens: int, threads: int) -> None:
                 answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
                 runs.append({"task": task, "prompt": toks, "answer": answer})
                 print(f"{b.name} {task}: {len(answer)} tokens", file=sys.stderr)
+        editor = [f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}" for r in EDITOR_REQUESTS]
+        for seq, turns in (("chat", CHAT_TURNS), ("editor", editor)):
+            history: list[dict] = []
+            for turn in turns:
+                msgs = history + [{"role": "user", "content": turn}]
+                toks, _ = b.render(msgs)
+                b.fresh()
+                answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
+                runs.append({"task": seq, "prompt": toks, "answer": answer})
+                if seq == "chat":
+                    history = msgs + [{"role": "assistant", "content": b.target.detokenize(answer)}]
         out.append({"model": b.name, "v": cal_v, "runs": runs})
         b.target.close()
     Path(path).write_text(json.dumps(out))
@@ -156,8 +167,12 @@ class Oracle:
 RULES: dict[str, Callable[[Sequence[float]], object]] = {
     "oracle": Oracle,
     "localspec": Localspec,
+    "localspec+cache": lambda v: Localspec(v, PromptLookup(cache=SuffixCache())),
     "ngram-cache": NgramCache,
 }
+
+
+SEQUENCES = ("chat", "editor")  # recorded request after request: replayed in order through one drafter
 
 
 def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -> dict:
@@ -196,8 +211,13 @@ def replay(path: str, rules: list[str]) -> None:
             by_task[r["task"]].append(r)
         for task, runs in by_task.items():
             for name in rules:
-                res = [replay_one(RULES[name](v), r["prompt"], r["answer"], v) for r in runs]
-                sp = statistics.median(x["speedup"] for x in res)
+                if task in SEQUENCES:  # one drafter and controller across the requests, as a session keeps them
+                    rule = RULES[name](v)
+                    res = [replay_one(rule, r["prompt"], r["answer"], v) for r in runs]
+                    sp = sum(x["tokens"] for x in res) / sum(x["tokens"] / x["speedup"] for x in res)
+                else:
+                    res = [replay_one(RULES[name](v), r["prompt"], r["answer"], v) for r in runs]
+                    sp = statistics.median(x["speedup"] for x in res)
                 tok = sum(x["tokens"] for x in res) / max(1, sum(x["rounds"] for x in res))
                 acc, dr = sum(x["accepted"] for x in res), sum(x["drafted"] for x in res)
                 print(f"| {m['model'][:12]} | {task} | {name} | {sp:.2f} | {tok:.2f} | {acc}/{dr} "
