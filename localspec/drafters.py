@@ -82,8 +82,9 @@ class PromptLookup:
     so weak 1-2-token matches that fail do not switch off the strong ones; the controller answers
     `k_for(bucket)` from that bucket's estimate, which starts from the bucket's measured `LOOKUP_PRIOR`.
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
-    searched too when the context itself has no longer match (`LOOKUP_CACHE`); the context is handed to the
-    cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
+    searched too unless the context's own match is verbatim-long; a cache match is used when it is longer
+    (`LOOKUP_CACHE`) and its earlier requests agree on what follows. The context is handed to the cache when a
+    request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
     sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE)
@@ -129,9 +130,10 @@ class PromptLookup:
         self.sync(context)
         idx = self.index
         m = idx.longest(idx.tokens, len(idx) - 1)
-        if self.cache is not None and (m is None or m.length < self.long_at):
+        if self.cache is not None and (m is None or m.length < self.verbatim_at):
             cm = self.cache.longest(idx.tokens)
-            if cm is not None and cm.length >= self.cache_min and not cm.split and (m is None or cm.length > m.length):
+            if (cm is not None and cm.length >= self.cache_min and not cm.split
+                    and (m is None or cm.length > m.length)):
                 return LOOKUP_CACHE, self.cache.index, cm
         source = self.bucket(m) if m is not None else None
         return (source, idx, m) if source is not None else None

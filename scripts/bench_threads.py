@@ -11,9 +11,9 @@ Not a test: speed is measured here, never asserted. Three parts, each printed as
 3. start-up: wall time of `localspec run -n 1 hi`, idle vs busy, with a warm calibration cache and an empty one
    (the calibration cache directory is emptied for those runs; it refills itself).
 
-OpenMP's wait policy: compare "localspec default" (passive) with "..., OMP active" and "..., OMP libgomp
-default" (spin ~3 ms, then sleep), pinned counts under both, and llama-bench's default (libgomp's) with
-"..., OMP passive", idle and busy: passive is localspec's default only while it costs < 3 % idle.
+OpenMP's wait policy: compare "localspec default" (GOMP_SPINCOUNT=3000, localspec/threads.py) with "..., OMP
+active" and "..., OMP libgomp default" (a long spin, then sleep), pinned counts under both, and llama-bench's
+default (libgomp's) with "..., OMP passive", idle and busy.
 
 Needs llama-bench from the llama.cpp that llama-cpp-python vendors; point LLAMA_CPP_BIN at its build/bin (parts
 without it still run). Usage (the full run takes ~15 min on 2 cores):

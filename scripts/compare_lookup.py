@@ -4,7 +4,8 @@ For each model and copy-heavy task (RAG, JSON extraction, a code rename, a rewri
 runs per prompt, in turn: plain decoding (localspec, no drafter), localspec's default lookup (adaptive, match
 buckets, as `localspec run --lookup` builds it; a fresh controller and index per prompt), and
 `llama-speculative-simple --spec-type T` for each llama.cpp n-gram drafter T. Then the cross-request cache: a
-multi-turn chat and a sequence of editor requests over one file, prompt-only lookup against lookup with the cache.
+multi-turn chat, editor requests over one file and requests for tests of it, prompt-only lookup against lookup with
+the cache.
 Reports tok/s (decoding, prefill excluded), acceptance and drafted tokens side by side (not a test).
 
     python scripts/compare_lookup.py --threads 2 --max-tokens 128 --reps 3 --markdown docs/bench/lookup.md
@@ -29,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from localspec.backend import LoadOptions, Model
-from localspec.bench.samples import CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS
+from localspec.bench.samples import (CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS,
+                                     TEST_REQUESTS)
 from localspec.drafters import PromptLookup
 from localspec.loader import EngineSpec, load_calibration, make_controller
 from localspec.paths import cache_dir
@@ -129,13 +131,20 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
     return out
 
 
+def sequences() -> dict[str, list[str]]:
+    """The request sequences: a chat (each turn sees the history), editor edits of one file, tests for it."""
+    def file(r: str) -> str:
+        return f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}"
+    return {"chat": CHAT_TURNS, "editor": [file(r) for r in EDITOR_REQUESTS],
+            "tests": [file(r) for r in TEST_REQUESTS]}
+
+
 def run_sequences(b: Bench, a) -> list[Result]:
     """A multi-turn chat and editor requests over one file: prompt-only lookup vs lookup with the cache (one
     engine per sequence, as a chat session or an editor's server would keep it)."""
     out: list[Result] = []
-    editor = [f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}" for r in EDITOR_REQUESTS]
     for _ in range(a.reps):
-        for seq, turns in (("chat", CHAT_TURNS), ("editor", editor)):
+        for seq, turns in sequences().items():
             for config in ("plain", "lookup, prompt only", "lookup + cache"):
                 engine = b.plain if config == "plain" else b.lookup(SuffixCache() if "cache" in config else None)
                 history: list[dict] = []

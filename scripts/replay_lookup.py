@@ -36,9 +36,9 @@ from localspec.suffix import SuffixCache
 GREEDY = SamplingParams()
 
 
-def record(path: str, models: list[str], max_tokens: int, threads: int) -> None:
-    from compare_lookup import Bench, default_models  # noqa: the same prompts and rendering as the real benchmark
-    from localspec.bench.samples import CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS
+def record(path: str, models: list[str], max_tokens: int, threads: int, only: list[str]) -> None:
+    from compare_lookup import Bench, default_models, sequences  # noqa: the same prompts and rendering as the real benchmark
+    from localspec.bench.samples import LOOKUP_PROSE, LOOKUP_TASKS
     from localspec.speculative import generate
 
     a = argparse.Namespace(ctx=4096, threads=threads)
@@ -48,14 +48,15 @@ def record(path: str, models: list[str], max_tokens: int, threads: int) -> None:
         cal_v = list(b.ctl0.v)
         runs = []
         for task, prompts in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items():
-            for p in prompts:
+            for p in prompts if not only or task in only else []:
                 toks, _ = b.render([{"role": "user", "content": p}])
                 b.fresh()
                 answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
                 runs.append({"task": task, "prompt": toks, "answer": answer})
                 print(f"{b.name} {task}: {len(answer)} tokens", file=sys.stderr)
-        editor = [f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}" for r in EDITOR_REQUESTS]
-        for seq, turns in (("chat", CHAT_TURNS), ("editor", editor)):
+        for seq, turns in sequences().items():
+            if only and seq not in only:
+                continue
             history: list[dict] = []
             for turn in turns:
                 msgs = history + [{"role": "user", "content": turn}]
@@ -172,7 +173,7 @@ RULES: dict[str, Callable[[Sequence[float]], object]] = {
 }
 
 
-SEQUENCES = ("chat", "editor")  # recorded request after request: replayed in order through one drafter
+SEQUENCES = ("chat", "editor", "tests")  # recorded request after request: replayed in order through one drafter
 
 
 def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -> dict:
@@ -232,10 +233,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rules", default=",".join(RULES))
+    ap.add_argument("--task", action="append", default=[], help="record only this task or sequence (repeat)")
     a = ap.parse_args()
     if a.record:
         sys.path.insert(0, str(Path(__file__).parent))
-        record(a.record, a.model, a.max_tokens, a.threads)
+        record(a.record, a.model, a.max_tokens, a.threads, a.task)
     if a.replay:
         replay(a.replay, a.rules.split(","))
 

@@ -38,7 +38,7 @@ def test_greedy_every_token_is_the_target_argmax(target):
     def decode(tokens, logits_rows=1):
         out = inner(tokens, logits_rows)
         if logits_rows:
-            seen.append(out)
+            seen.append(out.copy())  # decode returns a view, valid until the next decode
         return out
 
     target.decode = decode

@@ -99,6 +99,13 @@ CHAT_TURNS = [f"Here is a notice from my swimming pool:\n\n{_NOTICE}\n\nSummaris
               "Write a short email to a friend telling them about the closure, quoting the dates.",
               "Now list every change the notice mentions, word for word."]
 EDITOR_FILE = _CODE_INVOICE
+# tests for one file, request after request: each answer repeats the previous answers' scaffolding (imports, test
+# data), which no prompt holds: where the cross-request cache has something to give
+TEST_REQUESTS = ["Write pytest tests for invoice_total. Output only the test file.",
+                 "Write pytest tests for print_invoice. Output only the test file.",
+                 "Write pytest tests for invoice_total with an empty list and with a tax rate of 0. Output only the "
+                 "test file.",
+                 "Write pytest tests that check invoice_total rounds to 2 decimals. Output only the test file."]
 EDITOR_REQUESTS = ["Add a docstring to each function. Output the whole file.",
                    "Rename `tax_rate` to `vat`. Output the whole file.",
                    "Make print_invoice use f-strings. Output the whole file.",
