@@ -39,19 +39,24 @@ from localspec.registry import resolve_model
 from localspec.threads import cpu_count
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")
-PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. Describe the sea, "
-          "the weather and the keeper's thoughts as the evening turns into night.")
+# the environment as the user gave it: importing localspec's backend sets its OpenMP defaults in os.environ, and
+# llama-bench "at its defaults" must not inherit them
+USER_ENV = dict(os.environ)
+# a raw completion (greedy, no chat template) that runs on for the whole token budget
+PROMPT = "Once upon a time, in a lighthouse on a rocky coast, there lived an old keeper who"
 
 
 def localspec_run(args: list[str], env: dict | None = None) -> dict:
     """One `localspec run --json`; returns its JSON plus the process wall time."""
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "localspec", "run", "--json", *args], capture_output=True, text=True,
-                       env={**os.environ, **(env or {})})
+                       env={**USER_ENV, **(env or {})})
     wall = time.perf_counter() - t0
     if r.returncode:
         raise SystemExit(f"localspec run failed: {r.stderr.strip()[-400:]}")
     d = json.loads(r.stdout.strip().splitlines()[-1])
+    if not d["tokens"] and "-n" in args and args[args.index("-n") + 1] != "1":
+        raise SystemExit(f"localspec run {' '.join(args)} produced no tokens: pick a prompt the model continues")
     d["wall_s"] = wall
     return d
 
@@ -61,7 +66,7 @@ def llama_bench(model: str, tokens: int, depth: int, threads: int | None, env: d
     cmd = [f"{BIN}/llama-bench", "-m", model, "-p", "0", "-n", str(tokens), "-d", str(depth), "-r", "1", "-o", "json"]
     if threads:
         cmd += ["-t", str(threads)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**USER_ENV, **(env or {})})
     if r.returncode:
         raise SystemExit(f"llama-bench failed: {r.stderr.strip()[-400:]}")
     return float(json.loads(r.stdout)[0]["avg_ts"])
