@@ -92,6 +92,7 @@ def check_context(path, name: str, n_ctx: int, load: LoadOptions) -> None:
 
 def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
     """Resolve, check, load and calibrate: the Engine a front end generates from."""
+    meter = CpuMeter() if not spec.threads else None  # reads the machine while the models load
     target_ref = resolve_model(spec.model, log=log)
     if spec.load.rpc_servers:  # a dead or wrong address is one line before any model loads
         add_rpc_servers(spec.load.rpc_servers)
@@ -125,7 +126,7 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     template = target_ref.entry.chat_template if target_ref.entry else None
     return Engine(target, drafter, controller=controller, name=target_ref.name,
                   drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
-                  threads=make_threads(spec, target, draft_model, cal))
+                  threads=make_threads(spec, target, draft_model, cal, meter))
 
 
 def make_lookup(spec: EngineSpec) -> PromptLookup:
@@ -153,12 +154,13 @@ def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
 
 
 def make_threads(spec: EngineSpec, target: Model, draft_model: Model | None,
-                 cal: Calibration | None) -> ThreadControl:
-    """`--threads N` pins every phase; else the thread controller starts from the calibrated step times."""
+                 cal: Calibration | None, meter: CpuMeter | None = None) -> ThreadControl:
+    """`--threads N` pins every phase; else the thread controller starts from the calibrated step times, with a
+    CPU meter (started before the models loaded, so the first round already knows whether the machine is busy)."""
     if spec.threads:
         return ThreadControl.pinned(target, draft_model, spec.threads)
     return ThreadControl(target, draft_model, prior=cal.threads if cal else None, v=cal.v if cal else (),
-                         meter=CpuMeter())
+                         meter=meter or CpuMeter())
 
 
 def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration | None) -> Controller:

@@ -154,12 +154,14 @@ class ThreadChooser:
         self.probing: int | None = None
         self.won: tuple[int, float] | None = None  # a probe that won once: (count, seconds), confirmed next round
         self.changes: list[ThreadChange] = []
+        self.ceiling: int | None = None  # no probe above this many (the free cores while the machine is busy)
 
     def choose(self) -> int:
         """The count for the next round: the current one, or a probe when one is due."""
         if self.probing is None and self.cores > 1 and len(self.recent) >= min(2, self.window):
             if not self.queue and self.clock() >= self.next_probe:
                 self.queue = neighbours(self.current, self.cores)
+            self.queue = [m for m in self.queue if self.ceiling is None or m <= self.ceiling]
             if self.queue:
                 self.probing = self.queue.pop(0)
         return self.probing if self.probing is not None else self.current
@@ -238,7 +240,7 @@ class CpuMeter:
 
     STAT = "/proc/stat"
 
-    def __init__(self, every_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, every_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s, self.clock = every_s, clock
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.last = self._read()
@@ -281,7 +283,8 @@ class ThreadModel(Protocol):
 
 
 class ThreadControl:
-    """The thread choosers of one engine (target, drafter, prompt), applied between rounds.
+    """The thread choosers of one engine (target, drafter, prompt), applied between rounds, and the CPU meter
+    that tells them when the machine turns busy (drop to the free cores, probe no higher) or quiet (probe).
 
     `follow(steps)` wraps the loop's generator: `before_prefill()` before it starts, then after each round
     `observe(step)` and `before_round()` (the generator is suspended between rounds, so the counts change exactly
@@ -372,10 +375,17 @@ class ThreadControl:
         if busy != self.busy and (self.busy is not None or busy):  # a change, or busy at the first reading
             free = max(1, int(self.cores - others + 0.5))
             for c in self.choosers.values():
-                if busy and c.current > free:  # probing the old count waits for the usual gap: it costs
+                if busy and c.current > free:
                     c.move(free, f"machine busy: other programs use {others:.1f} of {self.cores} cores")
                 else:
                     c.nudge()
+        if busy is not None:
+            # while busy, no probe above the free cores: such a round waits at every barrier for a thread the
+            # scheduler preempted (a 2-thread probe among two hogs on 2 cores cost several 1-thread rounds),
+            # and on so noisy a machine a lucky probe could win
+            ceiling = max(1, int(self.cores - others + 0.5)) if busy else None
+            for c in self.choosers.values():
+                c.ceiling = ceiling
         self.busy = busy
 
     def observe(self, step: "Step", *, prompt_only: bool = False) -> None:

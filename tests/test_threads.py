@@ -123,6 +123,12 @@ def test_busy_at_the_start_means_fewer_threads_from_the_first_token():
     ctl.before_round()
     assert model.calls == [(1, 1), (1, 1)]
     assert {c.phase for c in ctl.state().changes} == {"target", "prompt"}
+    for _ in range(500):  # 11 s of busy rounds: no probe above the free core (each would cost several rounds)
+        dt = BUSY[model.n]
+        clock.t += dt
+        ctl.observe(Step((1,), 0, 0, 0.0, dt))
+        ctl.before_round()
+    assert set(model.calls) == {(1, 1)}
 
 
 def test_cpu_meter_counts_other_processes_only():
