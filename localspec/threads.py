@@ -155,6 +155,7 @@ class ThreadChooser:
         self.won: tuple[int, float] | None = None  # a probe that won once: (count, seconds), confirmed next round
         self.changes: list[ThreadChange] = []
         self.ceiling: int | None = None  # no probe above this many (the free cores while the machine is busy)
+        self.quiet = False  # the CPU meter says no other program is using the cores
 
     def choose(self) -> int:
         """The count for the next round: the current one, or a probe when one is due."""
@@ -200,7 +201,9 @@ class ThreadChooser:
         """Compare a probe with the rounds just before it at the current count; switch if clearly faster twice
         in a row (one lucky round on a noisy machine does not move the count)."""
         now = self._now_median() if self.recent else float("inf")
-        won = seconds < now * (1 - self.margin)
+        # the meter says nothing else runs: fewer threads winning is then more likely noise than a busy machine
+        margin = 3 * self.margin if self.quiet and n < self.current else self.margin
+        won = seconds < now * (1 - margin)
         if won and (self.won is None or self.won[0] != n):
             self.won = (n, seconds)
             self.queue.insert(0, n)  # confirm: probe it again next round
@@ -385,7 +388,7 @@ class ThreadControl:
             # and on so noisy a machine a lucky probe could win
             ceiling = max(1, int(self.cores - others + 0.5)) if busy else None
             for c in self.choosers.values():
-                c.ceiling = ceiling
+                c.ceiling, c.quiet = ceiling, not busy
         self.busy = busy
 
     def observe(self, step: "Step", *, prompt_only: bool = False) -> None:

@@ -112,6 +112,29 @@ def test_the_cpu_meter_brings_the_count_back_when_step_times_cannot_tell(stop):
     assert (first.old, first.new) == (2, 1) and first.reason == "machine busy: other programs use 2.0 of 2 cores"
 
 
+class QuietMeter:
+    def others(self) -> float:
+        return 0.0
+
+
+def test_a_quiet_meter_makes_noise_switch_down_less():
+    """Idle 2 threads are 1.4x faster; rounds are ±30 % noisy. With the meter saying the machine is quiet, a
+    switch to fewer threads needs a clear win: noise moves the count less often than without the meter."""
+    def switches(meter) -> int:
+        clock, model = FakeClock(), FakeModel()
+        ctl = ThreadControl(model, cores=2, prior={"target": IDLE}, clock=clock, meter=meter)
+        rng = np.random.default_rng(3)
+        ctl.before_prefill()
+        while clock.t < 60.0:
+            ctl.before_round()
+            dt = {1: 1 / 47, 2: 1 / 65}[model.n] * (0.7 + 0.6 * rng.random())
+            clock.t += dt
+            ctl.observe(Step((1,), 0, 0, 0.0, dt))
+        return sum(c.phase == "target" and c.new < c.old for c in ctl.state().changes)
+
+    assert switches(QuietMeter()) < max(1, switches(None))
+
+
 def test_busy_at_the_start_means_fewer_threads_from_the_first_token():
     """Calibrated on a quiet machine, started on a busy one the meter already sees: the prompt and the first
     rounds run on the free core, not on a count that must first be measured slow."""
