@@ -27,7 +27,8 @@ from typing import Callable, Mapping, TypeVar
 from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import cache_dir
-from .threads import candidates, cpu_count, openmp_settings
+from .machine import cpu_count
+from .threads import candidates, openmp_settings
 
 SCHEMA = 1
 CONTEXT = 16  # tokens before the probe position

@@ -17,7 +17,8 @@ from .model_facts import kv_cache_bytes, trained_context
 from .registry import load_registry, resolve_model
 from .session import Engine
 from .suffix import SuffixCache
-from .threads import CpuMeter, ThreadControl
+from .machine import CpuMeter
+from .threads import ThreadControl
 
 DEFAULT_CTX = 4096
 

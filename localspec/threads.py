@@ -13,7 +13,7 @@ of the rounds just before it at the current count, so a load change hits both si
 - when the current count's recent step time moves away from its baseline by more than `change` (the machine
   got busier or quieter: noticed within a few rounds), and
 - now and then (`probe_gap_s`, doubling while probes lose, back to the minimum after a switch), and
-- when `CpuMeter` sees the rest of the machine start or stop using the cores (Linux: /proc/stat less this
+- when `CpuMeter` (machine.py) sees other programs start or stop using the cores (Linux: /proc/stat less this
   process's own CPU time). Step times alone can miss that: with 1 thread and two neighbours on 2 cores the
   scheduler often leaves the decoding thread a core of its own, so its speed hardly moves when they stop.
 
@@ -35,6 +35,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Protocol, Sequence, TYPE_CHECKING
+
+from .machine import CpuMeter, cpu_count
 
 if TYPE_CHECKING:
     from .speculative import Step
@@ -63,14 +65,6 @@ def openmp_defaults() -> None:
 def openmp_settings() -> dict[str, str | None]:
     """The OpenMP settings in force (step times depend on them: part of the calibration cache key)."""
     return {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-
-
-def cpu_count() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def candidates(cores: int) -> list[int]:
@@ -234,40 +228,6 @@ class ThreadChooser:
         self.recent.clear()
         self.queue = [m for m in neighbours(n, self.cores) if m != old]  # keep climbing that way
         self.gap = self.gap_min
-
-
-class CpuMeter:
-    """How many cores the rest of the machine is using: the busy time in /proc/stat less this process's own CPU
-    time, over the interval since the last reading (at least `every_s`). Linux only; elsewhere `others()` is
-    always None and the thread choosers rely on step times."""
-
-    STAT = "/proc/stat"
-
-    def __init__(self, every_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
-        self.every_s, self.clock = every_s, clock
-        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self.last = self._read()
-
-    def _read(self) -> tuple[float, float, float] | None:
-        """(when, machine busy seconds, this process's CPU seconds), or None without /proc/stat."""
-        try:
-            with open(self.STAT, encoding="ascii") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
-        return self.clock(), busy / self.hz, time.process_time()
-
-    def others(self) -> float | None:
-        """Cores used by other processes since the last reading; None when unknown or too soon to tell."""
-        if self.last is None or self.clock() - self.last[0] < self.every_s:
-            return None
-        now = self._read()
-        if now is None:
-            return None
-        (t0, b0, p0), (t1, b1, p1) = self.last, now
-        self.last = now
-        return max(0.0, ((b1 - b0) - (p1 - p0)) / max(t1 - t0, 1e-9))
 
 
 def verify_rows_cost(v: Sequence[float], d: int) -> float:

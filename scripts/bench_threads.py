@@ -36,7 +36,7 @@ from pathlib import Path
 from localspec.bench.busy import Hogs, busy
 from localspec.paths import cache_dir
 from localspec.registry import resolve_model
-from localspec.threads import cpu_count
+from localspec.machine import cpu_count
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")
 # the environment as the user gave it: importing localspec's backend sets its OpenMP defaults in os.environ, and

@@ -156,7 +156,7 @@ def test_busy_at_the_start_means_fewer_threads_from_the_first_token():
 
 def test_cpu_meter_counts_other_processes_only():
     """A real reading: this process spinning for 0.3 s is not counted as someone else's load."""
-    from localspec.threads import CpuMeter
+    from localspec.machine import CpuMeter
 
     meter = CpuMeter(every_s=0.1)
     if meter.last is None:

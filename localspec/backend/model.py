@@ -29,7 +29,7 @@ import llama_cpp
 from llama_cpp import _internals
 
 from ..errors import ContextOverflow, ModelLoadError
-from ..threads import cpu_count
+from ..machine import cpu_count
 from .ggml import _devices_param, _init_backend, add_rpc_servers
 
 _GGUF_MAGIC = b"GGUF"

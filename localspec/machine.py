@@ -1,0 +1,50 @@
+"""What the machine offers and how busy it is: the cores this process may use, and the cores other programs are
+using right now. The thread controller (threads.py) decides with these; nothing here decides anything."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class CpuMeter:
+    """How many cores the rest of the machine is using: the busy time in /proc/stat less this process's own CPU
+    time, over the interval since the last reading (at least `every_s`). Linux only; elsewhere `others()` is
+    always None and the thread choosers rely on step times."""
+
+    STAT = "/proc/stat"
+
+    def __init__(self, every_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        """(when, machine busy seconds, this process's CPU seconds), or None without /proc/stat."""
+        try:
+            with open(self.STAT, encoding="ascii") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
+        return self.clock(), busy / self.hz, time.process_time()
+
+    def others(self) -> float | None:
+        """Cores used by other processes since the last reading; None when unknown or too soon to tell."""
+        if self.last is None or self.clock() - self.last[0] < self.every_s:
+            return None
+        now = self._read()
+        if now is None:
+            return None
+        (t0, b0, p0), (t1, b1, p1) = self.last, now
+        self.last = now
+        return max(0.0, ((b1 - b0) - (p1 - p0)) / max(t1 - t0, 1e-9))
