@@ -11,8 +11,11 @@ machine that took 24–30 s per start, so:
   version and CPU features, OpenMP settings) + the load options that change costs, so the next start measures
   nothing;
 - a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
-  a stale entry (the machine is busier than when it was measured) is corrected online by the controllers,
-  which start from these priors and follow what the rounds measure.
+- an entry remembers how busy the machine was while it measured (`others`: cores other programs used, from
+  the CPU meter). Step times per thread count measured on a busy machine say "1 thread" and would keep an
+  idle machine at half speed, so a quiet start measures them again; a busier start keeps the entry (the thread
+  controller drops to the free cores at its first meter reading). Anything else stale is corrected online by
+  the controllers, which start from these priors and follow what the rounds measure.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
@@ -28,7 +31,7 @@ from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import cache_dir
 from .machine import cpu_count
-from .threads import candidates, openmp_settings
+from .threads import ThreadControl, candidates, openmp_settings
 
 SCHEMA = 1
 CONTEXT = 16  # tokens before the probe position
@@ -44,6 +47,7 @@ class Calibration:
     complete: bool = True  # False: the budget cut it short
     seconds: float = 0.0  # time spent measuring
     cached: bool = False  # read from the cache (nothing measured this start)
+    others: float | None = None  # cores other programs used while it measured (CPU meter); None = unknown
 
     @property
     def v(self) -> tuple[float, ...]:
@@ -52,13 +56,20 @@ class Calibration:
     def to_dict(self) -> dict:
         return {"costs": self.costs.to_dict() if self.costs else None, "flash_attn": self.flash_attn,
                 "threads": {p: {str(n): s for n, s in d.items()} for p, d in self.threads.items()},
-                "complete": self.complete, "seconds": round(self.seconds, 3), "cached": self.cached}
+                "complete": self.complete, "seconds": round(self.seconds, 3), "cached": self.cached,
+                "others": None if self.others is None else round(self.others, 3)}
 
     @classmethod
     def from_dict(cls, d: Mapping, *, cached: bool = False) -> "Calibration":
         return cls(Costs.from_dict(d["costs"]) if d.get("costs") else None,
                    {p: {int(n): float(s) for n, s in t.items()} for p, t in d.get("threads", {}).items()},
-                   d.get("flash_attn"), bool(d.get("complete")), float(d.get("seconds", 0.0)), cached)
+                   d.get("flash_attn"), bool(d.get("complete")), float(d.get("seconds", 0.0)), cached,
+                   None if d.get("others") is None else float(d["others"]))
+
+    def measured_busier(self, others_now: float | None) -> bool:
+        """Its thread step times came from a busy machine and this one is quiet: they would pin it too low."""
+        return (self.others is not None and others_now is not None
+                and self.others >= ThreadControl.BUSY_AT and others_now <= ThreadControl.QUIET_AT)
 
 
 def _best(times: Mapping[int, float]) -> int | None:
@@ -176,20 +187,29 @@ def write_cached(key: Mapping, cal: Calibration) -> None:
 
 
 def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
-              use_cache: bool = True, cores: int | None = None, threads: int | None = None) -> Calibration:
+              use_cache: bool = True, cores: int | None = None, threads: int | None = None,
+              others: Callable[[], float | None] | None = None) -> Calibration:
     """The cached calibration when there is a complete one (its flash-attention choice applied), else measure
     what the cache entry lacks within `budget_s` and cache the result. `threads` (pinned): measure at that
-    count only."""
+    count only. `others` reads how many cores other programs use now (the CPU meter): an entry whose thread
+    times came from a busy machine is measured again on a quiet one. Flash attention the user set
+    (`target.options.flash_attn` not None) is neither measured nor changed."""
     cores = cores or cpu_count()
-    key = cache_key(target, draft_model, k_max, cores) | {"pinned": threads} if use_cache else None
+    user_fa = target.options.flash_attn
+    key = cache_key(target, draft_model, k_max, cores) | {"pinned": threads, "flash_attn": user_fa} \
+        if use_cache else None
     old = read_cached(key) if key else None
-    if old is not None and old.flash_attn is not None and target.n_past == 0:
+    now = others() if others else None
+    if old is not None and old.measured_busier(now):
+        old = replace(old, threads={}, complete=False)  # keep v(γ), c and flash attention; time threads again
+    if old is not None and old.flash_attn is not None and user_fa is None and target.n_past == 0:
         target.set_flash_attn(old.flash_attn)
     if old is not None and old.complete:
         _apply_threads(target, draft_model, old)
         return old
     cal = measure_calibration(target, k_max=k_max, draft_model=draft_model, budget_s=budget_s, cores=cores,
-                              counts=[threads] if threads else None, have=old)
+                              counts=[threads] if threads else None, have=old, flash_attn=user_fa is None)
+    cal = replace(cal, others=others() if others else None)
     if key:
         write_cached(key, cal)
     _apply_threads(target, draft_model, cal)

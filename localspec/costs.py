@@ -194,18 +194,20 @@ def flash_attn_times(model: Model, tokens: Sequence[int], *, repeats: int = 3,
         raise ValueError("flash_attn_times needs an empty cache (it rebuilds the context)")
     found = model.options.flash_attn
     out: dict[bool, float] = {}
-    try:
-        for on in (True, False):
+    for on in (True, False, True, False):  # twice each, alternating: a drift in load hits both alike
+        try:
             model.set_flash_attn(on)
             try:
                 model.decode(list(tokens[:-1]), 0)
                 timer = {"t": lambda: timed_decode(model, tokens[-1:], 1)}
-                out[on] = min(_interleaved(timer, repeats, deadline).values())
+                out[on] = min(out.get(on, float("inf")), *_interleaved(timer, repeats, deadline).values())
             finally:
                 model.rewind(0)
-    except OutOfTime:
-        model.set_flash_attn(found)
-        raise
+        except OutOfTime:
+            if len(out) == 2:  # one pass of each is an answer
+                break
+            model.set_flash_attn(found)
+            raise
     model.set_flash_attn(min(out, key=out.__getitem__))
     return out
 

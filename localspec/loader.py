@@ -121,7 +121,7 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     elif draft == LOOKUP:
         drafter = make_lookup(spec)
     target = Model.load(target_ref.path, opts)
-    cal = load_calibration(spec, target, drafter, draft_model)
+    cal = load_calibration(spec, target, drafter, draft_model, meter)
     if controller is None and drafter is not None:
         controller = make_controller(spec, k, drafter, cal)
     template = target_ref.entry.chat_template if target_ref.entry else None
@@ -141,9 +141,10 @@ def _k_range(spec: EngineSpec) -> tuple[int, int]:
 
 
 def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
-                     draft_model: Model | None) -> Calibration | None:
+                     draft_model: Model | None, meter: CpuMeter | None = None) -> Calibration | None:
     """One budgeted, cached calibration (calibration.py) seeds both controllers: γ's v and c, and the step
-    time per thread count. None when neither needs it (threads pinned and no adaptive drafting)."""
+    time per thread count. None when neither needs it (threads pinned and no adaptive drafting). The meter
+    says how busy the machine is, so thread times measured on a busy one are not kept for a quiet one."""
     adaptive = drafter is not None and spec.adaptive
     if spec.threads and not adaptive:
         return None
@@ -151,7 +152,7 @@ def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
 
     # off this thread: a server loads on its main thread and decodes on a worker (backend/model.py, "Threads")
     return in_own_thread(calibrate, target, k_max=_k_range(spec)[1] if adaptive else 0, draft_model=draft_model,
-                         threads=spec.threads)
+                         threads=spec.threads, others=meter.others if meter is not None else None)
 
 
 def make_threads(spec: EngineSpec, target: Model, draft_model: Model | None,

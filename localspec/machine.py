@@ -27,6 +27,7 @@ class CpuMeter:
         self.every_s, self.clock = every_s, clock
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.last = self._read()
+        self.latest: float | None = None  # the last reading, handed out again to a caller who asks too soon
 
     def _read(self) -> tuple[float, float, float] | None:
         """(when, machine busy seconds, this process's CPU seconds), or None without /proc/stat."""
@@ -39,12 +40,15 @@ class CpuMeter:
         return self.clock(), busy / self.hz, time.process_time()
 
     def others(self) -> float | None:
-        """Cores used by other processes since the last reading; None when unknown or too soon to tell."""
+        """Cores used by other processes since the last reading (asked sooner than `every_s` after it: that
+        reading again, so two readers, calibration and the thread controller, never starve each other); None
+        without /proc/stat or before the first interval has passed."""
         if self.last is None or self.clock() - self.last[0] < self.every_s:
-            return None
+            return self.latest
         now = self._read()
         if now is None:
-            return None
+            return self.latest
         (t0, b0, p0), (t1, b1, p1) = self.last, now
         self.last = now
-        return max(0.0, ((b1 - b0) - (p1 - p0)) / max(t1 - t0, 1e-9))
+        self.latest = max(0.0, ((b1 - b0) - (p1 - p0)) / max(t1 - t0, 1e-9))
+        return self.latest

@@ -335,12 +335,15 @@ class ThreadControl:
         if others is None:
             return
         busy = True if others >= self.BUSY_AT else False if others <= self.QUIET_AT else self.busy
-        if busy != self.busy and (self.busy is not None or busy):  # a change, or busy at the first reading
+        if busy != self.busy and busy is not None:  # a change, or the first reading
+            first = self.busy is None
             free = max(1, int(self.cores - others + 0.5))
             for c in self.choosers.values():
                 if busy and c.current > free:
                     c.move(free, f"machine busy: other programs use {others:.1f} of {self.cores} cores")
-                else:
+                elif busy or not first or c.current < self.cores:
+                    # quiet at the first reading: a count below the cores came from a prior measured on a
+                    # busier machine (a calibration cached while a build ran), so find out now
                     c.nudge()
         if busy is not None:
             # while busy, no probe above the free cores: such a round waits at every barrier for a thread the

@@ -113,3 +113,32 @@ def test_a_hard_deadline_drops_the_measurement_and_restores_settings(target):
         flash_attn_times(target, probe_tokens(target, 4), deadline=past)
     assert target.options.flash_attn == found and target.tokens == []
     assert set(thread_times(target, [1, 2], probe_tokens(target, 1), deadline=Deadline(0.0))) == {1, 2}  # soft
+
+
+def test_thread_times_measured_on_a_busy_machine_are_measured_again_on_a_quiet_one(target, cache, monkeypatch):
+    """An entry cached while a build ran (two cores busy) says "1 thread" and would keep an idle machine at half
+    speed: a quiet start times the threads again, keeping v(γ); a busier start keeps a quiet entry."""
+    busy = calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 2.0)
+    assert busy.others == 2.0 and Calibration.from_dict(busy.to_dict()).others == 2.0
+    seen = []
+    real = cal_mod.thread_times
+    monkeypatch.setattr(cal_mod, "thread_times", lambda m, c, t, **k: seen.append(len(t)) or real(m, c, t, **k))
+    quiet = calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 0.0)
+    assert not quiet.cached and quiet.complete and quiet.others == 0.0 and len(seen) == 2  # target and prompt
+    assert quiet.v == pytest.approx(busy.v)  # v(γ) kept: a ratio measured in one moment
+    monkeypatch.setattr(cal_mod, "measure_calibration", lambda *a, **k: pytest.fail("measured again"))
+    assert calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 2.0).cached
+
+
+def test_flash_attention_the_user_chose_is_neither_measured_nor_changed(target, cache, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setattr(cal_mod, "flash_attn_times", lambda *a, **k: pytest.fail("measured flash attention"))
+    found = target.options.flash_attn
+    target.options = replace(target.options, flash_attn=False)  # as `--flash-attn off` loads it
+    try:
+        cal = calibrate(target, k_max=2, budget_s=60.0, cores=2)
+        assert cal.complete and cal.flash_attn is None and target.options.flash_attn is False
+        assert calibrate(target, k_max=2, budget_s=60.0, cores=2).cached
+    finally:
+        target.options = replace(target.options, flash_attn=found)

@@ -166,7 +166,7 @@ def test_cpu_meter_counts_other_processes_only():
         pass
     others = meter.others()
     assert others is not None and 0.0 <= others <= os.cpu_count()
-    assert meter.others() is None  # asked again at once: too soon to tell
+    assert meter.others() == others  # asked again at once: the same reading (calibration and the controller share it)
 
 
 def test_adaptive_tokens_are_close_to_the_best_pinned_count():
@@ -296,3 +296,30 @@ def test_verify_rounds_compare_per_row():
 
     assert verify_rows_cost((1.0, 1.5, 2.0), 2) == 2.0 and verify_rows_cost((1.0, 1.5, 2.0), 4) == pytest.approx(2.9)
     assert verify_rows_cost((), 0) == 1.0 and verify_rows_cost((), 2) == pytest.approx(1.9)
+
+
+class QuietMeter:
+    """A machine nobody else is using."""
+
+    def others(self) -> float:
+        return 0.0
+
+
+def test_a_quiet_start_corrects_a_prior_measured_on_a_busy_machine():
+    """A calibration cached while a build ran says 1 thread; the first meter reading says the machine is quiet,
+    so the target probes at once and runs at 2 threads within a few rounds (not after the periodic gap)."""
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": BUSY, "prompt": BUSY}, clock=clock, meter=QuietMeter())
+    assert ctl.state().threads == 1
+    trace = generate(ctl, model, clock, 0.2, machine=lambda t: IDLE)
+    assert trace[-1][1] == 2 and [n for _, n in trace].index(2) <= 6
+    assert ctl.choosers["target"].changes[0].reason.startswith("machine quiet")
+
+
+def test_a_quiet_start_leaves_a_right_prior_alone():
+    """Idle, and the prior already says all cores: nothing is probed early (probes at a losing count cost)."""
+    clock, model = FakeClock(), FakeModel()
+    ctl = ThreadControl(model, cores=2, prior={"target": IDLE, "prompt": IDLE}, clock=clock, meter=QuietMeter())
+    trace = generate(ctl, model, clock, 1.0, machine=lambda t: IDLE)
+    assert {n for _, n in trace} == {2} and not ctl.state().changes
+    assert [n for n, _ in model.calls] == [2] * len(model.calls)  # no round ran at 1 thread
