@@ -120,11 +120,33 @@ def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int,
     return best
 
 
+DENSE_TO = 8  # v(γ) is timed at every γ up to here, then at the powers of two up to k_max, and interpolated
+
+
+def timed_gammas(k_max: int) -> list[int]:
+    """The γ whose verify pass `measure` times. Long drafts (prompt lookup copies up to 32 tokens and more) need
+    v measured where they are: extrapolated from γ ≤ 8, a model whose batch kernels get cheaper per row with
+    size was taken for 1.6x dearer than it is at γ = 32 (Gemma-3-270M: v(32) measured 9.9, extrapolated 15.7),
+    and the controller cut its copies short."""
+    dense = set(range(min(k_max, DENSE_TO) + 1))
+    g, sparse = 2 * DENSE_TO, {k_max}
+    while g < k_max:
+        sparse.add(g)
+        g *= 2
+    return sorted(dense | sparse)
+
+
+def interpolate(points: Mapping[int, float], k_max: int) -> list[float]:
+    """v at every γ in 0..k_max, linear between the timed ones."""
+    xs = sorted(points)
+    return [float(x) for x in np.interp(range(k_max + 1), xs, [points[x] for x in xs])]
+
+
 def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapping[str, Model] | None = None,
             lookup: bool = False, repeats: int = 3, deadline: Deadline | None = None) -> Costs:
-    """v(0..k_max) and c at the end of `context` (appended after what the caches hold; everything rewound).
-    `drafters` maps a name (a source like "model", or a bench label) to its model; `lookup` adds prompt
-    lookup's c."""
+    """v(0..k_max) and c at the end of `context` (appended after what the caches hold; everything rewound);
+    v is timed at `timed_gammas(k_max)` and interpolated between. `drafters` maps a name (a source like "model",
+    or a bench label) to its model; `lookup` adds prompt lookup's c."""
     drafters = dict(drafters or {})
     room = target.n_ctx - target.n_past - 1
     k_max = max(0, min(k_max, room - 2))
@@ -139,8 +161,9 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
         for m in models:
             if prefix:
                 m.decode(prefix, 0)
+        gammas = timed_gammas(k_max)
         timers: dict[str, Callable[[], float]] = {
-            f"t{n}": (lambda n=n: timed_decode(target, follow[:n], n)) for n in range(1, k_max + 2)}
+            f"t{g + 1}": (lambda n=g + 1: timed_decode(target, follow[:n], n)) for g in gammas}
         timers |= {f"d:{name}": (lambda m=m: timed_decode(m, follow[:1], 1)) for name, m in drafters.items()}
         if lookup and k_max:
             timers["lookup"] = _lookup_timer(ctx[:pos + 1], k_max)
@@ -152,7 +175,8 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
     c = {name: best[f"d:{name}"] / t1 for name in drafters}
     if "lookup" in best:
         c["lookup"] = best["lookup"] / t1
-    return Costs(t1, monotone([best[f"t{n}"] / t1 for n in range(1, k_max + 2)]), c, bases[0] + pos)
+    v = interpolate({g: best[f"t{g + 1}"] / t1 for g in gammas}, k_max)
+    return Costs(t1, monotone(v), c, bases[0] + pos)
 
 
 def _lookup_timer(context: list[int], k: int) -> Callable[[], float]:

@@ -43,7 +43,7 @@ class EngineSpec:
     p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
     lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
     k_max_lookup: int = 32  # with lookup and k_max left at its default: a strong match may draft this far
-    # (calibration still measures v(γ) up to k_max; beyond, it is extrapolated and then learnt online)
+    # (calibration times v(γ) that far too: costs.timed_gammas)
 
 
 def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
@@ -135,9 +135,16 @@ def make_lookup(spec: EngineSpec) -> PromptLookup:
     return PromptLookup(cache=SuffixCache(spec.lookup_cache) if spec.lookup_cache > 0 else None)
 
 
-def _k_range(spec: EngineSpec) -> tuple[int, int]:
-    """An explicit -k pins γ; else the adaptive range."""
-    return (spec.k, spec.k) if spec.k is not None else (spec.k_min, max(spec.k_min, spec.k_max))
+def _k_range(spec: EngineSpec, drafter: Drafter | None = None) -> tuple[int, int]:
+    """An explicit -k pins γ; else the adaptive range, which reaches `k_max_lookup` for a drafter with prompt
+    lookup when k_max was left at its default (copying pays at long γ)."""
+    if spec.k is not None:
+        return spec.k, spec.k
+    k_max = max(spec.k_min, spec.k_max)
+    if (drafter is not None and spec.k_max == EngineSpec.k_max
+            and any(family(s) == LOOKUP for s in drafter.sources)):
+        k_max = max(k_max, spec.k_max_lookup)
+    return spec.k_min, k_max
 
 
 def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
@@ -151,7 +158,8 @@ def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
     from .calibration import calibrate
 
     # off this thread: a server loads on its main thread and decodes on a worker (backend/model.py, "Threads")
-    return in_own_thread(calibrate, target, k_max=_k_range(spec)[1] if adaptive else 0, draft_model=draft_model,
+    k_max = _k_range(spec, drafter)[1] if adaptive else 0
+    return in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model,
                          threads=spec.threads, others=meter.others if meter is not None else None)
 
 
@@ -170,11 +178,9 @@ def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration
     v(γ) (and c for a model drafter). An explicit -k pins γ but keeps auto-off."""
     if not spec.adaptive:
         return FixedK(k)
-    k_min, k_max = _k_range(spec)
+    k_min, k_max = _k_range(spec, drafter)
     costs = cal.costs if cal else None
     measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
-    if spec.k is None and spec.k_max == EngineSpec.k_max and any(family(s) == LOOKUP for s in drafter.sources):
-        k_max = max(k_max, spec.k_max_lookup)  # copying pays at long γ; calibration stays short (to k_max)
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v if cal else (),
                    t1=costs.t1 if costs else None, c={**drafter.cost, **measured}, prior=drafter.prior)
     ctl.calibration = cal

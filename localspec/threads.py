@@ -36,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Protocol, Sequence, TYPE_CHECKING
 
+from .controller import v_at
 from .machine import CpuMeter, cpu_count
 
 if TYPE_CHECKING:
@@ -231,12 +232,9 @@ class ThreadChooser:
 
 
 def verify_rows_cost(v: Sequence[float], d: int) -> float:
-    """v(d): a verify pass of d+1 rows in single-row units, from calibration; past the measured points (or
-    without any) each extra row is guessed at 0.45 of the first, as on a quiet CPU."""
-    if d < len(v):
-        return max(v[d], 1e-9)
-    last = len(v) - 1
-    return (v[-1] if v else 1.0) + 0.45 * (d - max(last, 0))
+    """v(d): a verify pass of d+1 rows in single-row units, from calibration (the γ controller's rule past the
+    measured points, or without any)."""
+    return max(v_at(v, d), 1e-9)
 
 
 class ThreadModel(Protocol):

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.controller import Adaptive, _v_at
+from localspec.controller import Adaptive, v_at
 from localspec.drafters import PromptLookup
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step
@@ -93,7 +93,7 @@ class Localspec:
         return list(d.tokens), d.source
 
     def observe(self, drafted: int, accepted: int, source: str) -> None:
-        t = _v_at(self.v, drafted)
+        t = v_at(self.v, drafted)
         self.ctl.observe(Step((), drafted, accepted, 0.0, t, source))
 
 
@@ -195,7 +195,7 @@ def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -
         rounds += 1
         drafted += len(draft)
         accepted += n
-        cost += _v_at(v, len(draft))
+        cost += v_at(v, len(draft))
         ks[len(draft)] += 1
     return {"tokens": len(answer), "rounds": rounds, "drafted": drafted, "accepted": accepted,
             "speedup": len(answer) / cost if cost else 1.0, "ks": ks}

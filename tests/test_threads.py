@@ -294,7 +294,7 @@ def test_noise_alone_rarely_moves_the_count():
 def test_verify_rounds_compare_per_row():
     from localspec.threads import verify_rows_cost
 
-    assert verify_rows_cost((1.0, 1.5, 2.0), 2) == 2.0 and verify_rows_cost((1.0, 1.5, 2.0), 4) == pytest.approx(2.9)
+    assert verify_rows_cost((1.0, 1.5, 2.0), 2) == 2.0 and verify_rows_cost((1.0, 1.5, 2.0), 4) == pytest.approx(3.0)
     assert verify_rows_cost((), 0) == 1.0 and verify_rows_cost((), 2) == pytest.approx(1.9)
 
 
