@@ -23,7 +23,7 @@ from .controller import Controller, FixedK
 from .drafters import EMPTY, Draft, Drafter, common_prefix
 from .errors import ContextOverflow
 from .logprobs import TokenLogprob, token_logprobs
-from .sampling import SamplingParams, warp
+from .sampling import SamplingParams, greedy, warp
 from .verify import verify, verify_greedy
 
 
@@ -113,11 +113,10 @@ def _verify_round(target: Model, context: Sequence[int], draft: Draft, params: S
     try:
         raw = target.decode([context[-1], *draft.tokens], len(draft) + 1)
         logits = constrain_rows(params, raw, context, draft.tokens)  # logit_bias, grammar: p as requested
-        p = warp(logits, params, context, draft.tokens)
         if params.greedy:
-            n_acc, nxt = verify_greedy(p.ids[:, 0], draft.tokens)
+            n_acc, nxt = verify_greedy(greedy(logits, params, context, draft.tokens), draft.tokens)
         else:
-            n_acc, nxt = verify(p, draft.tokens, draft.probs, rng)
+            n_acc, nxt = verify(warp(logits, params, context, draft.tokens), draft.tokens, draft.probs, rng)
         return n_acc, nxt, raw
     finally:
         target.rewind(n_past + 1 + n_acc)

@@ -78,6 +78,7 @@ class StatsCounter:
         self.t_start = t_start if t_start is not None else time.perf_counter()
         self.n_prompt = self.n_cached = self.n_generated = self.rounds = self.draft_n = self.accepted = 0
         self.prompt_ms = self.ttft_ms = self.gen_ms = self.draft_ms = self.verify_ms = 0.0
+        self._gen_start = 0.0
         self.drafted_at: list[int] = []
         self.accepted_at: list[int] = []
         self.by_source: dict[str, list[int]] = {}
@@ -87,9 +88,12 @@ class StatsCounter:
         if self.rounds == 0:
             self.n_prompt, self.n_cached, self.prompt_ms = step.n_prompt, step.n_cached, step.t_prompt * 1e3
             self.ttft_ms = (now - self.t_start) * 1e3
+            self._gen_start = now - (step.t_draft + step.t_verify)  # when the first round began
         self.rounds += 1
         self.n_generated += len(step.tokens)
-        self.gen_ms += (step.t_draft + step.t_verify) * 1e3
+        # wall clock, not the sum of the rounds: the time between rounds (the engine, the thread controller,
+        # whoever consumes the stream) is part of what a user waits for
+        self.gen_ms = (now - self._gen_start) * 1e3
         self.draft_ms += step.t_draft * 1e3
         self.verify_ms += step.t_verify * 1e3
         self.draft_n += step.drafted

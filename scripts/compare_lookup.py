@@ -119,21 +119,28 @@ class Bench:
 
 
 def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) -> list[Result]:
+    """Per prompt, interleaved (a noisy neighbour hits every config alike): llama.cpp's drafters first, then
+    plain decoding and localspec for as many tokens as the longest llama.cpp run decoded. llama.cpp does not cut
+    its last draft at -n (with ngram-mod's 48-64-token drafts a 128-token request decodes up to 193), and the
+    tokens of a long last draft come cheap: compared at -n alone, its tok/s would count tokens localspec was
+    never asked for."""
     out: list[Result] = []
     for _ in range(a.reps):
         for task, prompts in tasks.items():
             for p in prompts:
                 toks, text = b.render([{"role": "user", "content": p}])
-                runs = {"plain": lambda: ours(b.plain, toks, a.max_tokens, spec=False),
-                        "localspec lookup": lambda: ours(b.lookup(), toks, a.max_tokens)}
-                if bin_dir:
-                    runs.update({f"llama.cpp {t}": (lambda t=t: cpp_run(bin_dir, b.path, text, t, a))
-                                 for t in CPP_TYPES})
-                for config, fn in runs.items():  # interleaved: a noisy neighbour hits every config alike
+                cpp = []
+                for t in CPP_TYPES if bin_dir else ():
                     b.fresh()
-                    r = fn()
-                    if r:
-                        out.append(Result(b.name, task, config, *r))
+                    if r := cpp_run(bin_dir, b.path, text, t, a):
+                        cpp.append(Result(b.name, task, f"llama.cpp {t}", *r))
+                n = max([a.max_tokens] + [r.n for r in cpp])
+                runs = {"plain": lambda: ours(b.plain, toks, n, spec=False),
+                        "localspec lookup": lambda: ours(b.lookup(), toks, n)}
+                for config, fn in runs.items():
+                    b.fresh()
+                    out.append(Result(b.name, task, config, *fn()))
+                out += cpp
     return out
 
 

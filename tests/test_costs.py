@@ -142,3 +142,29 @@ def test_flash_attention_the_user_chose_is_neither_measured_nor_changed(target, 
         assert calibrate(target, k_max=2, budget_s=60.0, cores=2).cached
     finally:
         target.options = replace(target.options, flash_attn=found)
+
+
+def test_v_is_timed_at_long_drafts_and_interpolated_between():
+    """Long lookup drafts need v measured where they are, not extrapolated from γ ≤ 8 (Gemma-3-270M: v(32) 9.9
+    measured, 15.7 extrapolated): every γ to 8, then powers of two to k_max."""
+    from localspec.costs import interpolate, timed_gammas
+
+    assert timed_gammas(8) == list(range(9)) and timed_gammas(3) == [0, 1, 2, 3]
+    assert timed_gammas(32) == [*range(9), 16, 32] and timed_gammas(40) == [*range(9), 16, 32, 40]
+    v = interpolate({0: 1.0, 8: 5.0, 16: 7.0}, 16)
+    assert len(v) == 17 and v[8] == 5.0 and v[12] == pytest.approx(6.0)
+
+
+def test_measure_times_long_drafts_on_the_real_model(target):
+    c = measure(target, probe_tokens(target, 40), 20, repeats=1)
+    assert len(c.v) == 21 and list(c.v) == sorted(c.v) and c.v[20] > c.v[8] > 1.0
+    assert target.tokens == []
+
+
+def test_v_past_the_measured_points_follows_the_upper_half():
+    """Extrapolation uses the slope of the far end (batch kernels get cheaper per row as batches grow)."""
+    from localspec.controller import ROW_GUESS, v_at
+
+    v = [1.0, 2.0, 2.5, 3.0, 3.2, 3.4]  # upper half from index 3: slope 0.2
+    assert v_at(v, 5) == 3.4 and v_at(v, 7) == pytest.approx(3.8)
+    assert v_at([], 4) == pytest.approx(1 + 4 * ROW_GUESS) and v_at([1.0, 1.5], 3) == pytest.approx(2.5)
