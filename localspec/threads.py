@@ -23,8 +23,9 @@ A probe that wins is probed once more before the count switches, so one lucky ro
 reports a `ThreadState` (counts in use, the changes with their reasons) that every front end reads.
 `ThreadControl.pinned(n)` is `--threads N`: nothing is measured or changed.
 
-OpenMP's wait policy is read once, when llama.cpp's runtime loads, so it cannot follow the thread count:
-`openmp_defaults()` sets the measured default before the backend imports llama.cpp.
+OpenMP's wait policy is read once, when llama.cpp's runtime loads, so it cannot follow the thread count.
+localspec leaves it at libgomp's default (see OpenMP below): with the CPU meter moving a busy machine to the free
+cores at once, the long default spin no longer costs anything there.
 """
 
 from __future__ import annotations
@@ -43,24 +44,18 @@ if TYPE_CHECKING:
     from .speculative import Step
 
 PHASES = ("target", "draft", "prompt")
-# OpenMP's spin before a waiting thread sleeps. ggml's barrier between graph nodes is `#pragma omp barrier`;
-# a waiting thread spins GOMP_SPINCOUNT times (libgomp's default 300000, ~ms), then sleeps. Measured on this
-# project's 2 cores, SmolLM2-135M, `localspec run --no-spec -n 128`, thread controller on, 3 interleaved
-# repeats (tok/s, median and range):
-#   idle:                     libgomp default 77 (76-85), GOMP_SPINCOUNT=3000 75 (51-75), passive 46 (41-48)
-#   busy (2 CPU-bound hogs):  libgomp default 5.7 (2.7-7.6), GOMP_SPINCOUNT=3000 27 (23-38), passive 31 (26-40)
-# Passive (sleep at once) costs ~40 % idle: every barrier becomes a futex wake-up. The default long spin makes a
-# busy machine 5-10x slower even at 1 thread (the pool's idle worker spins against the decoding thread). A short
-# spin covers the microseconds between graph nodes and gives the core back between tokens: near the best in both.
-OPENMP_DEFAULTS = {"GOMP_SPINCOUNT": "3000"}
-
-
-def openmp_defaults() -> None:
-    """Set localspec's OpenMP defaults unless the user chose a wait policy or spin count; must run before
-    llama.cpp is imported (libgomp reads them once)."""
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
-        return
-    os.environ.update(OPENMP_DEFAULTS)
+# OpenMP: ggml's barrier between graph nodes is `#pragma omp barrier`; a waiting thread spins GOMP_SPINCOUNT times
+# (libgomp's default 300000, about a millisecond), then sleeps. Measured on this project's 2 cores, SmolLM2-135M,
+# `localspec run --no-spec -n 128` (scripts/bench_threads.py, 3 interleaved repeats, tok/s medians):
+#                        libgomp default   GOMP_SPINCOUNT=3000   active   passive (llama-bench)
+#   idle, controller           192.4              186.5           192.2      53 (vs 206 default)
+#   2 hogs, controller         117.8              106.5           102.6
+#   2 hogs, -t 2 pinned         17.7               48.7
+# Passive (sleep at once) makes every barrier a futex wake-up. The long default spin is ruinous only when the
+# threads of a decode outnumber the free cores (-t 2 among two hogs): the thread controller never runs so once
+# the CPU meter says busy, so localspec sets nothing and libgomp's default, the fastest idle and busy, stays.
+# An earlier localspec set GOMP_SPINCOUNT=3000, measured before the meter existed, when busy rounds still ran
+# at 2 threads.
 
 
 def openmp_settings() -> dict[str, str | None]:

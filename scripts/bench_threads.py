@@ -11,9 +11,9 @@ Not a test: speed is measured here, never asserted. Three parts, each printed as
 3. start-up: wall time of `localspec run -n 1 hi`, idle vs busy, with a warm calibration cache and an empty one
    (the calibration cache directory is emptied for those runs; it refills itself).
 
-OpenMP's wait policy: compare "localspec default" (GOMP_SPINCOUNT=3000, localspec/threads.py) with "..., OMP
-active" and "..., OMP libgomp default" (a long spin, then sleep), pinned counts under both, and llama-bench's
-default (libgomp's) with "..., OMP passive", idle and busy.
+OpenMP's wait policy: compare "localspec default" (libgomp's default: a long spin, then sleep; localspec/threads.py)
+with "..., OMP active" and "..., GOMP_SPINCOUNT=3000" (a short spin), pinned counts under both, and llama-bench's
+default with "..., OMP passive", idle and busy.
 
 Needs llama-bench from the llama.cpp that llama-cpp-python vendors; point LLAMA_CPP_BIN at its build/bin (parts
 without it still run). Usage (the full run takes ~15 min on 2 cores):
@@ -39,8 +39,7 @@ from localspec.registry import resolve_model
 from localspec.machine import cpu_count
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")
-# the environment as the user gave it: importing localspec's backend sets its OpenMP defaults in os.environ, and
-# llama-bench "at its defaults" must not inherit them
+# the environment as the user gave it, for every command this script starts
 USER_ENV = dict(os.environ)
 # a raw completion (greedy, no chat template) that runs on for the whole token budget
 PROMPT = "Once upon a time, in a lighthouse on a rocky coast, there lived an old keeper who"
@@ -77,11 +76,11 @@ def decode_configs(model: str, tokens: int, depth: int, cores: int) -> dict:
     base = ["--model", model, "--no-spec", "-n", str(tokens), "--prompt", PROMPT]
     ours = lambda extra=(), env=None: (  # noqa: E731
         lambda: localspec_run([*base, *extra], env)["tokens_per_second"])
-    spin = {"OMP_WAIT_POLICY": ""}  # an empty value: libgomp's own default (spin ~3 ms, then sleep)
+    spin = {"GOMP_SPINCOUNT": "3000"}  # a short spin (localspec's default until the CPU meter came)
     cfgs = {"localspec default": ours(), "localspec default, OMP active": ours(env={"OMP_WAIT_POLICY": "active"}),
-            "localspec default, OMP libgomp default": ours(env=spin)}
+            "localspec default, GOMP_SPINCOUNT=3000": ours(env=spin)}
     cfgs |= {f"localspec -t {n}": ours(["-t", str(n)]) for n in range(1, cores + 1)}
-    cfgs |= {f"localspec -t {n}, OMP libgomp default": ours(["-t", str(n)], spin) for n in range(1, cores + 1)}
+    cfgs |= {f"localspec -t {n}, GOMP_SPINCOUNT=3000": ours(["-t", str(n)], spin) for n in range(1, cores + 1)}
     if BIN:
         cfgs["llama-bench default"] = lambda: llama_bench(model, tokens, depth, None)
         cfgs["llama-bench default, OMP passive"] = lambda: llama_bench(model, tokens, depth, None,
@@ -108,7 +107,7 @@ def part_decode(model: str, tokens: int, depth: int, hogs: list[int], repeats: i
         print(f"{name:42s}" + "".join(f"{statistics.median(res[h][name]):10.1f}" for h in hogs))
     for h in hogs:
         med = {n: statistics.median(v) for n, v in res[h].items()}
-        best_pin = max(v for n, v in med.items() if n.startswith("localspec -t") and "OMP" not in n)
+        best_pin = max(v for n, v in med.items() if n.startswith("localspec -t") and "," not in n)
         line = f"{h} hogs: localspec default = {med['localspec default'] / best_pin:.2f}x its best pinned count"
         if BIN:
             cpp_best = max(v for n, v in med.items() if n.startswith("llama-bench -t"))

@@ -13,23 +13,19 @@ reads a GGUF header without it).
               which devices a model's offloaded layers use
   grammar.py  Grammar (llama.cpp's GBNF sampler as allowed-token masks), json_schema_grammar, GrammarError
 
-OpenMP's wait policy is read once, when llama.cpp loads its OpenMP runtime, so the thread controller's default
-(threads.openmp_defaults) is set here, before the first `import llama_cpp`; every module of this package is
-imported after this file has run.
+OpenMP's wait policy is read once, when llama.cpp loads its OpenMP runtime; localspec leaves it at libgomp's
+default (measured best idle and busy, see localspec/threads.py), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
+is part of the calibration cache key.
 """
 
 from __future__ import annotations
 
-from ..threads import openmp_defaults
+import llama_cpp  # (also reachable as localspec.backend.llama_cpp)
 
-openmp_defaults()  # before llama.cpp loads its OpenMP runtime, which reads the wait policy once
-
-import llama_cpp  # noqa: E402  (also reachable as localspec.backend.llama_cpp)
-
-from .ggml import (add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload,  # noqa: E402
+from .ggml import (add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload,
                    supports_rpc, system_info)
-from .grammar import Grammar, GrammarError, json_schema_grammar  # noqa: E402
-from .model import LoadOptions, Model, check_gguf_file, in_own_thread  # noqa: E402
+from .grammar import Grammar, GrammarError, json_schema_grammar
+from .model import LoadOptions, Model, check_gguf_file, in_own_thread
 
 __all__ = ["Grammar", "GrammarError", "LoadOptions", "Model", "add_rpc_servers", "build_info", "check_gguf_file",
            "devices", "in_own_thread", "json_schema_grammar", "llama_cpp", "serve_rpc", "supports_gpu_offload",
