@@ -144,6 +144,8 @@ class Model:
     offload_devices: tuple[str, ...] = ()  # ggml devices its offloaded layers may use (RPC first); () = CPU
     _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
     _views: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # see _logits_view
+    _eog: dict[int, bool] = field(default_factory=dict, repr=False)
+    _facts: dict[str, int] = field(default_factory=dict, repr=False)  # n_vocab, n_ctx: fixed per context
 
     @classmethod
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
@@ -180,11 +182,18 @@ class Model:
 
     @property
     def n_vocab(self) -> int:
-        return self._model.n_vocab()
+        v = self._facts.get("n_vocab")
+        if v is None:
+            v = self._facts["n_vocab"] = self._model.n_vocab()
+        return v
 
     @property
     def n_ctx(self) -> int:
-        return self._ctx.n_ctx()
+        """Asked every round: read once per context (a ctypes call costs ~10× its warm time after a decode)."""
+        v = self._facts.get("n_ctx")
+        if v is None:
+            v = self._facts["n_ctx"] = self._ctx.n_ctx()
+        return v
 
     @property
     def n_past(self) -> int:
@@ -203,8 +212,11 @@ class Model:
         return bool(self._model.add_bos_token())
 
     def is_eog(self, token: int) -> bool:
-        """End of generation: EOS, EOT and friends (llama.cpp's own list)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+        """End of generation: EOS, EOT and friends (llama.cpp's own list); cached per token."""
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+        return eog
 
     def token_text(self, token: int) -> str:
         return self._model.token_get_text(token)
@@ -252,6 +264,7 @@ class Model:
         threads = self.threads
         self._ctx.close()
         self._views.clear()
+        self._facts.pop("n_ctx", None)
         self.options = replace(self.options, flash_attn=on)
         self._ctx = _new_context(self._model, self.path, self.options)
         self.set_threads(*threads)
