@@ -151,7 +151,8 @@ class ThreadChooser:
         if self.probing is None and self.cores > 1 and len(self.recent) >= min(2, self.window):
             if not self.queue and self.clock() >= self.next_probe:
                 self.queue = neighbours(self.current, self.cores)
-            self.queue = [m for m in self.queue if self.ceiling is None or m <= self.ceiling]
+            if self.queue and self.ceiling is not None:
+                self.queue = [m for m in self.queue if m <= self.ceiling]
             if self.queue:
                 self.probing = self.queue.pop(0)
         return self.probing if self.probing is not None else self.current
@@ -267,6 +268,7 @@ class ThreadControl:
         self.choosers = {p: ThreadChooser(p, self.cores, prior=prior.get(p), start=pinned, clock=clock,
                                           probe_gap_s=gaps) for p in phases}
         self._round: dict[str, int] = {}
+        self._heard: float | None = None  # the meter reading last acted on
 
     @classmethod
     def pinned(cls, target: ThreadModel, draft: ThreadModel | None, n: int) -> "ThreadControl":
@@ -324,8 +326,9 @@ class ThreadControl:
         turns quiet, every phase probes. Measurements have the last word: the probes that follow compare the
         counts on this machine as it is."""
         others = self.meter.others() if self.meter is not None and self.pinned_n is None else None
-        if others is None:
-            return
+        if others is None or others is self._heard:
+            return  # no new reading since the last round (the meter reads every 0.1 s)
+        self._heard = others
         busy = True if others >= self.BUSY_AT else False if others <= self.QUIET_AT else self.busy
         if busy != self.busy and busy is not None:  # a change, or the first reading
             first = self.busy is None
