@@ -1,14 +1,16 @@
 """Threads on a busy machine (issue 12): localspec's run-time thread choice vs pinned counts vs llama.cpp.
 
-Not a test: speed is measured here, never asserted. Three parts, each printed as a table:
+Not a test: speed is measured here, never asserted. Four parts, each printed as a table:
 
 1. decode: plain decoding of the same prompt at the same depth, interleaved (rotated order per repeat), under
    0, 1, 2 CPU-bound background hogs: `localspec run --no-spec` by default (threads chosen at run time), pinned
    to each count (`-t N`), with OMP_WAIT_POLICY=active instead of localspec's default; llama.cpp's llama-bench
    (`-d DEPTH -n TOKENS`) at its default thread count, at each count (its best), and with OMP_WAIT_POLICY=passive.
-2. trace: one long plain generation; hogs start after `--trace START` seconds and stop DURATION later; prints
+2. pairs: the same configurations in rotation, and per rotation localspec's default ÷ each (the headline ratios:
+   a median of ratios holds when the machine's speed drifts between repeats).
+3. trace: one long plain generation; hogs start after `--trace START` seconds and stop DURATION later; prints
    tok/s and the thread count per half second and every change with its reason.
-3. start-up: wall time of `localspec run -n 1 hi`, idle vs busy, with a warm calibration cache and an empty one
+4. start-up: wall time of `localspec run -n 1 hi`, idle vs busy, with a warm calibration cache and an empty one
    (the calibration cache directory is emptied for those runs; it refills itself).
 
 OpenMP's wait policy: compare "localspec default" (libgomp's default: a long spin, then sleep; localspec/threads.py)
@@ -19,6 +21,7 @@ Needs llama-bench from the llama.cpp that llama-cpp-python vendors; point LLAMA_
 without it still run). Usage (the full run takes ~15 min on 2 cores):
   python scripts/bench_threads.py --tokens 128 --repeats 3 --hogs 0,1,2 --trace 20,2,8
   python scripts/bench_threads.py --tokens 8 --repeats 1 --hogs 0,1 --trace 3,1,1 --startup-repeats 1   # tiny
+  python scripts/bench_threads.py --parts pairs --hogs 0,2 --pairs 8   # the paired ratios the claims rest on
 """
 
 from __future__ import annotations
@@ -117,6 +120,27 @@ def part_decode(model: str, tokens: int, depth: int, hogs: list[int], repeats: i
     return res
 
 
+def part_pairs(model: str, tokens: int, depth: int, hogs: list[int], pairs: int) -> None:
+    """The headline ratios, paired: `pairs` rotations of localspec's default, each pinned count and llama-bench's
+    default, and per rotation default ÷ each other config; the median of those ratios holds when the machine's
+    speed drifts between rotations (the decode table's medians of a few repeats move ±5-10 %)."""
+    cfgs = decode_configs(model, tokens, depth, cpu_count())
+    names = ["localspec default", *(n for n in cfgs if n.startswith("localspec -t") and "," not in n)]
+    names += ["llama-bench default"] if "llama-bench default" in cfgs else []
+    for h in hogs:
+        res: dict[str, list[float]] = {n: [] for n in names}
+        with busy(h):
+            time.sleep(0.5)
+            for rep in range(pairs):
+                for name in names[rep % len(names):] + names[:rep % len(names)]:
+                    res[name].append(cfgs[name]())
+        print(f"\n## pairs: {h} hogs, {pairs} rotations, tok/s median and default ÷ config (median of the rotations)")
+        for name in names:
+            ratio = statistics.median(a / b for a, b in zip(res["localspec default"], res[name]))
+            print(f"{name:24s} {statistics.median(res[name]):7.1f}   default ÷ it {ratio:.3f}   "
+                  f"{[round(x) for x in res[name]]}")
+
+
 def part_trace(model: str, total: float, start: float, duration: float, n_hogs: int) -> None:
     """One long generation; hogs from `start` to `start + duration` seconds."""
     from localspec.loader import EngineSpec, load_engine
@@ -190,13 +214,16 @@ def main() -> None:
     ap.add_argument("--trace", default="20,2,8", help="TOTAL,START,DURATION seconds (empty: skip)")
     ap.add_argument("--trace-hogs", type=int, default=2)
     ap.add_argument("--startup-repeats", type=int, default=3, help="0: skip the start-up part")
-    ap.add_argument("--parts", default="decode,trace,startup")
+    ap.add_argument("--parts", default="decode,trace,startup", help="any of decode,pairs,trace,startup")
+    ap.add_argument("--pairs", type=int, default=8, help="rotations for the pairs part")
     a = ap.parse_args()
     model = str(Path(a.model) if a.model else resolve_model(None, log=lambda *x: None).path)
     parts = set(a.parts.split(","))
     print(f"# bench_threads: {model}, {cpu_count()} cores, llama-bench: {BIN or 'not found (set LLAMA_CPP_BIN)'}")
     if "decode" in parts:
         part_decode(model, a.tokens, prompt_depth(model), [int(h) for h in a.hogs.split(",")], a.repeats)
+    if "pairs" in parts:
+        part_pairs(model, a.tokens, prompt_depth(model), [int(h) for h in a.hogs.split(",")], a.pairs)
     if "trace" in parts and a.trace:
         total, start, duration = (float(x) for x in a.trace.split(","))
         part_trace(model, total, start, duration, a.trace_hogs)

@@ -21,7 +21,9 @@ JSON_PROMPT = 'Answer in JSON like {"color": "red", "count": 3}. Which color is 
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with ServerProcess(["--ctx", "1024", "--max-predict", "96", "--alias", ALIAS]) as srv:
+    # γ pinned with the controller off (`--no-adaptive`): structured output must be shown verified with drafts in
+    # it, and an adaptive controller on this machine may rightly decide a short JSON answer is not worth drafting
+    with ServerProcess(["--ctx", "1024", "--max-predict", "96", "--alias", ALIAS, "-k", "4", "--no-adaptive"]) as srv:
         yield srv
         assert srv.alive, "".join(srv.log[-20:])
 
