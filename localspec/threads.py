@@ -326,7 +326,7 @@ class ThreadControl:
         turns quiet, every phase probes. Measurements have the last word: the probes that follow compare the
         counts on this machine as it is."""
         others = self.meter.others() if self.meter is not None and self.pinned_n is None else None
-        if others is None or others is self._heard:
+        if others is None or others == self._heard:
             return  # no new reading since the last round (the meter reads every 0.1 s)
         self._heard = others
         busy = True if others >= self.BUSY_AT else False if others <= self.QUIET_AT else self.busy

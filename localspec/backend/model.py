@@ -145,7 +145,8 @@ class Model:
     _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
     _views: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # see _logits_view
     _eog: dict[int, bool] = field(default_factory=dict, repr=False)
-    _facts: dict[str, int] = field(default_factory=dict, repr=False)  # n_vocab, n_ctx: fixed per context
+    _n_vocab: int = field(default=0, repr=False)  # set by load: fixed per model ...
+    _n_ctx: int = field(default=0, repr=False)  # ... and per context
 
     @classmethod
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
@@ -176,24 +177,19 @@ class Model:
         m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch,
                 offload_devices=dev_names if options.n_gpu_layers else ())
         m._keep = (split, devs)  # the C side holds pointers to them
+        # asked every round and fixed per context: read once (a ctypes call costs ~10x its warm time after a decode)
+        m._n_vocab, m._n_ctx = model.n_vocab(), ctx.n_ctx()
         return m
 
     # -- vocabulary facts -------------------------------------------------------------------------------------
 
     @property
     def n_vocab(self) -> int:
-        v = self._facts.get("n_vocab")
-        if v is None:
-            v = self._facts["n_vocab"] = self._model.n_vocab()
-        return v
+        return self._n_vocab
 
     @property
     def n_ctx(self) -> int:
-        """Asked every round: read once per context (a ctypes call costs ~10× its warm time after a decode)."""
-        v = self._facts.get("n_ctx")
-        if v is None:
-            v = self._facts["n_ctx"] = self._ctx.n_ctx()
-        return v
+        return self._n_ctx
 
     @property
     def n_past(self) -> int:
@@ -264,9 +260,9 @@ class Model:
         threads = self.threads
         self._ctx.close()
         self._views.clear()
-        self._facts.pop("n_ctx", None)
         self.options = replace(self.options, flash_attn=on)
         self._ctx = _new_context(self._model, self.path, self.options)
+        self._n_ctx = self._ctx.n_ctx()
         self.set_threads(*threads)
         self.tokens.clear()
 
@@ -321,7 +317,7 @@ class Model:
                 self._views.clear()
             view = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
             view.flags.writeable = False
-            view = self._views[key] = view
+            self._views[key] = view
         return view
 
     def _decode_chunk(self, chunk: Sequence[int], first_out: int) -> None:
