@@ -155,7 +155,7 @@ def greedy(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = 
     interpreter out of the CPU caches, where each numpy call costs ~10× its warm time (measured: warp's greedy
     branch 55 µs a token, this ~18), so it does the least it can."""
     if not params.penalised:
-        return np.atleast_2d(logits).argmax(axis=1)
+        return (logits if logits.ndim == 2 else logits[None]).argmax(axis=1)
     logits = np.atleast_2d(logits)
     with _patched(logits, penalty_patch(logits, params, history, drafts)) as row_logits:
         return row_logits.argmax(axis=1)

@@ -68,10 +68,11 @@ class TextStream:
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stop = [s for s in stop if s]
         self._held = ""
-        self.text = ""  # everything released so far
 
     def push(self, data: bytes) -> tuple[str, bool]:
         """Feed bytes; return (text safe to release, hit_stop)."""
+        if not self.stop:  # nothing can be held back but partial UTF-8, which the decoder keeps
+            return self._dec.decode(data), False
         buf = self._held + self._dec.decode(data)
         for s in self.stop:
             i = buf.find(s)
@@ -85,7 +86,6 @@ class TextStream:
 
     def _release(self, out: str, held: str) -> str:
         self._held = held
-        self.text += out
         return out
 
     @staticmethod

@@ -358,7 +358,8 @@ class ThreadControl:
             return
         target = self.choosers["target"]
         seen = len(target.changes)
-        self._feed("target", step.t_verify / verify_rows_cost(self.v, step.drafted))
+        rows = verify_rows_cost(self.v, step.drafted) if step.drafted else 1.0
+        self._feed("target", step.t_verify / rows)
         if len(target.changes) > seen:
             self._prompt_follows(target.changes[-1])
         if step.drafted and step.source == "model":

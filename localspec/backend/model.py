@@ -131,6 +131,18 @@ def _new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) ->
         raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
 
 
+def _address_of(name: str) -> Callable[..., int]:
+    """A private binding of a llama.cpp getter that returns a pointer as a plain int: the package's own binding
+    returns a ctypes pointer object that must then be cast, two objects per call on the per-token path. A new
+    function object (`lib[name]`, not `lib.name`), so the package's binding keeps its restype."""
+    fn = llama_cpp.llama_cpp._lib[name]
+    fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_void_p
+    return fn
+
+
+_logits_address = _address_of("llama_get_logits")
+
+
 @dataclass
 class Model:
     """A loaded GGUF with its KV cache; see the module docstring for the `tokens` invariant."""
@@ -147,6 +159,7 @@ class Model:
     _eog: dict[int, bool] = field(default_factory=dict, repr=False)
     _n_vocab: int = field(default=0, repr=False)  # set by load: fixed per model ...
     _n_ctx: int = field(default=0, repr=False)  # ... and per context
+    _threads_set: tuple[int, int] | None = field(default=None, repr=False)  # what set_threads last gave llama.cpp
 
     @classmethod
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
@@ -250,8 +263,13 @@ class Model:
         return int(llama_cpp.llama_n_threads(c)), int(llama_cpp.llama_n_threads_batch(c))
 
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        """Takes effect at the next decode; cheap (the thread controller calls it between rounds)."""
+        """Takes effect at the next decode. The thread controller calls it every round, so an unchanged count
+        makes no ctypes call (~5 µs right after a decode); the count lives in this context, so engines sharing
+        the model still see their own."""
+        if self._threads_set == (n_threads, n_threads_batch):
+            return
         llama_cpp.llama_set_n_threads(self._ctx.ctx, n_threads, n_threads_batch)
+        self._threads_set = (n_threads, n_threads_batch)
 
     def set_flash_attn(self, on: bool | None) -> None:
         """Rebuild the context with flash attention on/off (None = llama.cpp's auto). Empties the KV cache."""
@@ -263,6 +281,7 @@ class Model:
         self.options = replace(self.options, flash_attn=on)
         self._ctx = _new_context(self._model, self.path, self.options)
         self._n_ctx = self._ctx.n_ctx()
+        self._threads_set = None  # a new context: set them again
         self.set_threads(*threads)
         self.tokens.clear()
 
@@ -309,12 +328,13 @@ class Model:
         """A read-only [rows, n_vocab] view of llama.cpp's logits buffer, made once per buffer address and row
         count: numpy's ctypes bridge costs ~35 µs a call right after a decode (cold caches), 1 % of a small
         model's token. The buffer only moves when llama.cpp grows it, and a moved one gets a new view."""
-        ptr = llama_cpp.llama_get_logits(self._ctx.ctx)
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, rows)
+        address = _logits_address(self._ctx.ctx)
+        key = (address, rows)
         view = self._views.get(key)
         if view is None:
             if len(self._views) > 64:
                 self._views.clear()
+            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
             view.flags.writeable = False
             self._views[key] = view
