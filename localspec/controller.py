@@ -17,9 +17,11 @@ on while the model drafter is off; each source's cost c starts from what its dra
 from the prior its drafter declares (`Drafter.prior`: how often a lookup match of this strength is copied on,
 measured), else from `alpha_prior`. A source switches off when its best rate falls below `off_below`,
 back on above `on_above` (hysteresis); while off it is re-probed with a short draft now and then, with
-the interval doubling while the probes keep failing. The first probe waits 64 rounds: on a 2-core CPU a failed
-probe costs most of a step (v(1) ≈ 1.9), and replayed on recorded answers (scripts/replay_lookup.py) probing
-after 16 rounds cost open prose 3 % (0.94× plain against 0.97×) and gained nothing elsewhere.
+the interval doubling while the probes keep failing. The first probe waits 64 rounds, and longer where a
+failed probe is dear: probes of a source that is off take at most `PROBE_SHARE` of the time (a failed probe
+of γ costs v(γ) - 1 steps; on a 2-core CPU v(1) ≈ 2.3, so SmolLM2-135M probes one token every ~90 rounds).
+Replayed on recorded answers (scripts/replay_lookup.py), probing after 16 rounds cost open prose 3 % (0.94×
+plain against 0.97×) and gained nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def v_at(v: Sequence[float], k: int) -> float:
     return 1.0 + ROW_GUESS * k
 
 
+PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
 
 
@@ -321,15 +324,17 @@ class Adaptive:
         if est.hopeless:
             return 0
         est.since_probe += 1
-        if est.since_probe >= est.probe_every or est.probe_due:
+        # the longest γ ≤ its best whose drafting costs at most one target step: long probes for a free
+        # drafter (lookup), short ones for an expensive model drafter
+        k = self.probe_k or max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))
+        # a failed probe costs v(γ) - 1 + γc target steps: wait long enough that probing costs at most
+        # PROBE_SHARE of the time (on a 2-core CPU, v(1) ≈ 2.3: a probe of SmolLM2-135M waits ~90 rounds)
+        wait = max(est.probe_every, (v_at(self.vr, k) - 1 + k * est.c) / PROBE_SHARE)
+        if est.since_probe >= wait or est.probe_due:
             # due until the source actually drafts: a bucketed source (lookup by match length) is asked only
             # in rounds whose match falls in it, and a round it did not draft teaches nothing
             est.since_probe, est.probe_due = 0, True
-            if self.probe_k:
-                return self.probe_k
-            # the longest γ ≤ its best whose drafting costs at most one target step: long probes for
-            # a free drafter (lookup), short ones for an expensive model drafter
-            return max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))
+            return k
         return 0
 
     @property
