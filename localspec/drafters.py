@@ -38,14 +38,17 @@ LOOKUP = "lookup"  # the name of prompt lookup, as a drafter choice and as the f
 LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG = "lookup:short", "lookup:mid", "lookup:long"  # by match length ...
 LOOKUP_VERBATIM = "lookup:verbatim"  # ... and the longest: the answer is copying the context word for word
 LOOKUP_CACHE = "lookup:cache"  # a match in earlier requests (the engine's SuffixCache)
+LOOKUP_LOOP = "lookup:loop"  # a long match whose occurrence overlaps the context's own ending: the text repeats
 # How often a match of each strength is copied on: (α of the first drafted token, α of each later one), the
 # controller's prior until this session's own rounds speak. Measured with scripts/replay_lookup.py on the
 # recorded greedy answers of SmolLM2-135M and Gemma-3-270M to the copy-heavy and prose prompts of
 # localspec/bench/samples.py: the first token of a 1-2-token match is accepted 24-51 % of the time, of a 3-7-token
 # match 60-90 %, 8-15 tokens ~90 %, 16 or more 93-100 %; once the first is accepted, a copy runs on for 10-20
-# tokens (later positions ~0.93).
+# tokens (later positions ~0.93). A loop (a match of 8 or more whose occurrence overlaps the ending, drafted as an
+# overlapping copy: suffix.MatchIndex.continuation) was copied on at nearly every position: first token 1.00,
+# later ones 0.98 (both models, 1,900 positions of the same answers): a greedy model caught in a loop stays in it.
 LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG: (0.9, 0.93),
-                LOOKUP_VERBATIM: (0.97, 0.95), LOOKUP_CACHE: (0.8, 0.92)}
+                LOOKUP_VERBATIM: (0.97, 0.95), LOOKUP_CACHE: (0.8, 0.92), LOOKUP_LOOP: (0.97, 0.97)}
 NO_DRAFTER = "none"  # "no speculation", as a drafter choice and in reports
 
 KFor = Callable[[str], int]  # source -> draft length allowed this round (the controller's decision)
@@ -83,11 +86,12 @@ class PromptLookup:
     `k_for(bucket)` from that bucket's estimate, which starts from the bucket's measured `LOOKUP_PRIOR`.
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
     searched too unless the context's own match is verbatim-long; a cache match is used when it is longer
-    (`LOOKUP_CACHE`) and its earlier requests agree on what follows. The context is handed to the cache when a
+    (`LOOKUP_CACHE`) and its earlier requests agree on what follows. A long match whose occurrence overlaps the
+    ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the end of the context. The context is handed to the cache when a
     request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
-    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE)
+    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP)
     cost = {s: 0.0 for s in sources}  # dict look-ups: microseconds against a target step of milliseconds
     prior = LOOKUP_PRIOR
 
@@ -135,6 +139,8 @@ class PromptLookup:
             if (cm is not None and cm.length >= self.cache_min and not cm.split
                     and (m is None or cm.length > m.length)):
                 return LOOKUP_CACHE, self.cache.index, cm
+        if m is not None and m.length >= self.long_at and len(idx) - m.end < m.length:
+            return LOOKUP_LOOP, idx, m  # the ending repeats with period len - end: copied on through itself
         source = self.bucket(m) if m is not None else None
         return (source, idx, m) if source is not None else None
 
@@ -147,7 +153,7 @@ class PromptLookup:
         k = min(k_for(source), self.max_draft)
         if k <= 0:
             return EMPTY
-        return Draft(tuple(where.continuation(m, k)), None, source)
+        return Draft(tuple(where.continuation(m, k, wrap=where is self.index)), None, source)
 
     def close(self) -> None:
         pass

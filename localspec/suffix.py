@@ -133,10 +133,20 @@ class MatchIndex:
             n += 1
         return n
 
-    def continuation(self, match: Match, k: int) -> list[int]:
-        """Up to k tokens after the match, stopping at a document separator."""
+    def continuation(self, match: Match, k: int, *, wrap: bool = False) -> list[int]:
+        """Up to k tokens after the match, stopping at a document separator. `wrap` (the match is of these
+        tokens' own ending): an occurrence that runs into the end, p tokens before it, says the text repeats
+        with period p, and the copy goes on through what it has copied (an LZ77 overlapping copy). A small
+        model caught in a loop repeats a few tokens for the rest of the answer; without the wrap a draft of
+        it stops after p tokens (llama.cpp's ngram-mod follows such loops 48-64 tokens at a time)."""
         out = self.tokens[match.end: match.end + k]
-        return out[:out.index(SEPARATOR)] if SEPARATOR in out else out
+        if SEPARATOR in out:
+            return out[:out.index(SEPARATOR)]
+        p = len(out)
+        if wrap and p and p < k and match.end + p == len(self.tokens):
+            for i in range(p, k):
+                out.append(out[i - p])
+        return out
 
 
 class SuffixCache:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.controller import Adaptive, FixedK
-from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_LONG, LOOKUP_MID, LOOKUP_SHORT,
-                                LOOKUP_VERBATIM, PromptLookup)
+from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_LONG, LOOKUP_LOOP, LOOKUP_MID,
+                                LOOKUP_SHORT, LOOKUP_VERBATIM, PromptLookup)
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step
 from localspec.suffix import SuffixCache
@@ -41,6 +41,18 @@ def test_bucket_follows_match_length():
     assert d.source == LOOKUP_VERBATIM and d.tokens == tuple(text[20:25])
     assert lk.propose([1, 2, 3], k_for, P, RNG) is EMPTY  # nothing repeats: no source is even asked
     assert log == [LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM]
+
+
+def test_a_loop_is_its_own_bucket_and_drafts_past_the_end_of_the_context():
+    """A model repeating a few tokens: the longest match's occurrence overlaps the ending, so the draft is the
+    loop copied on (as many tokens as asked), under a bucket of its own; a short repeat is no loop."""
+    lk = PromptLookup(mid_at=3, long_at=8, verbatim_at=16)
+    k_for, log = asked(12)
+    ctx = [1, 2, 3] + [7, 8, 9, 10] * 4
+    d = lk.propose(ctx, k_for, P, RNG)
+    assert d.source == LOOKUP_LOOP and d.tokens == (7, 8, 9, 10) * 3 and log == [LOOKUP_LOOP]
+    d = lk.propose([1, 2, 3, 7, 8, 7, 8, 7], k_for, P, RNG)  # a 5-token overlap: below long_at
+    assert d.source != LOOKUP_LOOP and d.tokens[:1] == (8,)
 
 
 def test_a_split_match_drops_a_level_and_a_split_short_one_drafts_nothing():

@@ -9,7 +9,7 @@ import pytest
 
 from localspec.backend import LoadOptions, Model
 from localspec.controller import Adaptive, FixedK
-from localspec.drafters import LOOKUP_CACHE, PromptLookup
+from localspec.drafters import LOOKUP_CACHE, LOOKUP_LOOP, PromptLookup
 from localspec.sampling import SamplingParams, warp
 from localspec.session import Engine
 from localspec.speculative import generate
@@ -31,7 +31,11 @@ def chat(engine: Engine, text: str, start: str = "") -> list[int]:
     return engine.tokenize(engine.chat_prompt([{"role": "user", "content": text}]) + start)
 
 
-def test_greedy_every_token_is_the_target_argmax(target):
+LOOP = "Repeat after me: hello world hello world hello world hello world"  # the model goes on repeating it
+
+
+@pytest.mark.parametrize("prompt", ["rewrite", "loop"])
+def test_greedy_every_token_is_the_target_argmax(target, prompt):
     seen: list[np.ndarray] = []
     inner = target.decode
 
@@ -43,7 +47,7 @@ def test_greedy_every_token_is_the_target_argmax(target):
 
     target.decode = decode
     try:
-        toks = chat(Engine(target), REWRITE, REWRITE_START)
+        toks = chat(Engine(target), REWRITE, REWRITE_START) if prompt == "rewrite" else target.tokenize(LOOP)
         steps = list(generate(target, toks, drafter=PromptLookup(), controller=FixedK(8), max_tokens=96))
     finally:
         del target.decode
@@ -52,9 +56,11 @@ def test_greedy_every_token_is_the_target_argmax(target):
         assert list(step.tokens) == [int(r.argmax()) for r in rows[:len(step.tokens)]]
     by = {s.source for s in steps if s.drafted}
     accepted = sum(s.accepted for s in steps)
-    print(f"\nlookup greedy rewrite: sources {sorted(by)}, accepted {accepted}, {len(steps)} passes for "
+    print(f"\nlookup greedy {prompt}: sources {sorted(by)}, accepted {accepted}, {len(steps)} passes for "
           f"{sum(len(s.tokens) for s in steps)} tokens")
     assert accepted >= 20 and by <= set(PromptLookup.sources)
+    if prompt == "loop":  # drafted as an overlapping copy, past the end of the context
+        assert LOOKUP_LOOP in by
 
 
 def test_sampled_first_token_follows_the_target(target):

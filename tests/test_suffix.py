@@ -78,6 +78,25 @@ def test_long_match_capped_and_most_recent():
     assert (m.support, m.agree) == (2, 1) and m.split  # the block went on as 1 once and as 2 once
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_loop_is_copied_on_through_itself(seed):
+    """An occurrence that runs into the end of the tokens (the ending repeats with period p): with `wrap` the
+    continuation is the periodic extension, checked against the brute force; without, it stops after p."""
+    rng = random.Random(seed)
+    head = [rng.randrange(50) for _ in range(rng.randint(0, 20))]
+    cycle = [100 + rng.randrange(50) for _ in range(rng.randint(1, 12))]
+    toks = head + cycle * rng.randint(2, 6) + cycle[:rng.randrange(len(cycle))]
+    idx = MatchIndex()
+    idx.extend(toks)
+    m = idx.longest(idx.tokens, len(idx) - 1)
+    p = len(toks) - m.end
+    assert m == brute_longest(toks, toks, len(toks) - 1) and 0 < p < m.length
+    k = rng.randint(1, 40)
+    periodic = [toks[len(toks) - p + i % p] for i in range(k)]
+    assert idx.continuation(m, k, wrap=True) == periodic
+    assert idx.continuation(m, k) == periodic[:p]
+
+
 def test_external_query_and_separator_stop_drafts():
     cache = SuffixCache(max_tokens=64, min_doc=2)
     cache.add([5, 6, 7, 8])
