@@ -96,16 +96,15 @@ def timed_round(model: Model, tokens: Sequence[int]) -> float:
     round after it. llama.cpp keeps the compute graph of the last decode and reuses it for a batch of the same
     shape, so a one-row decode after a one-row decode skips building its graph (measured: SmolLM2-135M 5.1 ms
     against 5.7 after a batch of another size, Gemma-3-270M 9.7 against 9.9), while a verify round builds its own
-    and makes the next plain round build one again. One row (γ = 0) is a plain round after a plain round.
-    Timed from a one-row graph; everything is rewound."""
-    timed_decode(model, tokens[:1], 1)  # the plain round before: its graph is the one llama.cpp holds
-    if len(tokens) == 1:
-        return timed_decode(model, tokens[:1], 1)
+    and makes the next plain round build one again. One row (γ = 0) is a plain round. Every call ends on a
+    one-row decode, so in a sequence of them (`measure`'s interleaved timers) each starts from a one-row graph,
+    as a round of the loop does. Everything is rewound."""
     base = model.n_past
     t0 = time.perf_counter()
     try:
-        model.decode(list(tokens), len(tokens))
-        model.rewind(base)
+        if len(tokens) > 1:
+            model.decode(list(tokens), len(tokens))
+            model.rewind(base)
         model.decode(list(tokens[:1]), 1)
         return time.perf_counter() - t0
     finally:
