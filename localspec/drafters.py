@@ -86,7 +86,10 @@ class PromptLookup:
     `k_for(bucket)` from that bucket's estimate, which starts from the bucket's measured `LOOKUP_PRIOR`.
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
     searched too unless the context's own match is verbatim-long; a cache match is used when it is longer
-    (`LOOKUP_CACHE`) and its earlier requests agree on what follows. A long match whose occurrence overlaps the
+    (`LOOKUP_CACHE`), at least `cache_min` long, and its earlier requests agree on what follows. (Replayed on
+    editor requests over one file, where the prompt holds the file: 8-15-token cache matches were accepted 5-50 %
+    of the time and cost 1-3 % against prompt-only lookup; from 16 on they cost nothing there, and a request
+    sent again still drafts its earlier answer.) A long match whose occurrence overlaps the
     ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the end of the context. The context is handed to the cache when a
     request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
@@ -96,7 +99,7 @@ class PromptLookup:
     prior = LOOKUP_PRIOR
 
     def __init__(self, *, mid_at: int = 3, long_at: int = 8, verbatim_at: int = 16,
-                 cache: SuffixCache | None = None, cache_min: int = 8, max_draft: int = 64) -> None:
+                 cache: SuffixCache | None = None, cache_min: int = 16, max_draft: int = 64) -> None:
         if not 1 < mid_at < long_at < verbatim_at:
             raise ValueError(f"need 1 < mid_at < long_at < verbatim_at, got {mid_at}, {long_at}, {verbatim_at}")
         self.mid_at, self.long_at, self.verbatim_at = mid_at, long_at, verbatim_at

@@ -145,11 +145,14 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
 
 
 def sequences() -> dict[str, list[str]]:
-    """The request sequences: a chat (each turn sees the history), editor edits of one file, tests for it."""
+    """The request sequences: a chat (each turn sees the history), editor edits of one file, tests for it, and
+    editor edits each sent twice (the user rejects a completion and asks again, or the plugin sends the request
+    again after the cursor moved): the one where the earlier answer is in no prompt, only in the cache."""
     def file(r: str) -> str:
         return f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}"
     return {"chat": CHAT_TURNS, "editor": [file(r) for r in EDITOR_REQUESTS],
-            "tests": [file(r) for r in TEST_REQUESTS]}
+            "tests": [file(r) for r in TEST_REQUESTS],
+            "editor, asked twice": [file(r) for r in EDITOR_REQUESTS for _ in range(2)]}
 
 
 def run_sequences(b: Bench, a) -> list[Result]:

@@ -173,7 +173,7 @@ RULES: dict[str, Callable[[Sequence[float]], object]] = {
 }
 
 
-SEQUENCES = ("chat", "editor", "tests")  # recorded request after request: replayed in order through one drafter
+SEQUENCES = ("chat", "editor", "tests", "editor, asked twice")  # recorded request after request: replayed in order through one drafter
 
 
 def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -> dict:

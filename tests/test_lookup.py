@@ -87,10 +87,11 @@ def test_cache_drafts_after_a_rewind_and_context_wins_ties():
     lk = PromptLookup(cache=cache)
     doc = list(range(200, 260))
     lk.propose([1] + doc + [2], lambda s: 4, P, RNG)  # request 1 indexes its context
-    d = lk.propose([1, 3] + doc[:10], lambda s: 4, P, RNG)  # request 2 rewinds: request 1 went to the cache
-    assert d.source == LOOKUP_CACHE and d.tokens == tuple(doc[10:14])
+    d = lk.propose([1, 3] + doc[:20], lambda s: 4, P, RNG)  # request 2 rewinds: request 1 went to the cache
+    assert d.source == LOOKUP_CACHE and d.tokens == tuple(doc[20:24])
     assert len(cache) > 0
-    d = lk.propose([1, 3] + doc[:10] + [9] + doc[:10], lambda s: 4, P, RNG)
+    assert lk.propose([1, 4] + doc[:10], lambda s: 4, P, RNG).source != LOOKUP_CACHE  # too short to trust
+    d = lk.propose([1, 3] + doc[:20] + [9] + doc[:20], lambda s: 4, P, RNG)
     assert d.source != LOOKUP_CACHE  # its own context matches as long: the context is preferred
 
 
