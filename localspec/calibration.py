@@ -33,7 +33,7 @@ from .paths import cache_dir
 from .machine import cpu_count
 from .threads import ThreadControl, candidates, openmp_settings
 
-SCHEMA = 2  # 2: v(γ) is a round among plain rounds (costs.timed_round), not a bare batch
+SCHEMA = 3  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles
 CONTEXT = 16  # tokens before the probe position
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 T = TypeVar("T")

@@ -91,9 +91,11 @@ def round_rate(alphas: Sequence[float], c: float, v: Sequence[float], k: int) ->
     return expected_tokens(alphas, k) / (k * c + v_at(v, k))
 
 
-def best_k(alphas: Sequence[float], c: float, v: Sequence[float], k_min: int, k_max: int) -> tuple[int, float]:
-    """(γ, rate) maximising rate(γ) over k_min..k_max (ties go to the shorter draft). One pass: E(γ) is
-    accumulated, so a long range (lookup drafts up to 32) costs O(k_max), not O(k_max²), per decision."""
+def best_k(alphas: Sequence[float], c: float, v: Sequence[float], k_min: int, k_max: int,
+           allowed: frozenset[int] | None = None) -> tuple[int, float]:
+    """(γ, rate) maximising rate(γ) over k_min..k_max, or over the `allowed` lengths in it (ties go to the
+    shorter draft). One pass: E(γ) is accumulated, so a long range (lookup drafts up to 32) costs O(k_max), not
+    O(k_max²), per decision."""
     if not 1 <= k_min <= k_max:
         raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
     best = (k_min, -1.0)
@@ -101,7 +103,7 @@ def best_k(alphas: Sequence[float], c: float, v: Sequence[float], k_min: int, k_
     for k in range(1, k_max + 1):
         run *= alphas[min(k - 1, len(alphas) - 1)] if alphas else 0.0
         e += run
-        if k >= k_min:
+        if k >= k_min and (allowed is None or k in allowed):
             r = e / (k * c + v_at(v, k))
             if r > best[1] + 1e-12:
                 best = (k, r)
@@ -219,10 +221,14 @@ class Adaptive:
                  prior: Mapping[str, tuple[float, float]] | None = None, alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.05, warmup: int = 0,
                  probe_every: int = 64, probe_max: int = 256, probe_k: int | None = None,
-                 learn_costs: bool = True, explore_every: int = 16) -> None:
+                 learn_costs: bool = True, explore_every: int = 16, gammas: Sequence[int] = ()) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
         self.k_min, self.k_max = k_min, k_max
+        # the draft lengths to choose from: those calibration timed (costs.timed_gammas: v between them is
+        # interpolated, and a batch that fills a kernel tile is cheaper than its neighbours), else every one
+        timed = {g for g in gammas if k_min <= g <= k_max}
+        self.gammas: frozenset[int] | None = frozenset(timed | {k_min, k_max}) if timed else None
         self.decay, self.w = decay, cost_weight
         self.off_below, self.on_above, self.warmup = off_below, on_above, warmup
         self.probe_every, self.probe_max = probe_every, probe_max
@@ -319,7 +325,7 @@ class Adaptive:
             est.since_probe += 1
             if est.since_probe >= self.explore_every and est.k < self.k_max:
                 est.since_probe = 0
-                return est.k + 1
+                return self._longer(est.k)
             return est.k
         if est.hopeless:
             return 0
@@ -337,22 +343,22 @@ class Adaptive:
             return k
         return 0
 
+    def _longer(self, k: int) -> int:
+        """The next draft length above k the controller chooses from."""
+        return min((g for g in self.gammas if g > k), default=k) if self.gammas else k + 1
+
     @property
     def v(self) -> list[float]:
-        """v(0..k_max), non-decreasing (more rows never cost less: a dip is noise), v(0) = 1."""
-        out, top = [], 1.0
-        for x in self.vr:
-            top = max(top, x)
-            out.append(top)
-        out[0] = 1.0
-        return out
+        """v(0..k_max) with v(0) = 1. Not made monotone: a batch that fills a kernel tile costs less than one
+        row fewer (costs.timed_gammas)."""
+        return [1.0, *self.vr[1:]]
 
     def _decide(self, source: str) -> None:
         est = self.src[source]
         v = self.v
-        k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max)
+        k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
-        est.hopeless = best_k([1.0], est.c, v, self.k_min, self.k_max)[1] < self.off_below
+        est.hopeless = best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1] < self.off_below
         threshold = self.on_above if not est.on else self.off_below
         if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below):
             if not est.on:

@@ -1,6 +1,7 @@
 """Measure what decoding costs on this machine: the one place costs are measured (calibration, controller, bench).
 
-- v(γ): target time for γ+1 verify rows ÷ time for one row, as the loop meets them (`timed_round`: a verify
+- v(γ): target time for γ+1 verify rows ÷ time for one row (not monotone: kernels work in tiles of rows), as the
+  loop meets them (`timed_round`: a verify
   pass among plain rounds costs its own compute graph and the next plain round's). Speculation pays only while
   scoring γ+1 positions costs little more than one (idle compute): a property of the model, quantization and
   hardware, so measured.
@@ -35,9 +36,10 @@ class Costs:
     """Measured cost ratios at one cache position."""
 
     t1: float  # seconds for one target row
-    v: tuple[float, ...]  # v[γ] = time for γ+1 rows ÷ t1, γ = 0..k_max; v[0] = 1, non-decreasing
+    v: tuple[float, ...]  # v[γ] = time for γ+1 rows ÷ t1, γ = 0..k_max; v[0] = 1 (not monotone: see timed_gammas)
     c: dict[str, float] = field(default_factory=dict)  # drafter (or source) name -> its step ÷ target step
     position: int = 0
+    timed: tuple[int, ...] = ()  # the γ ≥ 1 actually timed (the rest is interpolated); () = every γ
 
     @property
     def t_target_ms(self) -> float:
@@ -51,27 +53,26 @@ class Costs:
     def to_dict(self) -> dict:
         return {"position": self.position, "t_target_ms": self.t_target_ms,
                 "t_verify_ms": {str(g): self.t_target_ms * x for g, x in self.v_by_gamma.items()},
-                "v": {str(g): x for g, x in self.v_by_gamma.items()}, "c": dict(self.c)}
+                "v": {str(g): x for g, x in self.v_by_gamma.items()}, "c": dict(self.c), "timed": list(self.timed)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Costs":
         v = [1.0] + [float(x) for _, x in sorted((int(g), x) for g, x in d["v"].items())]
-        return cls(d["t_target_ms"] / 1e3, tuple(v), {k: float(x) for k, x in d["c"].items()}, d.get("position", 0))
+        return cls(d["t_target_ms"] / 1e3, tuple(v), {k: float(x) for k, x in d["c"].items()}, d.get("position", 0),
+                   tuple(int(g) for g in d.get("timed", ())))
 
 
-def monotone(ratios: Sequence[float]) -> tuple[float, ...]:
-    """v made non-decreasing with v(0) = 1: more rows never cost less, a dip is noise."""
-    out = [1.0]
-    for x in ratios[1:]:
-        out.append(max(x, out[-1]))
-    return tuple(out)
+def at_least_one(ratios: Sequence[float]) -> tuple[float, ...]:
+    """v with v(0) = 1 and no γ cheaper than one row. Not made monotone: a batch whose rows fill the CPU kernels'
+    tiles costs less than one row fewer (timed_gammas), and that dip is what the controller should find."""
+    return (1.0, *(max(1.0, x) for x in ratios[1:]))
 
 
 def merge(a: Costs, b: Costs) -> Costs:
     """Average two measurements (the bench takes one at the start and one at the end of a run, to cancel drift)."""
     avg = lambda x, y: (x + y) / 2  # noqa: E731
-    return Costs(avg(a.t1, b.t1), monotone([avg(x, y) for x, y in zip(a.v, b.v)]),
-                 {k: avg(a.c[k], b.c.get(k, a.c[k])) for k in a.c}, a.position)
+    return Costs(avg(a.t1, b.t1), at_least_one([avg(x, y) for x, y in zip(a.v, b.v)]),
+                 {k: avg(a.c[k], b.c.get(k, a.c[k])) for k in a.c}, a.position, a.timed)
 
 
 def probe_tokens(model: Model, n: int) -> list[int]:
@@ -125,37 +126,39 @@ def _out_of_time(deadline: Deadline | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline.at
 
 
-def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int,
-                 deadline: Deadline | None) -> dict[str, float]:
-    """Minimum of each timer over `repeats` interleaved rounds after one warm-up round (first calls allocate
-    compute buffers and start thread pools); stops after the first timed round once past the deadline."""
+def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int, deadline: Deadline | None,
+                 warm: Sequence[str] | None = None) -> dict[str, float]:
+    """Minimum of each timer over `repeats` interleaved rounds after a warm-up call of each of `warm` (default:
+    all; first calls start the thread pool and allocate compute buffers, the largest batch the largest); stops
+    after the first timed round once past the deadline."""
     best: dict[str, float] = {}
-    for rep in range(repeats + 1):
+    for key in timers if warm is None else warm:
+        timers[key]()
+    for _ in range(repeats):
         for key, fn in timers.items():
             if key not in best and deadline is not None and deadline.hard and _out_of_time(deadline):
                 raise OutOfTime()
-            s = fn()
-            if rep:
-                best[key] = min(s, best.get(key, float("inf")))
-        if rep and _out_of_time(deadline):
+            best[key] = min(fn(), best.get(key, float("inf")))
+        if _out_of_time(deadline):
             break
     return best
 
 
-DENSE_TO = 8  # v(γ) is timed at every γ up to here, then at the powers of two up to k_max, and interpolated
+DENSE_TO = 8  # v(γ) is timed at every γ up to here, then where γ + 1 fills a tile of TILE rows, and at k_max
+TILE = 4
 
 
 def timed_gammas(k_max: int) -> list[int]:
-    """The γ whose verify pass `measure` times. Long drafts (prompt lookup copies up to 32 tokens and more) need
-    v measured where they are: extrapolated from γ ≤ 8, a model whose batch kernels get cheaper per row with
-    size was taken for 1.6x dearer than it is at γ = 32 (Gemma-3-270M: v(32) measured 9.9, extrapolated 15.7),
-    and the controller cut its copies short."""
+    """The γ whose verify pass `measure` times. Past DENSE_TO only those whose γ + 1 rows are a multiple of TILE,
+    and k_max: llama.cpp's CPU matrix kernels take rows in tiles of 4, and a batch that fills its last tile costs
+    less than one row fewer (measured, v(γ) on 2 cores: Gemma-3-270M Q4_K_M v(7) 3.7 against v(6) 5.2 and v(8)
+    5.0, v(15) 5.1 against v(16) 6.6, v(31) 9.2 against v(32) 10.5; SmolLM2-135M Q4_1 v(7) = v(6) 4.7, v(15) 8.0
+    against v(16) 8.8). The controller drafts only timed lengths (`Costs.timed`), so it lands on those dips and
+    never on an interpolated γ. Long drafts need v measured where they are: extrapolated from γ ≤ 8, Gemma-3-270M
+    was taken for 1.6x dearer than it is at γ = 32 and the controller cut its copies short."""
     dense = set(range(min(k_max, DENSE_TO) + 1))
-    g, sparse = 2 * DENSE_TO, {k_max}
-    while g < k_max:
-        sparse.add(g)
-        g *= 2
-    return sorted(dense | sparse)
+    tiles = {g for g in range(DENSE_TO + 1, k_max + 1) if (g + 1) % TILE == 0}
+    return sorted(dense | tiles | {k_max})
 
 
 def interpolate(points: Mapping[int, float], k_max: int) -> list[float]:
@@ -189,7 +192,9 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
         timers |= {f"d:{name}": (lambda m=m: timed_decode(m, follow[:1], 1)) for name, m in drafters.items()}
         if lookup and k_max:
             timers["lookup"] = _lookup_timer(ctx[:pos + 1], k_max)
-        best = _interleaved(timers, repeats, deadline)
+        # warm-up: the pool and the largest batch's buffers (not every batch: on a 270M model that alone is ~1 s)
+        warm = [k for k in timers if not k.startswith("t")] + ["t1", f"t{gammas[-1] + 1}"]
+        best = _interleaved(timers, repeats, deadline, warm)
     finally:
         for m, b in zip(models, bases):
             m.rewind(b)
@@ -198,7 +203,7 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
     if "lookup" in best:
         c["lookup"] = best["lookup"] / t1
     v = interpolate({g: best[f"t{g + 1}"] / t1 - (1 if g else 0) for g in gammas}, k_max)
-    return Costs(t1, monotone(v), c, bases[0] + pos)
+    return Costs(t1, at_least_one(v), c, bases[0] + pos, tuple(g for g in gammas if g))
 
 
 def _lookup_timer(context: list[int], k: int) -> Callable[[], float]:

@@ -182,6 +182,7 @@ def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration
     costs = cal.costs if cal else None
     measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v if cal else (),
-                   t1=costs.t1 if costs else None, c={**drafter.cost, **measured}, prior=drafter.prior)
+                   t1=costs.t1 if costs else None, c={**drafter.cost, **measured}, prior=drafter.prior,
+                   gammas=costs.timed if costs else ())
     ctl.calibration = cal
     return ctl

@@ -207,3 +207,22 @@ def test_online_v_refines_from_verify_times():
         ctl.observe(step(0, 0, t_verify=0.005))
         ctl.observe(step(3, 1, t_verify=0.015))
     assert math.isclose(ctl.v[3], 3.0, rel_tol=0.01)
+
+
+def test_drafts_only_timed_lengths_and_finds_the_tile_dips():
+    """Calibration times v at every γ to 8, then where γ + 1 rows fill a kernel tile (costs.timed_gammas); v in
+    between is interpolated and not to be trusted. Gemma-3-270M's measured v: 32 rows cost less than 31 or 33."""
+    v = [1.0, 2.1, 2.8, 3.2, 4.4, 4.8, 5.2, 3.7, 5.0, 5.3, 5.6, 4.7, 5.0, 5.2, 5.3, 5.1, 6.6, 6.7, 6.9, 6.1,
+         6.4, 6.6, 6.9, 7.3, 7.6, 7.8, 8.1, 8.3, 8.5, 8.7, 8.9, 9.2, 10.5]
+    timed = (1, 2, 3, 4, 5, 6, 7, 8, 11, 15, 19, 23, 27, 31, 32)
+    ctl = Adaptive(sources=("lookup",), k_max=32, v=v, t1=0.01, c={"lookup": 0.0}, prior={"lookup": (0.99, 0.99)},
+                   gammas=timed, learn_costs=False, explore_every=2)
+    ks = set()
+    for _ in range(40):
+        k = ctl.choose_k()
+        ks.add(k)
+        ctl.observe(step(k, k, t_verify=0.01 * v[k]))  # every draft accepted
+    assert ks <= set(timed) and 31 in ks  # the longest tile-filling batch, not 32 (one row more, 14 % dearer)
+    untimed = Adaptive(sources=("lookup",), k_max=8, v=v[:9], t1=0.01, c={"lookup": 0.0},
+                       prior={"lookup": (0.9, 0.9)}, learn_costs=False)
+    assert untimed.choose_k() == 7  # no timed list: every γ, and the dip at 7 still wins
