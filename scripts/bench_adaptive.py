@@ -50,7 +50,7 @@ def run_once(target: Model, drafter, controller: Controller | None, prompt: list
 
 
 def adaptive(cal: Calibration, sources: tuple[str, ...], drafter=None, k_max: int = 8) -> Adaptive:
-    return Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.costs.t1,
+    return Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.costs.t1, gammas=cal.costs.timed,
                     c={"lookup": 0.0, **({"model": cal.costs.c["model"]} if "model" in cal.costs.c else {})})
 
 

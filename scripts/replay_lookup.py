@@ -45,7 +45,7 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
     out = []
     for m in models or default_models():
         b = Bench(m, a)
-        cal_v = list(b.ctl0.v)
+        cal_v, timed = list(b.ctl0.v), sorted(b.ctl0.gammas or ())
         runs = []
         for task, prompts in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items():
             for p in prompts if not only or task in only else []:
@@ -66,7 +66,7 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
                 runs.append({"task": seq, "prompt": toks, "answer": answer})
                 if seq == "chat":
                     history = msgs + [{"role": "assistant", "content": b.target.detokenize(answer)}]
-        out.append({"model": b.name, "v": cal_v, "runs": runs})
+        out.append({"model": b.name, "v": cal_v, "timed": timed, "runs": runs})
         b.target.close()
     Path(path).write_text(json.dumps(out))
 
@@ -79,10 +79,11 @@ Rule = Callable[[list[int]], tuple[list[int], str]]  # context -> (draft, source
 class Localspec:
     """localspec's PromptLookup and a fresh default Adaptive controller (v from the recording)."""
 
-    def __init__(self, v: Sequence[float], lookup: PromptLookup | None = None, **ctl) -> None:
+    def __init__(self, v: Sequence[float], lookup: PromptLookup | None = None, timed: Sequence[int] = (),
+                 **ctl) -> None:
         self.lookup = lookup or PromptLookup()
         self.v = list(v)
-        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=32, v=v, t1=1.0,
+        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=32, v=v, t1=1.0, gammas=timed,
                             c=dict(self.lookup.cost), prior=self.lookup.prior, **ctl)
 
     def __call__(self, context: list[int]) -> tuple[list[int], str]:
@@ -165,11 +166,11 @@ class Oracle:
         pass
 
 
-RULES: dict[str, Callable[[Sequence[float]], object]] = {
-    "oracle": Oracle,
-    "localspec": Localspec,
-    "localspec+cache": lambda v: Localspec(v, PromptLookup(cache=SuffixCache())),
-    "ngram-cache": NgramCache,
+RULES: dict[str, Callable[[Sequence[float], Sequence[int]], object]] = {  # (v, the γ calibration timed) -> rule
+    "oracle": lambda v, timed: Oracle(v),
+    "localspec": lambda v, timed: Localspec(v, timed=timed),
+    "localspec+cache": lambda v, timed: Localspec(v, PromptLookup(cache=SuffixCache()), timed=timed),
+    "ngram-cache": lambda v, timed: NgramCache(v),
 }
 
 
@@ -206,18 +207,18 @@ def replay(path: str, rules: list[str]) -> None:
     print("| model | task | rule | predicted × plain | tokens/round | accepted / drafted |")
     print("|---|---|---|---|---|---|")
     for m in data:
-        v = m["v"]
+        v, timed = m["v"], m.get("timed", ())
         by_task: dict[str, list] = defaultdict(list)
         for r in m["runs"]:
             by_task[r["task"]].append(r)
         for task, runs in by_task.items():
             for name in rules:
                 if task in SEQUENCES:  # one drafter and controller across the requests, as a session keeps them
-                    rule = RULES[name](v)
+                    rule = RULES[name](v, timed)
                     res = [replay_one(rule, r["prompt"], r["answer"], v) for r in runs]
                     sp = sum(x["tokens"] for x in res) / sum(x["tokens"] / x["speedup"] for x in res)
                 else:
-                    res = [replay_one(RULES[name](v), r["prompt"], r["answer"], v) for r in runs]
+                    res = [replay_one(RULES[name](v, timed), r["prompt"], r["answer"], v) for r in runs]
                     sp = statistics.median(x["speedup"] for x in res)
                 tok = sum(x["tokens"] for x in res) / max(1, sum(x["rounds"] for x in res))
                 acc, dr = sum(x["accepted"] for x in res), sum(x["drafted"] for x in res)

@@ -112,7 +112,8 @@ class TargetResult:
 
 def make_adaptive(source: str, costs: Costs, k_max: int = AUTO_K_MAX) -> Controller:
     """An adaptive controller seeded with this run's measured v(γ), t1 and c (instead of its own calibration)."""
-    return Adaptive(sources=(source,), k_max=k_max, t1=costs.t1, c={source: costs.c.get(source, 0.0)}, v=costs.v)
+    return Adaptive(sources=(source,), k_max=k_max, t1=costs.t1, c={source: costs.c.get(source, 0.0)}, v=costs.v,
+                    gammas=costs.timed)
 
 
 def configs_for(spec: TargetSpec, plan: Plan) -> list[Config]:
