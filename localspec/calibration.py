@@ -31,7 +31,7 @@ from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import cache_dir
 from .machine import cpu_count
-from .threads import ThreadControl, candidates, openmp_settings
+from .threads import ThreadControl, candidates, openmp_settings, preferred
 
 SCHEMA = 3  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles
 CONTEXT = 16  # tokens before the probe position
@@ -114,7 +114,7 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
         if phase not in threads and (times := stage(run)):
             threads[phase] = times
         if phase in threads and phase != "prompt":
-            model.set_threads(*(2 * [_best(threads[phase])]))
+            model.set_threads(*(2 * [preferred(threads[phase])]))
 
     per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
     if draft_model is not None:
@@ -219,7 +219,7 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
 def _apply_threads(target: Model, draft_model: Model | None, cal: Calibration) -> None:
     """Start each model at its fastest measured count (the thread controller takes over from there)."""
     for model, phase in ((target, "target"), (draft_model, "draft")):
-        n = _best(cal.threads.get(phase, {}))
+        n = preferred(cal.threads.get(phase, {}))
         if model is not None and n:
             model.set_threads(n, n)
 

@@ -10,8 +10,9 @@ Not a test: speed is measured here, never asserted. Four parts, each printed as 
    a median of ratios holds when the machine's speed drifts between repeats).
 3. trace: one long plain generation; hogs start after `--trace START` seconds and stop DURATION later; prints
    tok/s and the thread count per half second and every change with its reason.
-4. start-up: wall time of `localspec run -n 1 hi`, idle vs busy, with a warm calibration cache and an empty one
-   (the calibration cache directory is emptied for those runs; it refills itself).
+4. start-up: wall time of `localspec run -n 1 hi`, idle vs busy, with a warm calibration cache (after one
+   untimed start in the same state, so the entry is complete for it) and an empty one (the calibration cache
+   directory is emptied for those runs; it refills itself).
 
 OpenMP's wait policy: compare "localspec default" (libgomp's default: a long spin, then sleep; localspec/threads.py)
 with "..., OMP active" and "..., GOMP_SPINCOUNT=3000" (a short spin), pinned counts under both, and llama-bench's
@@ -187,6 +188,9 @@ def part_startup(repeats: int, n_hogs: int) -> None:
                 for cache in ("warm", "empty"):
                     if cache == "empty":
                         shutil.rmtree(cal_dir, ignore_errors=True)
+                    else:  # settle: a first start may leave a stage for the next (and an entry measured under
+                        localspec_run(["-n", "1", "hi"])  # another load is re-timed), so "warm" means complete
+                        # for this machine state
                     rows.setdefault(f"{h} hogs, {cache} cache", []).append(localspec_run(["-n", "1", "hi"])["wall_s"])
     print(f"\n## start-up: `localspec run -n 1 hi` wall seconds, median of {repeats}")
     for name, v in rows.items():
