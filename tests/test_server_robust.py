@@ -134,8 +134,10 @@ def test_non_streaming_client_that_hangs_up_is_cancelled(http, server):
     cancelled = _metric(http, "localspec_requests_cancelled_total")
     predicted = _metric(http, "llamacpp:tokens_predicted_total")
     with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s and closes the connection
+        # SmolLM2's end-of-generation tokens banned, so the sampled story cannot end on its own before 512
         httpx.post(server.url + "/completion", timeout=1.0,
-                   json={"prompt": "Once upon a time", "n_predict": 512, "temperature": 1.0, "seed": 3})
+                   json={"prompt": "Once upon a time", "n_predict": 512, "temperature": 1.0, "seed": 3,
+                         "logit_bias": [[0, False], [2, False], [4, False]]})
     r = http.post("/completion", json={"prompt": "Hello", "n_predict": 1, "temperature": 0})
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 1
     assert _metric(http, "localspec_requests_cancelled_total") == cancelled + 1  # ended as "cancelled" ...
