@@ -49,9 +49,12 @@ def run_once(target: Model, drafter, controller: Controller | None, prompt: list
             "by_source": s.by_source}
 
 
-def adaptive(cal: Calibration, sources: tuple[str, ...], drafter=None, k_max: int = 8) -> Adaptive:
-    return Adaptive(sources=sources, k_max=k_max, v=cal.v, t1=cal.costs.t1, gammas=cal.costs.timed,
-                    c={"lookup": 0.0, **({"model": cal.costs.c["model"]} if "model" in cal.costs.c else {})})
+def adaptive(cal: Calibration, drafter, k_max: int = 8) -> Adaptive:
+    """As `localspec run` builds it (loader.make_controller): the drafter's sources (prompt lookup's match
+    buckets) with their declared priors, seeded by this calibration."""
+    c = {s: 0.0 for s in drafter.sources} | ({"model": cal.costs.c["model"]} if "model" in cal.costs.c else {})
+    return Adaptive(sources=drafter.sources, k_max=k_max, v=cal.v, t1=cal.costs.t1, gammas=cal.costs.timed,
+                    c={s: c[s] for s in drafter.sources if s in c}, prior=drafter.prior)
 
 
 def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[list[int]], n: int,
@@ -101,7 +104,11 @@ def main() -> None:
 
     def hybrid_adaptive():
         d = hybrid()
-        return target, d, adaptive(cal, ("lookup", "model"), d)
+        return target, d, adaptive(cal, d)
+
+    def lookup_adaptive():
+        d = PromptLookup()
+        return target, d, adaptive(cal, d)
 
     prose = [chat.tokenize(chat.chat_prompt([{"role": "user", "content": p}])) for p in PROSE]
     bench(f"must-show 2: open prose, {a.tokens} tokens, hybrid lookup + self-draft (c = {cal.costs.c['model']:.2f})", {
@@ -109,7 +116,7 @@ def main() -> None:
         "hybrid self-draft k=4 fixed": lambda: (target, hybrid(), FixedK(4)),
         "lookup k=4 fixed": lambda: (target, PromptLookup(), FixedK(4)),
         "hybrid self-draft adaptive": hybrid_adaptive,
-        "lookup adaptive": lambda: (target, PromptLookup(), adaptive(cal, ("lookup",))),
+        "lookup adaptive": lookup_adaptive,
     }, prose, a.tokens, a.repeats)
 
     code = [chat.tokenize(chat.chat_prompt([{"role": "user", "content": REWRITE}]) + REWRITE_START)]
@@ -117,7 +124,7 @@ def main() -> None:
         "plain": lambda: (target, None, None),
         "lookup k=4 fixed": lambda: (target, PromptLookup(), FixedK(4)),
         "lookup k=8 fixed": lambda: (target, PromptLookup(), FixedK(8)),
-        "lookup adaptive": lambda: (target, PromptLookup(), adaptive(cal, ("lookup",))),
+        "lookup adaptive": lookup_adaptive,
     }, code, a.tokens, a.repeats + 1)
 
 
