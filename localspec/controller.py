@@ -330,6 +330,8 @@ class Adaptive:
         if est.hopeless:
             return 0
         est.since_probe += 1
+        if est.since_probe < est.probe_every and not est.probe_due:
+            return 0  # every round, for every source that is off: decided before any arithmetic
         # the longest γ ≤ its best whose drafting costs at most one target step: long probes for a free
         # drafter (lookup), short ones for an expensive model drafter
         k = self.probe_k or max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))

@@ -1,10 +1,9 @@
 """Measure what decoding costs on this machine: the one place costs are measured (calibration, controller, bench).
 
-- v(γ): target time for γ+1 verify rows ÷ time for one row (not monotone: kernels work in tiles of rows), as the
-  loop meets them (`timed_round`: a verify
-  pass among plain rounds costs its own compute graph and the next plain round's). Speculation pays only while
-  scoring γ+1 positions costs little more than one (idle compute): a property of the model, quantization and
-  hardware, so measured.
+- v(γ): target time for γ+1 verify rows ÷ time for one row, as the loop meets them (`timed_round`: a verify
+  pass among plain rounds costs its own compute graph and the next plain round's); not monotone, the kernels
+  work in tiles of rows (`timed_gammas`). Speculation pays only while scoring γ+1 positions costs little more
+  than one (idle compute): a property of the model, quantization and hardware, so measured.
 - c: a drafter's step ÷ the target's step (per drafted token; prompt lookup's is tiny, not zero).
 - step time per thread count, per phase (a verify row, a drafter step, a prompt token): the prior of the thread
   controller (localspec/threads.py).

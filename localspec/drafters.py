@@ -89,9 +89,10 @@ class PromptLookup:
     (`LOOKUP_CACHE`), at least `cache_min` long, and its earlier requests agree on what follows. (Replayed on
     editor requests over one file, where the prompt holds the file: 8-15-token cache matches were accepted 5-50 %
     of the time and cost 1-3 % against prompt-only lookup; from 16 on they cost nothing there, and a request
-    sent again still drafts its earlier answer.) A long match whose occurrence overlaps the
-    ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the end of the context. The context is handed to the cache when a
-    request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
+    sent again still drafts its earlier answer.) A long match whose occurrence overlaps the ending is a loop
+    (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the end of the context. The context is
+    handed to the cache when a request rewinds past it. Drafts are point masses: the verify rule stays
+    lossless."""
 
     name = LOOKUP
     sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP)
