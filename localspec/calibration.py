@@ -30,8 +30,8 @@ from typing import Callable, Mapping, TypeVar
 from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import cache_dir
-from .machine import cpu_count
-from .threads import ThreadControl, candidates, openmp_settings, preferred
+from .machine import cpu_count, openmp_settings
+from .threads import ThreadControl, candidates, preferred
 
 SCHEMA = 3  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles
 CONTEXT = 16  # tokens before the probe position

@@ -1,5 +1,6 @@
-"""What the machine offers and how busy it is: the cores this process may use, and the cores other programs are
-using right now. The thread controller (threads.py) decides with these; nothing here decides anything."""
+"""What the machine offers and how busy it is: the cores this process may use, the cores other programs are
+using right now, and the OpenMP settings in force. The thread controller (threads.py) decides with these;
+nothing here decides anything."""
 
 from __future__ import annotations
 
@@ -14,6 +15,25 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+# OpenMP: ggml's barrier between graph nodes is `#pragma omp barrier`; a waiting thread spins GOMP_SPINCOUNT times
+# (libgomp's default 300000, about a millisecond), then sleeps. Measured on this project's 2 cores, SmolLM2-135M,
+# `localspec run --no-spec -n 128` (scripts/bench_threads.py, 3 interleaved repeats, tok/s medians):
+#                        libgomp default   GOMP_SPINCOUNT=3000   active   passive (llama-bench)
+#   idle, controller           192.4              186.5           192.2      53 (vs 206 default)
+#   2 hogs, controller         117.8              106.5           102.6
+#   2 hogs, -t 2 pinned         17.7               48.7
+# Passive (sleep at once) makes every barrier a futex wake-up. The long default spin is ruinous only when the
+# threads of a decode outnumber the free cores (-t 2 among two hogs): the thread controller never runs so once
+# the CPU meter says busy, so localspec sets nothing and libgomp's default, the fastest idle and busy, stays.
+# An earlier localspec set GOMP_SPINCOUNT=3000, measured before the meter existed, when busy rounds still ran
+# at 2 threads.
+
+
+def openmp_settings() -> dict[str, str | None]:
+    """The OpenMP settings in force (step times depend on them: part of the calibration cache key)."""
+    return {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
 
 
 class CpuMeter:

@@ -24,44 +24,24 @@ reports a `ThreadState` (counts in use, the changes with their reasons) that eve
 `ThreadControl.pinned(n)` is `--threads N`: nothing is measured or changed.
 
 OpenMP's wait policy is read once, when llama.cpp's runtime loads, so it cannot follow the thread count.
-localspec leaves it at libgomp's default (see OpenMP below): with the CPU meter moving a busy machine to the free
-cores at once, the long default spin no longer costs anything there.
+localspec leaves it at libgomp's default (measured: machine.openmp_settings): with the CPU meter moving a busy
+machine to the free cores at once, the long default spin no longer costs anything there.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Protocol, Sequence, TYPE_CHECKING
 
-from .controller import v_at
+from .rate import v_at
 from .machine import CpuMeter, cpu_count
 
 if TYPE_CHECKING:
     from .speculative import Step
 
 PHASES = ("target", "draft", "prompt")
-# OpenMP: ggml's barrier between graph nodes is `#pragma omp barrier`; a waiting thread spins GOMP_SPINCOUNT times
-# (libgomp's default 300000, about a millisecond), then sleeps. Measured on this project's 2 cores, SmolLM2-135M,
-# `localspec run --no-spec -n 128` (scripts/bench_threads.py, 3 interleaved repeats, tok/s medians):
-#                        libgomp default   GOMP_SPINCOUNT=3000   active   passive (llama-bench)
-#   idle, controller           192.4              186.5           192.2      53 (vs 206 default)
-#   2 hogs, controller         117.8              106.5           102.6
-#   2 hogs, -t 2 pinned         17.7               48.7
-# Passive (sleep at once) makes every barrier a futex wake-up. The long default spin is ruinous only when the
-# threads of a decode outnumber the free cores (-t 2 among two hogs): the thread controller never runs so once
-# the CPU meter says busy, so localspec sets nothing and libgomp's default, the fastest idle and busy, stays.
-# An earlier localspec set GOMP_SPINCOUNT=3000, measured before the meter existed, when busy rounds still ran
-# at 2 threads.
-
-
-def openmp_settings() -> dict[str, str | None]:
-    """The OpenMP settings in force (step times depend on them: part of the calibration cache key)."""
-    return {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-
-
 def candidates(cores: int) -> list[int]:
     """Thread counts calibration measures: 1, powers of two, and all cores (each ≤ cores)."""
     out, n = {1, cores}, 2

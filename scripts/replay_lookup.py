@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.controller import Adaptive, v_at
+from localspec.controller import Adaptive
+from localspec.rate import v_at
 from localspec.drafters import PromptLookup
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step

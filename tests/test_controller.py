@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from localspec.controller import (PROBE_SHARE, Adaptive, FixedK, best_k, expected_tokens, 
-                                  round_rate, v_at)
+from localspec.controller import PROBE_SHARE, Adaptive, FixedK
+from localspec.rate import best_k, expected_tokens, round_rate, v_at
 from localspec.drafters import EMPTY, Draft, HybridDrafter
 from localspec.speculative import Step
 

@@ -167,7 +167,7 @@ def test_measure_times_long_drafts_on_the_real_model(target):
 
 def test_v_past_the_measured_points_follows_the_upper_half():
     """Extrapolation uses the slope of the far end (batch kernels get cheaper per row as batches grow)."""
-    from localspec.controller import ROW_GUESS, v_at
+    from localspec.rate import ROW_GUESS, v_at
 
     v = [1.0, 2.0, 2.5, 3.0, 3.2, 3.4]  # upper half from index 3: slope 0.2
     assert v_at(v, 5) == 3.4 and v_at(v, 7) == pytest.approx(3.8)

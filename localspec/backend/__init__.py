@@ -14,7 +14,7 @@ reads a GGUF header without it).
   grammar.py  Grammar (llama.cpp's GBNF sampler as allowed-token masks), json_schema_grammar, GrammarError
 
 OpenMP's wait policy is read once, when llama.cpp loads its OpenMP runtime; localspec leaves it at libgomp's
-default (measured best idle and busy, see localspec/threads.py), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
+default (measured best idle and busy, see localspec/machine.py), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
 is part of the calibration cache key.
 """
 

@@ -12,7 +12,7 @@ pools on a small machine libgomp throttles its spin-waiting and decoding gets ~2
 2 cores, 180 -> 95 tok/s). One-shot compute on a thread that will not decode again (load-time calibration on the
 main thread of a server) therefore runs through `in_own_thread`, whose pool dies with it. How many threads a
 decode uses is the thread controller's choice (threads.py), applied between decodes by `set_threads`; OpenMP's
-wait policy is fixed when llama.cpp loads, so the package (`__init__.py`) sets it before importing llama_cpp.
+wait policy is fixed when llama.cpp loads, and localspec leaves it at libgomp's default (machine.py).
 """
 
 from __future__ import annotations
