@@ -29,7 +29,7 @@ from typing import Callable, Mapping, TypeVar
 
 from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
-from .paths import cache_dir
+from .paths import calibration_dir
 from .machine import cpu_count, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
@@ -163,7 +163,7 @@ def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) 
 
 def cache_path(key: Mapping) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_dir() / "calibration" / f"{digest}.json"
+    return calibration_dir() / f"{digest}.json"
 
 
 def read_cached(key: Mapping) -> Calibration | None:

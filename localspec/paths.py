@@ -1,6 +1,8 @@
-"""Where localspec keeps its files: config overlay and model cache.
+"""Where localspec keeps its files: config overlay, model cache, calibration cache.
 
-`LOCALSPEC_HOME` moves both (tests point it at a temporary directory).
+`LOCALSPEC_HOME` moves all three; `LOCALSPEC_CACHE` the model files (and the calibration with them);
+`LOCALSPEC_CALIBRATION` the calibration alone (the test suite keeps its own: costs timed inside a test process,
+where other threads' OpenMP pools slow every decode, are not this machine's costs).
 """
 
 from __future__ import annotations
@@ -25,3 +27,9 @@ def cache_dir() -> Path:
     if os.environ.get("LOCALSPEC_HOME"):
         return home() / "cache"
     return Path(platformdirs.user_cache_dir("localspec"))
+
+
+def calibration_dir() -> Path:
+    """Measured costs per model + machine + build (calibration.py)."""
+    env = os.environ.get("LOCALSPEC_CALIBRATION")
+    return Path(env) if env else cache_dir() / "calibration"

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from localspec.bench.busy import Hogs, busy
-from localspec.paths import cache_dir
+from localspec.paths import calibration_dir
 from localspec.registry import resolve_model
 from localspec.machine import cpu_count
 
@@ -179,7 +179,7 @@ def part_trace(model: str, total: float, start: float, duration: float, n_hogs: 
 
 def part_startup(repeats: int, n_hogs: int) -> None:
     """`localspec run -n 1 hi` wall time: idle/busy x warm/empty calibration cache."""
-    cal_dir = cache_dir() / "calibration"
+    cal_dir = calibration_dir()
     rows: dict[str, list[float]] = {}
     localspec_run(["-n", "1", "hi"])  # fetch the model and warm the cache once
     for _ in range(repeats):

@@ -2,12 +2,13 @@
 
 Model files live in a persistent cache (LOCALSPEC_CACHE, default ~/.cache/localspec) so a test run
 does not re-fetch 100-250 MB each time; tests that need an isolated config point LOCALSPEC_HOME elsewhere
-and keep LOCALSPEC_CACHE.
+and keep LOCALSPEC_CACHE. Calibrations go to a directory of this run's own (LOCALSPEC_CALIBRATION).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from localspec.paths import cache_dir
 
 CACHE = cache_dir()
 os.environ.setdefault("LOCALSPEC_CACHE", str(CACHE))  # keep model files shared when a test moves LOCALSPEC_HOME
+# the suite's calibrations stay its own: a test process (and its subprocesses) times decodes beside other threads'
+# OpenMP pools, ~2x slower at 2 threads, and a user's next start would begin from those costs
+os.environ.setdefault("LOCALSPEC_CALIBRATION", tempfile.mkdtemp(prefix="localspec-calibration-"))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ def twin(smollm2_twin):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path / "calibration"))
     return tmp_path
 
 
