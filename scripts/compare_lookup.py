@@ -109,9 +109,12 @@ class Bench:
         return Engine(self.target, PromptLookup(cache=cache), controller=copy.deepcopy(self.ctl0))
 
     def render(self, messages: list[dict]) -> tuple[list[int], str]:
-        """Tokens for localspec and text for llama.cpp (which adds BOS itself)."""
+        """Tokens for localspec and text for llama.cpp, the same prompt: llama.cpp adds BOS itself when the
+        model asks for one, so a template's leading BOS text goes; where the model adds none (SmolLM2, whose
+        BOS is `<|im_start|>`) the text stays whole (stripped, llama.cpp decoded another prompt)."""
         text = self.plain.chat_prompt(messages) if self.plain.chat_template else messages[-1]["content"]
-        bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
+        t = self.target
+        bos = t.token_text(t.bos) if t.add_bos and t.bos >= 0 else ""
         return self.plain.tokenize(text), text[len(bos):] if bos and text.startswith(bos) else text
 
     def fresh(self) -> None:
