@@ -33,8 +33,14 @@ from .paths import calibration_dir
 from .machine import cpu_count, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
-SCHEMA = 3  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles
-CONTEXT = 16  # tokens before the probe position
+SCHEMA = 4  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
+# 4: v(γ) timed at V_DEPTH
+CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
+# v(γ) is timed this deep: the prompts speculation pays on (a pasted document, a file to edit) are hundreds of
+# tokens, and a verify batch's attention grows with them. Timed at 16, the real verify rounds of the benchmark
+# prompts (150-700 tokens) cost 1.04-1.11x what v predicted (both shipped models), at 256 1.00x (SmolLM2-135M),
+# for one prefill of 256 tokens more at the first start (~0.3 s on 2 cores)
+V_DEPTH = 256
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 T = TypeVar("T")
 
@@ -87,7 +93,7 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
     t0 = time.perf_counter()
     soft, hard = Deadline(t0 + budget_s), Deadline(t0 + budget_s, hard=True)
     counts = counts or candidates(cores or cpu_count())
-    toks = probe_tokens(target, max(CONTEXT + k_max + 1, PROMPT_CHUNK + 1))
+    toks = probe_tokens(target, max(V_DEPTH + k_max + 1, PROMPT_CHUNK + 1))
     threads = {p: dict(d) for p, d in (have.threads if have else {}).items()}
     costs, fa = (have.costs, have.flash_attn) if have else (None, None)
     first = [True]
@@ -121,7 +127,8 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
         per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
     if costs is None:
         drafters = {"model": draft_model} if draft_model is not None else None
-        costs = stage(lambda d: measure(target, toks[:CONTEXT + k_max + 1], k_max, repeats=repeats, deadline=d,
+        depth = max(0, min(V_DEPTH, target.n_ctx - target.n_past - k_max - 2))  # a small context: shallower
+        costs = stage(lambda d: measure(target, toks[:depth + k_max + 1], k_max, repeats=repeats, deadline=d,
                                         drafters=drafters))
     per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
     if flash_attn and fa is None and target.n_past == 0:
