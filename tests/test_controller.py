@@ -65,10 +65,24 @@ def step(drafted: int, accepted: int, *, source: str = "lookup", t_draft: float 
 
 
 def test_controller_picks_the_closed_form_k_from_its_prior():
+    """Before any round: the closed form's γ when its rate clears `on_above`, else nothing (a prior that promises
+    a few per cent is not worth a first failed draft)."""
     for alpha in (0.5, 0.7, 0.9):
         ctl = Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, c={"lookup": 0.02}, alpha_prior=alpha)
-        want = best_k([alpha], 0.02, CPU_V, 1, 8)
-        assert ctl.choose_k() == want[0]
+        k, rate = best_k([alpha], 0.02, CPU_V, 1, 8)
+        assert ctl.choose_k() == (k if rate >= ctl.on_above else 0)
+    assert Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, c={"lookup": 0.02}, alpha_prior=0.9).choose_k() > 0
+
+
+def test_a_source_that_has_not_drafted_starts_on_only_above_on_above():
+    """A prior rate between off_below and on_above (here 1.05: E(1) = 1.2 tokens for v(1) = 1.2/1.05) does
+    not start a source; the same rate keeps one on that drafted its way there (hysteresis)."""
+    ctl = Adaptive(sources=("lookup",), k_max=1, v=[1.0, 1.2 / 1.05], t1=0.005, c={"lookup": 0.0}, alpha_prior=0.2)
+    est = ctl.src["lookup"]
+    assert ctl.off_below <= est.rate < ctl.on_above and not est.on and ctl.choose_k() == 0
+    est.on = True
+    ctl._decide("lookup")
+    assert est.on
 
 
 def test_high_acceptance_chooses_long_drafts():

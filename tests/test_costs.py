@@ -9,6 +9,7 @@ import os
 import pytest
 
 from localspec import calibration as cal_mod
+from localspec.backend import LoadOptions, Model
 from localspec.calibration import Calibration, cache_key, calibrate, measure_calibration
 from localspec.costs import Costs, at_least_one, measure, merge, probe_tokens, thread_times
 
@@ -73,6 +74,19 @@ def test_budget_cuts_calibration_short_but_keeps_the_thread_prior(target):
     cal = measure_calibration(target, k_max=3, budget_s=0.0, cores=2)
     assert not cal.complete and cal.costs is None and set(cal.threads["target"]) == {1, 2}
     assert target.tokens == []
+
+
+def test_v_is_timed_as_deep_as_the_prompts_it_pays_on(target, smollm2_path):
+    """v(γ) at V_DEPTH tokens of context (the 150-700-token prompts of copy-heavy work), not at the first few;
+    a context too small for that is timed as deep as it allows."""
+    cal = measure_calibration(target, k_max=3, budget_s=60.0, cores=2)
+    assert cal.costs.position == cal_mod.V_DEPTH and target.tokens == []
+    small = Model.load(smollm2_path, LoadOptions(n_ctx=cal_mod.V_DEPTH, n_threads=2))
+    try:
+        cal = measure_calibration(small, k_max=3, budget_s=60.0, cores=2)
+        assert cal.costs.position == small.n_ctx - 3 - 2 and small.tokens == []
+    finally:
+        small.close()
 
 
 def test_second_start_reads_the_cache(target, cache, monkeypatch):
