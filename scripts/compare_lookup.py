@@ -51,6 +51,7 @@ class Result:
     n: int
     drafted: int
     accepted: int
+    prompt: int = 0  # which prompt of the task (the per-prompt table)
 
 
 def default_models() -> list[str]:
@@ -130,19 +131,19 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
     out: list[Result] = []
     for _ in range(a.reps):
         for task, prompts in tasks.items():
-            for p in prompts:
+            for i, p in enumerate(prompts):
                 toks, text = b.render([{"role": "user", "content": p}])
                 cpp = []
                 for t in CPP_TYPES if bin_dir else ():
                     b.fresh()
                     if r := cpp_run(bin_dir, b.path, text, t, a):
-                        cpp.append(Result(b.name, task, f"llama.cpp {t}", *r))
+                        cpp.append(Result(b.name, task, f"llama.cpp {t}", *r, prompt=i))
                 n = max([a.max_tokens] + [r.n for r in cpp])
                 runs = {"plain": lambda: ours(b.plain, toks, n, spec=False),
                         "localspec lookup": lambda: ours(b.lookup(), toks, n)}
                 for config, fn in runs.items():
                     b.fresh()
-                    out.append(Result(b.name, task, config, *fn()))
+                    out.append(Result(b.name, task, config, *fn(), prompt=i))
                 out += cpp
     return out
 
@@ -196,6 +197,30 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def per_prompt(results: list[Result]) -> str:
+    """Markdown: each task prompt on its own (medians over the repeats): a task's median over prompts hides
+    which prompts copy (there speculation can win) and which do not (there every config is plain at best)."""
+    groups: dict[tuple[str, str, int, str], list[float]] = {}
+    for r in results:
+        if not r.config.startswith("llama.cpp") and r.config not in ("plain", "localspec lookup"):
+            continue  # the request sequences
+        groups.setdefault((r.model, r.task, r.prompt, r.config), []).append(r.tok_s)
+    med = {k: statistics.median(v) for k, v in groups.items()}
+    lines = ["| model | task | prompt | plain | localspec lookup | best llama.cpp | localspec ÷ it |",
+             "|---|---|---|---|---|---|---|"]
+    for (model, task, prompt) in dict.fromkeys(k[:3] for k in med):
+        cpp = {c: x for (m, t, p, c), x in med.items() if (m, t, p) == (model, task, prompt) and c.startswith("llama")}
+        ours, plain = med.get((model, task, prompt, "localspec lookup")), med.get((model, task, prompt, "plain"))
+        if ours is None or plain is None:
+            continue
+        best = max(cpp, key=cpp.get) if cpp else None
+        cells = [model, task, str(prompt + 1), f"{plain:.1f}", f"{ours:.1f} ({ours / plain:.2f}× plain)",
+                 f"{cpp[best]:.1f} ({best[len('llama.cpp '):]})" if best else "–",
+                 f"{ours / cpp[best]:.2f}" if best else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", action="append", help="GGUF path (repeat); default: SmolLM2-135M Q4_1 and Gemma-3-270M")
@@ -227,7 +252,7 @@ def main() -> None:
         if not a.no_sequences:
             results += run_sequences(b, a)
         b.target.close()
-    md = table(results)
+    md = table(results) + "\n\nPer prompt (medians over the repeats):\n\n" + per_prompt(results)
     cmd = "python scripts/compare_lookup.py " + " ".join(sys.argv[1:])
     print(md)
     if a.markdown:
