@@ -30,7 +30,7 @@ from typing import Callable, Mapping, TypeVar
 from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import calibration_dir
-from .machine import cpu_count, openmp_settings
+from .machine import cpu_count, free_cores, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
 SCHEMA = 4  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
@@ -38,9 +38,9 @@ SCHEMA = 4  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: tim
 CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
 # v(γ) is timed this deep: the prompts speculation pays on (a pasted document, a file to edit) are hundreds of
 # tokens, and a verify batch's attention grows with them. Timed at 16, the real verify rounds of the benchmark
-# prompts (150-700 tokens) cost 1.04-1.11x what v predicted (both shipped models), at 256 1.00x (SmolLM2-135M),
-# for one prefill of 256 tokens more at the first start (~0.3 s on 2 cores)
-V_DEPTH = 256
+# prompts (150-700 tokens) cost 1.04-1.11x what v predicted (both shipped models), at 256 1.00x (SmolLM2-135M).
+# 128: the prefill before it is paid at a first start, and on a busy machine 256 tokens took ~2.5 s of it
+V_DEPTH = 128
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 T = TypeVar("T")
 
@@ -93,6 +93,9 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
     t0 = time.perf_counter()
     soft, hard = Deadline(t0 + budget_s), Deadline(t0 + budget_s, hard=True)
     counts = counts or candidates(cores or cpu_count())
+    for model in (target, draft_model):  # the prefills between timings too: never above the counts timed
+        if model is not None:
+            model.set_threads(max(counts), max(counts))
     toks = probe_tokens(target, max(V_DEPTH + k_max + 1, PROMPT_CHUNK + 1))
     threads = {p: dict(d) for p, d in (have.threads if have else {}).items()}
     costs, fa = (have.costs, have.flash_attn) if have else (None, None)
@@ -215,12 +218,24 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
         _apply_threads(target, draft_model, old)
         return old
     cal = measure_calibration(target, k_max=k_max, draft_model=draft_model, budget_s=budget_s, cores=cores,
-                              counts=[threads] if threads else None, have=old, flash_attn=user_fa is None)
+                              counts=[threads] if threads else _counts_now(cores, now), have=old,
+                              flash_attn=user_fa is None)
     cal = replace(cal, others=others() if others else None)
     if key:
         write_cached(key, cal)
     _apply_threads(target, draft_model, cal)
     return cal
+
+
+def _counts_now(cores: int, others: float | None) -> list[int] | None:
+    """The thread counts to time: all candidates (None), but on a busy machine none above its free cores. A
+    decode at 2 threads among two CPU-bound neighbours on 2 cores waits at every barrier for a preempted thread
+    (one such decode took up to a second), so timing it made a busy first start take 2.4-5.3 s on its thread
+    stage alone; the thread controller never uses more than the free cores there either, and a quiet start
+    times the rest (`measured_busier`)."""
+    if others is None or others < ThreadControl.BUSY_AT:
+        return None
+    return [n for n in candidates(cores) if n <= free_cores(cores, others)]
 
 
 def _apply_threads(target: Model, draft_model: Model | None, cal: Calibration) -> None:

@@ -182,6 +182,8 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
     models = [target, *drafters.values()]
     bases = [m.n_past for m in models]
     try:
+        if deadline is not None and deadline.hard and _out_of_time(deadline):
+            raise OutOfTime()  # before the prefill, which is most of a stage on a busy machine
         for m in models:
             if prefix:
                 m.decode(prefix, 0)

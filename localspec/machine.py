@@ -72,3 +72,9 @@ class CpuMeter:
         self.last = now
         self.latest = max(0.0, ((b1 - b0) - (p1 - p0)) / max(t1 - t0, 1e-9))
         return self.latest
+
+
+def free_cores(cores: int, others: float) -> int:
+    """The cores other programs leave this one (at least one): how many threads a busy machine can run
+    without a thread waiting at every barrier for a core the scheduler gave someone else."""
+    return max(1, int(cores - others + 0.5))

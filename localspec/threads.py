@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Protocol, Sequence, TYPE_CHECKING
 
 from .rate import v_at
-from .machine import CpuMeter, cpu_count
+from .machine import CpuMeter, cpu_count, free_cores
 
 if TYPE_CHECKING:
     from .speculative import Step
@@ -327,7 +327,7 @@ class ThreadControl:
         busy = True if others >= self.BUSY_AT else False if others <= self.QUIET_AT else self.busy
         if busy != self.busy and busy is not None:  # a change, or the first reading
             first = self.busy is None
-            free = max(1, int(self.cores - others + 0.5))
+            free = free_cores(self.cores, others)
             for c in self.choosers.values():
                 if busy and c.current > free:
                     c.move(free, f"machine busy: other programs use {others:.1f} of {self.cores} cores")
@@ -339,7 +339,7 @@ class ThreadControl:
             # while busy, no probe above the free cores: such a round waits at every barrier for a thread the
             # scheduler preempted (a 2-thread probe among two hogs on 2 cores cost several 1-thread rounds),
             # and on so noisy a machine a lucky probe could win
-            ceiling = max(1, int(self.cores - others + 0.5)) if busy else None
+            ceiling = free_cores(self.cores, others) if busy else None
             for c in self.choosers.values():
                 c.ceiling, c.quiet = ceiling, not busy
         self.busy = busy

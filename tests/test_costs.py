@@ -9,7 +9,6 @@ import os
 import pytest
 
 from localspec import calibration as cal_mod
-from localspec.backend import LoadOptions, Model
 from localspec.calibration import Calibration, cache_key, calibrate, measure_calibration
 from localspec.costs import Costs, at_least_one, measure, merge, probe_tokens, thread_times
 
@@ -76,17 +75,23 @@ def test_budget_cuts_calibration_short_but_keeps_the_thread_prior(target):
     assert target.tokens == []
 
 
-def test_v_is_timed_as_deep_as_the_prompts_it_pays_on(target, smollm2_path):
+def test_v_is_timed_as_deep_as_the_prompts_it_pays_on(target, monkeypatch):
     """v(γ) at V_DEPTH tokens of context (the 150-700-token prompts of copy-heavy work), not at the first few;
     a context too small for that is timed as deep as it allows."""
     cal = measure_calibration(target, k_max=3, budget_s=60.0, cores=2)
     assert cal.costs.position == cal_mod.V_DEPTH and target.tokens == []
-    small = Model.load(smollm2_path, LoadOptions(n_ctx=cal_mod.V_DEPTH, n_threads=2))
-    try:
-        cal = measure_calibration(small, k_max=3, budget_s=60.0, cores=2)
-        assert cal.costs.position == small.n_ctx - 3 - 2 and small.tokens == []
-    finally:
-        small.close()
+    monkeypatch.setattr(cal_mod, "V_DEPTH", target.n_ctx)  # deeper than this context holds
+    cal = measure_calibration(target, k_max=3, budget_s=60.0, cores=2)
+    assert cal.costs.position == target.n_ctx - 3 - 2 and target.tokens == []
+
+
+def test_a_busy_start_times_no_more_threads_than_the_free_cores(target, cache):
+    """Two other programs on 2 cores: only 1 thread is timed (2 would wait on preempted threads for seconds);
+    a quiet start later times them all, the entry having been measured busy."""
+    busy = calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 1.5)
+    assert busy.complete and set(busy.threads["target"]) == {1} and busy.others == 1.5
+    quiet = calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 0.0)
+    assert not quiet.cached and set(quiet.threads["target"]) == {1, 2}
 
 
 def test_second_start_reads_the_cache(target, cache, monkeypatch):
