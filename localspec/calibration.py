@@ -42,6 +42,7 @@ CONTEXT = 16  # tokens before the probe position (thread counts, flash attention
 # 128: the prefill before it is paid at a first start, and on a busy machine 256 tokens took ~2.5 s of it
 V_DEPTH = 128
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
+MIN_LEFT = 0.1  # a later stage starts only with this share of the budget left
 T = TypeVar("T")
 
 
@@ -102,8 +103,8 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
     first = [True]
 
     def stage(fn: Callable[[Deadline], T]) -> T | None:
-        if not first[0] and time.perf_counter() > hard.at:
-            return None
+        if not first[0] and time.perf_counter() > hard.at - MIN_LEFT * budget_s:
+            return None  # too little left to finish one: it would be dropped past the deadline, its time lost
         try:
             return fn(soft if first[0] else hard)
         except OutOfTime:
