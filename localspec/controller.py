@@ -14,11 +14,12 @@ from the prior its drafter declares (`Drafter.prior`: how often a lookup match o
 measured), else from `alpha_prior`. A source switches off when its best rate falls below `off_below`,
 back on above `on_above` (hysteresis), and one that has not drafted yet starts on only above `on_above` too: a
 prior is an average over tasks, and on a 2-core CPU a failed first draft of 7 costs ~4 steps (SmolLM2-135M's
-3-7-token matches, 1.08 by the prior, failed first on JSON and prose: replayed, JSON 0.98 -> 0.99x plain at its
-worst prompt 0.96 -> 0.99, prose's worst 0.94 -> 0.96, Gemma-3-270M unchanged). While off it is re-probed with a short draft now and then, with
-the interval doubling while the probes keep failing. The first probe waits 64 rounds, and longer where a
-failed probe is dear: probes of a source that is off take at most `PROBE_SHARE` of the time (a failed probe
-of γ costs v(γ) - 1 steps; on a 2-core CPU v(1) ≈ 2.3, so SmolLM2-135M probes one token every ~90 rounds).
+3-7-token matches, 1.08 by the prior, failed first on JSON and prose: replayed, JSON 0.98 -> 0.99x plain, at
+its worst prompt 0.96 -> 0.99, prose's worst 0.94 -> 0.96, Gemma-3-270M unchanged). While off, a source is
+re-probed with a short draft now and then, the interval doubling while the probes keep failing. The first
+probe waits 64 rounds, and longer where a failed probe is dear: probes of a source that is off take at most
+`PROBE_SHARE` of the time (a failed probe of γ costs v(γ) - 1 steps; on a 2-core CPU v(1) ≈ 2.3, so
+SmolLM2-135M probes one token every ~90 rounds).
 Replayed on recorded answers (scripts/replay_lookup.py), probing after 16 rounds cost open prose 3 % (0.94×
 plain against 0.97×) and gained nothing elsewhere.
 """
