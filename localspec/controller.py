@@ -263,7 +263,9 @@ class Adaptive:
     def _new_estimate(self, source: str, c: float) -> SourceEstimate:
         """A source's estimate before any round: the prior its drafter declared, else the controller's."""
         first, later = self.prior.get(source, (self.alpha_prior, None))
-        return SourceEstimate(alpha_prior=first, alpha_next=later, c=c, on=False)  # on only above on_above
+        # off until the prior clears on_above, and then off like a source that switched off: first probe after
+        # probe_every rounds
+        return SourceEstimate(alpha_prior=first, alpha_next=later, c=c, on=False, probe_every=self.probe_every)
 
     def _next_k(self, est: SourceEstimate) -> int:
         """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);
