@@ -1,6 +1,7 @@
 """The closed form the controllers decide with (Leviathan et al. 2023, §3.4, per-position form), apart from
 who decides: the γ controller (controller.py) picks the draft length with it, the thread controller
-(threads.py) turns a verify round's time into time per row with `v_at`.
+(threads.py) turns a verify round's time into time per row with `v_at`, and the bench's predictions
+(bench/theory.py) use its E(γ) with one α for every position.
 
     E(γ) = 1 + Σ_{i=1..γ} Π_{j≤i} α_j          tokens per round (accepted drafts + the target's own)
     T(γ) = γ·c + v(γ)                          round cost in target single-token steps

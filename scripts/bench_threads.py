@@ -41,6 +41,7 @@ from localspec.bench.busy import Hogs, busy
 from localspec.paths import calibration_dir
 from localspec.registry import resolve_model
 from localspec.machine import cpu_count
+from localspec.threads import ThreadControl
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")
 # the environment as the user gave it, for every command this script starts
@@ -183,7 +184,8 @@ def settle(cal_dir: Path, busy: bool, most: int = 4) -> None:
     for _ in range(most):
         localspec_run(["-n", "1", "hi"])
         entries = [json.loads(f.read_text())["calibration"] for f in cal_dir.glob("*.json")]
-        if entries and all(e["complete"] and (busy or (e.get("others") or 0) < 0.5) for e in entries):
+        if entries and all(e["complete"] and (busy or (e.get("others") or 0) < ThreadControl.BUSY_AT)
+                           for e in entries):
             return
 
 

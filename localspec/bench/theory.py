@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from .. import rate
+
 
 def expected_tokens(alpha: float, gamma: int) -> float:
     """E(α, γ): mean tokens per verify round, assuming independent acceptance with rate α."""
@@ -18,9 +20,7 @@ def expected_tokens(alpha: float, gamma: int) -> float:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return rate.expected_tokens([alpha], gamma)  # the per-position form with every α equal
 
 
 def round_cost(gamma: int, c: float, v: float) -> float:
