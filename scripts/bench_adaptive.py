@@ -21,8 +21,9 @@ from typing import Callable
 
 from localspec.backend import LoadOptions, Model
 from localspec.calibration import Calibration, measure_calibration
-from localspec.controller import Adaptive, Controller, FixedK
+from localspec.controller import DEFAULT_K, Adaptive, Controller, FixedK
 from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.loader import EngineSpec, make_controller
 from localspec.registry import resolve_model
 from localspec.session import Engine
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
@@ -49,12 +50,9 @@ def run_once(target: Model, drafter, controller: Controller | None, prompt: list
             "by_source": s.by_source}
 
 
-def adaptive(cal: Calibration, drafter, k_max: int = 8) -> Adaptive:
-    """As `localspec run` builds it (loader.make_controller): the drafter's sources (prompt lookup's match
-    buckets) with their declared priors, seeded by this calibration."""
-    c = {s: 0.0 for s in drafter.sources} | ({"model": cal.costs.c["model"]} if "model" in cal.costs.c else {})
-    return Adaptive(sources=drafter.sources, k_max=k_max, v=cal.v, t1=cal.costs.t1, gammas=cal.costs.timed,
-                    c={s: c[s] for s in drafter.sources if s in c}, prior=drafter.prior)
+def adaptive(cal: Calibration, drafter, k_max: int = 8) -> Controller:
+    """The controller `localspec run` builds (loader.make_controller), over this calibration and up to k_max."""
+    return make_controller(EngineSpec(k_max=k_max, k_max_lookup=k_max), DEFAULT_K, drafter, cal)
 
 
 def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[list[int]], n: int,
