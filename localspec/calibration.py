@@ -169,7 +169,7 @@ def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) 
             "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
             "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(), "openmp": openmp_settings(),
             "ngl": o.n_gpu_layers, "type_k": o.type_k, "type_v": o.type_v, "rpc": list(o.rpc_servers),
-            "n_batch": o.n_batch}
+            "n_batch": o.n_batch, "weights": target.weights}
 
 
 def cache_path(key: Mapping) -> Path:

@@ -82,7 +82,8 @@ def decode_configs(model: str, tokens: int, depth: int, cores: int) -> dict:
     ours = lambda extra=(), env=None: (  # noqa: E731
         lambda: localspec_run([*base, *extra], env)["tokens_per_second"])
     spin = {"GOMP_SPINCOUNT": "3000"}  # a short spin (localspec's default until the CPU meter came)
-    cfgs = {"localspec default": ours(), "localspec default, OMP active": ours(env={"OMP_WAIT_POLICY": "active"}),
+    cfgs = {"localspec default": ours(), "localspec --mmap": ours(["--mmap"]),  # the weights as llama.cpp maps them
+            "localspec default, OMP active": ours(env={"OMP_WAIT_POLICY": "active"}),
             "localspec default, GOMP_SPINCOUNT=3000": ours(env=spin)}
     cfgs |= {f"localspec -t {n}": ours(["-t", str(n)]) for n in range(1, cores + 1)}
     cfgs |= {f"localspec -t {n}, GOMP_SPINCOUNT=3000": ours(["-t", str(n)], spin) for n in range(1, cores + 1)}
@@ -127,7 +128,7 @@ def part_pairs(model: str, tokens: int, depth: int, hogs: list[int], pairs: int)
     default, and per rotation default ÷ each other config; the median of those ratios holds when the machine's
     speed drifts between rotations (the decode table's medians of a few repeats move ±5-10 %)."""
     cfgs = decode_configs(model, tokens, depth, cpu_count())
-    names = ["localspec default", *(n for n in cfgs if n.startswith("localspec -t") and "," not in n)]
+    names = ["localspec default", "localspec --mmap", *(n for n in cfgs if n.startswith("localspec -t") and "," not in n)]
     names += ["llama-bench default"] if "llama-bench default" in cfgs else []
     for h in hogs:
         res: dict[str, list[float]] = {n: [] for n in names}

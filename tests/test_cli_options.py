@@ -136,15 +136,16 @@ def test_offload_options_reach_load_options():
     def load_probe(spec):
         click.echo(json.dumps({"ngl": spec.ngl, "ngl_draft": spec.ngl_draft, **{
             k: getattr(spec.load, k) for k in ("main_gpu", "tensor_split", "flash_attn", "type_k", "type_v",
-                                               "rpc_servers")}}))
+                                               "rpc_servers", "mmap")}}))
 
     assert probe(load_probe, "--ngl", "-1", "--ngl-draft", "0", "--main-gpu", "1", "--tensor-split", "3,1",
                  "--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v", "q4_0",
-                 "--rpc", "10.0.0.2:50052, 10.0.0.3:50052") == {
+                 "--rpc", "10.0.0.2:50052, 10.0.0.3:50052", "--no-mmap") == {
         "ngl": -1, "ngl_draft": 0, "main_gpu": 1, "tensor_split": [3.0, 1.0], "flash_attn": True, "type_k": 8,
-        "type_v": 2, "rpc_servers": ["10.0.0.2:50052", "10.0.0.3:50052"]}
+        "type_v": 2, "rpc_servers": ["10.0.0.2:50052", "10.0.0.3:50052"], "mmap": False}
     d = probe(load_probe)
     assert d["flash_attn"] is None and d["type_k"] is None and d["rpc_servers"] == [] and d["tensor_split"] is None
+    assert d["mmap"] is None and probe(load_probe, "--mmap")["mmap"] is True
     for bad in ("a,b", "0,0", "nan,1"):
         assert CliRunner().invoke(load_probe, ["--tensor-split", bad]).exit_code == 2
 

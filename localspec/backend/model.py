@@ -30,7 +30,8 @@ from llama_cpp import _internals
 
 from ..errors import ContextOverflow, ModelLoadError
 from ..machine import cpu_count
-from .ggml import _devices_param, _init_backend, add_rpc_servers
+from .ggml import _devices_param, _init_backend, add_rpc_servers, supports_gpu_offload
+from .memory import huge_page_advisor, read_into_huge_pages
 
 _GGUF_MAGIC = b"GGUF"
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class LoadOptions:
     type_v: int | None = None
     verbose: bool = False
     rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml-rpc-server processes (needs a GGML_RPC=on build)
+    mmap: bool | None = None  # True: map the file (llama.cpp's way); False: read it in; None: memory.py decides
 
     def local(self) -> "LoadOptions":
         """These options without the RPC servers, for a drafter: it runs γ times a round, so a network hop per
@@ -131,6 +133,19 @@ def _new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) ->
         raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
 
 
+def _weights_placement(mparams: llama_cpp.llama_model_params, p: Path, options: LoadOptions):
+    """Read the weights into huge-page memory where memory.py says it pays (returns the load-progress callback
+    that marks the buffers, to keep alive), else set llama.cpp's mmap as asked (returns None)."""
+    on_cpu = options.n_gpu_layers == 0 or not supports_gpu_offload()
+    if read_into_huge_pages(p.stat().st_size, on_cpu, options.mmap):
+        mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        mparams.progress_callback = advisor = huge_page_advisor()
+        return advisor
+    if options.mmap:
+        mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
+    return None
+
+
 def _address_of(name: str) -> Callable[..., int]:
     """A private binding of a llama.cpp getter that returns a pointer as a plain int: the package's own binding
     returns a ctypes pointer object that must then be cast, two objects per call on the per-token path. A new
@@ -154,6 +169,7 @@ class Model:
     _batch: ctypes.Structure = field(repr=False)
     tokens: list[int] = field(default_factory=list)
     offload_devices: tuple[str, ...] = ()  # ggml devices its offloaded layers may use (RPC first); () = CPU
+    weights: str = "mmap"  # where the weights were loaded: "mmap" (llama.cpp's choice) or "read" (memory.py)
     _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
     _views: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # see _logits_view
     _eog: dict[int, bool] = field(default_factory=dict, repr=False)
@@ -177,6 +193,7 @@ class Model:
         if options.tensor_split:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
+        advisor = _weights_placement(mparams, p, options)
         try:
             model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
         except ValueError:
@@ -188,8 +205,8 @@ class Model:
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch,
-                offload_devices=dev_names if options.n_gpu_layers else ())
-        m._keep = (split, devs)  # the C side holds pointers to them
+                offload_devices=dev_names if options.n_gpu_layers else (), weights="read" if advisor else "mmap")
+        m._keep = (split, devs, advisor)  # the C side holds pointers to them
         # asked every round and fixed per context: read once (a ctypes call costs ~10x its warm time after a decode)
         m._n_vocab, m._n_ctx = model.n_vocab(), ctx.n_ctx()
         return m

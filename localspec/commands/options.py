@@ -98,6 +98,9 @@ _ENGINE = [
     click.option("--tensor-split", metavar="P0,P1,..", help="Split layers over GPUs (and RPC devices) in these "
                  "proportions, e.g. 3,1."),
     click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", help="Flash attention."),
+    click.option("--mmap/--no-mmap", "mmap", default=None, help="Map the model file (llama.cpp's default: loads "
+                 "faster, decodes a few % slower) or read it into memory backed by huge pages (default on Linux "
+                 "for a model on the CPU that is small next to free memory)."),
     click.option("--cache-type-k", type=click.Choice(_CACHE_TYPES), help="KV cache type for K (default f16)."),
     click.option("--cache-type-v", type=click.Choice(_CACHE_TYPES), help="KV cache type for V (default f16; "
                  "quantized V needs --flash-attn on)."),
@@ -142,7 +145,8 @@ def _load_options(v: dict):
     rpc = tuple(x.strip() for x in (v["rpc"] or "").split(",") if x.strip())
     return LoadOptions(main_gpu=v["main_gpu"] or 0, tensor_split=_tensor_split(v["tensor_split"]),
                        flash_attn={"on": True, "off": False}.get(v["flash_attn"] or "auto"),
-                       type_k=ggml_type(v["cache_type_k"]), type_v=ggml_type(v["cache_type_v"]), rpc_servers=rpc)
+                       type_k=ggml_type(v["cache_type_k"]), type_v=ggml_type(v["cache_type_v"]), rpc_servers=rpc,
+                       mmap=v["mmap"])
 
 
 def pair_models(name: str):

@@ -1,0 +1,57 @@
+"""Where the weights live (backend/memory.py): the decision, the real load into huge pages, and that it changes
+nothing the model computes."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from localspec.backend import LoadOptions, Model
+from localspec.backend.memory import huge_page_bytes, huge_pages_offered, read_into_huge_pages
+
+GIB = 1 << 30
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+
+
+def test_the_user_choice_wins():
+    assert read_into_huge_pages(100 * GIB, on_cpu=False, mmap=False, offered=False, available=0)
+    assert not read_into_huge_pages(1, on_cpu=True, mmap=True, offered=True, available=GIB)
+
+
+@linux
+def test_read_only_on_the_cpu_with_huge_pages_offered_and_memory_to_spare():
+    assert read_into_huge_pages(GIB // 8, on_cpu=True, mmap=None, offered=True, available=GIB)
+    assert not read_into_huge_pages(GIB // 8, on_cpu=False, mmap=None, offered=True, available=GIB)  # offloaded
+    assert not read_into_huge_pages(GIB // 8, on_cpu=True, mmap=None, offered=False, available=GIB)  # THP never
+    assert not read_into_huge_pages(GIB // 2, on_cpu=True, mmap=None, offered=True, available=GIB)  # too large
+    assert not read_into_huge_pages(GIB // 8, on_cpu=True, mmap=None, offered=True, available=None)  # unknown
+
+
+@linux
+def test_default_load_puts_the_weights_in_huge_pages(smollm2_path):
+    if not huge_pages_offered():
+        pytest.skip("this kernel's transparent huge pages are off")
+    before = huge_page_bytes()
+    m = Model.load(smollm2_path, LoadOptions(n_ctx=256))
+    try:
+        assert m.weights == "read"
+        assert huge_page_bytes() - before >= smollm2_path.stat().st_size // 2  # weights are ~all of the file
+    finally:
+        m.close()
+    m = Model.load(smollm2_path, LoadOptions(n_ctx=256, mmap=True))
+    assert m.weights == "mmap"
+    m.close()
+
+
+def test_mapped_and_read_weights_give_the_same_logits(smollm2_path):
+    rows = []
+    for mmap in (True, False):
+        m = Model.load(smollm2_path, LoadOptions(n_ctx=256, mmap=mmap))
+        try:
+            toks = m.tokenize("The quick brown fox", add_special=True, parse_special=False)
+            rows.append(np.array(m.decode(toks, 2)))
+        finally:
+            m.close()
+    assert np.array_equal(rows[0], rows[1])
