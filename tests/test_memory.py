@@ -33,16 +33,30 @@ def test_read_only_on_the_cpu_with_huge_pages_offered_and_memory_to_spare():
 def test_default_load_puts_the_weights_in_huge_pages(smollm2_path):
     if not huge_pages_offered():
         pytest.skip("this kernel's transparent huge pages are off")
-    before = huge_page_bytes()
+    before, fallbacks = huge_page_bytes(), _thp_fallbacks()
     m = Model.load(smollm2_path, LoadOptions(n_ctx=256))
     try:
         assert m.weights == "read"
-        assert huge_page_bytes() - before >= smollm2_path.stat().st_size // 2  # weights are ~all of the file
+        gained = huge_page_bytes() - before
+        if gained == 0 and _thp_fallbacks() > fallbacks:
+            pytest.skip("the kernel had no free 2 MiB pages for this load (fragmented memory)")
+        assert gained >= smollm2_path.stat().st_size // 2  # the weights are ~all of the file
     finally:
         m.close()
     m = Model.load(smollm2_path, LoadOptions(n_ctx=256, mmap=True))
     assert m.weights == "mmap"
     m.close()
+
+
+def _thp_fallbacks() -> int:
+    """Huge-page faults the kernel served with 4 KiB pages instead (machine-wide)."""
+    try:
+        for line in open("/proc/vmstat"):
+            if line.startswith("thp_fault_fallback "):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def test_mapped_and_read_weights_give_the_same_logits(smollm2_path):
