@@ -83,10 +83,12 @@ def _anonymous_regions() -> dict[int, int]:
     return out
 
 
-def huge_page_advisor() -> Callable[[float, ctypes.c_void_p], bool]:
+def huge_page_advisor() -> Callable[[float, ctypes.c_void_p], bool] | None:
     """A load-progress callback (llama_model_params.progress_callback) that, on its first call, marks every
-    anonymous mapping made since this function was called MADV_HUGEPAGE. Keep the returned object alive for the
-    whole load (llama.cpp holds a raw pointer to it)."""
+    anonymous mapping made since this function was called MADV_HUGEPAGE; None off Linux. Keep the returned
+    object alive for the whole load (llama.cpp holds a raw pointer to it)."""
+    if not sys.platform.startswith("linux"):
+        return None
     import llama_cpp
 
     before = _anonymous_regions()

@@ -135,15 +135,18 @@ def _new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) ->
 
 def _weights_placement(mparams: llama_cpp.llama_model_params, p: Path, options: LoadOptions):
     """Read the weights into huge-page memory where memory.py says it pays (returns the load-progress callback
-    that marks the buffers, to keep alive), else set llama.cpp's mmap as asked (returns None)."""
+    that marks the buffers, to keep alive, or True where there is none), else set llama.cpp's mmap as asked
+    (returns None)."""
     on_cpu = options.n_gpu_layers == 0 or not supports_gpu_offload()
-    if read_into_huge_pages(p.stat().st_size, on_cpu, options.mmap):
-        mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
-        mparams.progress_callback = advisor = huge_page_advisor()
-        return advisor
-    if options.mmap:
-        mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
-    return None
+    if not read_into_huge_pages(p.stat().st_size, on_cpu, options.mmap):
+        if options.mmap:
+            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
+        return None
+    mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+    advisor = huge_page_advisor()  # None off Linux: read, in the pages the OS gives
+    if advisor is not None:
+        mparams.progress_callback = advisor
+    return advisor or True
 
 
 def _address_of(name: str) -> Callable[..., int]:
