@@ -11,7 +11,7 @@ in docs/bench/threads.md): SmolLM2-135M Q4_1 +2-7 %, Gemma-3-270M Q4_K_M +2-7 % 
 output layer, is the largest tensor and stays in the file mapping under mmap even though llama.cpp repacks the
 other weights into its own buffers). Reading instead of mapping costs load time: the file is read (page cache:
 ~0.1 s per 250 MB) and, on a VM whose host takes back freed guest memory, every fresh 2 MiB page is a host
-fault (~2 ms each here: +0.2 s for SmolLM2, +0.5 s for Gemma); on a desktop it is the read alone.
+fault (~2 ms each here: +0.02-0.2 s a load for SmolLM2, +0.5 s for Gemma); on a desktop it is the read alone.
 
 So where the weights run on the CPU, the kernel offers huge pages and the file is small next to the memory
 available (a quarter, so a page-cache copy and the model fit twice over), localspec asks llama.cpp to read
@@ -109,7 +109,7 @@ def huge_page_advisor() -> Callable[[float, ctypes.c_void_p], bool] | None:
 
 
 def huge_page_bytes() -> int:
-    """Anonymous memory of this process that huge pages back now (for tests and `--verbose`)."""
+    """Anonymous memory of this process that huge pages back now (tests read it)."""
     try:
         for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
             if line.startswith("AnonHugePages:"):
