@@ -44,14 +44,19 @@ def huge_pages_offered() -> bool:
     return "[always]" in mode or "[madvise]" in mode
 
 
-def available_bytes() -> int | None:
+def _kib_field(path: Path, name: str) -> int | None:
+    """Bytes of a `Name:   N kB` line of a /proc file (meminfo, smaps_rollup), None without it."""
     try:
-        for line in MEMINFO.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in path.read_text().splitlines():
+            if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def available_bytes() -> int | None:
+    return _kib_field(MEMINFO, "MemAvailable")
 
 
 def read_into_huge_pages(file_bytes: int, on_cpu: bool, mmap: bool | None, *, offered: bool | None = None,
@@ -110,10 +115,4 @@ def huge_page_advisor() -> Callable[[float, ctypes.c_void_p], bool] | None:
 
 def huge_page_bytes() -> int:
     """Anonymous memory of this process that huge pages back now (tests read it)."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _kib_field(Path("/proc/self/smaps_rollup"), "AnonHugePages") or 0

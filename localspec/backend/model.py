@@ -133,20 +133,19 @@ def _new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) ->
         raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
 
 
-def _weights_placement(mparams: llama_cpp.llama_model_params, p: Path, options: LoadOptions):
-    """Read the weights into huge-page memory where memory.py says it pays (returns the load-progress callback
-    that marks the buffers, to keep alive, or True where there is none), else set llama.cpp's mmap as asked
-    (returns None)."""
+def _weights_placement(mparams: llama_cpp.llama_model_params, p: Path, options: LoadOptions) -> tuple[str, Any]:
+    """("read", the load-progress callback that marks the buffers, to keep alive; None off Linux) where memory.py
+    says reading into huge pages pays, else ("mmap", None) with llama.cpp's mmap as asked."""
     on_cpu = options.n_gpu_layers == 0 or not supports_gpu_offload()
     if not read_into_huge_pages(p.stat().st_size, on_cpu, options.mmap):
         if options.mmap:
             mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
-        return None
+        return "mmap", None
     mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
-    advisor = huge_page_advisor()  # None off Linux: read, in the pages the OS gives
+    advisor = huge_page_advisor()
     if advisor is not None:
         mparams.progress_callback = advisor
-    return advisor or True
+    return "read", advisor
 
 
 def _address_of(name: str) -> Callable[..., int]:
@@ -196,7 +195,7 @@ class Model:
         if options.tensor_split:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
-        advisor = _weights_placement(mparams, p, options)
+        weights, advisor = _weights_placement(mparams, p, options)
         try:
             model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
         except ValueError:
@@ -208,7 +207,7 @@ class Model:
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch,
-                offload_devices=dev_names if options.n_gpu_layers else (), weights="read" if advisor else "mmap")
+                offload_devices=dev_names if options.n_gpu_layers else (), weights=weights)
         m._keep = (split, devs, advisor)  # the C side holds pointers to them
         # asked every round and fixed per context: read once (a ctypes call costs ~10x its warm time after a decode)
         m._n_vocab, m._n_ctx = model.n_vocab(), ctx.n_ctx()
