@@ -185,14 +185,18 @@ class Adaptive:
         self.alpha_prior = alpha_prior
         self._round_k: dict[str, int] = {}
         self.calibration: object | None = None  # the load-time Calibration, for reports
-        # t1: recent seconds of a plain round (fast EMA: follows the machine's load); vr[d]: decayed mean of
-        # t_verify(d) / t1 measured against the t1 of the moment, so a busier machine does not skew the ratio
+        # t1: recent seconds of a plain round (fast EMA: follows the machine's load). v(d) = v_scale · vr[d]:
+        # vr[d] is the calibrated curve refined per d (decayed mean of t_verify(d) / t1, against the t1 of the
+        # moment, so a busier machine does not skew the ratio), v_scale what every round says of the whole
+        # curve (`_learn_v`)
         self.t1 = t1 or 1e-3
         self.t1_weight = 0.3
         self.explore_every = explore_every
         self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
         seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
         self.vr: list[float] = [v_at(seed, d) for d in range(k_max + 1)]
+        self.v_scale = self._decided_scale = 1.0  # ... and the factor every source was last decided at
+        self._v = self._curve()
         c = dict(c or {})
         self.prior = dict(prior or {})  # source -> (α first, α later) a drafter declared (`Drafter.prior`)
         self.src: dict[str, SourceEstimate] = {
@@ -218,15 +222,40 @@ class Adaptive:
         if d == 0:
             self.t1 = (1 - self.t1_weight) * self.t1 + self.t1_weight * step.t_verify
             return
-        if d <= self.k_max:  # one noisy round moves v(d) by at most a factor of 2; γ+1 rows never cost < 1
-            r = min(max(step.t_verify / self.t1, 1.0), 2 * self.vr[d])
-            self.vr[d] = (1 - self.w) * self.vr[d] + self.w * r
+        moved = self._learn_v(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         c_obs = (step.t_draft / d) / self.t1
         # one round may carry a one-off cost (a model drafter catching up on a whole new prompt):
         # a single observation moves c by at most a factor of 2 (+0.1 so a 0 seed can grow)
         est.c = (1 - self.w) * est.c + self.w * min(c_obs, 2 * est.c + 0.1)
-        self._decide(step.source or "draft")
+        for source in self.src if moved else (step.source or "draft",):
+            self._decide(source)
+
+    SCALE_WEIGHT = 0.25  # how far one round moves the whole v curve towards it (in log terms)
+    SCALE_STEP = 1.5  # ... at most this factor a round before the weight: a one-off stall moves it ≤ 11 %
+    SCALE_REDECIDE = 0.02  # a change of the curve this large re-decides every source, not only the one observed
+
+    def _learn_v(self, d: int, r: float) -> bool:
+        """Learn from a verify round of d drafts that cost r plain rounds. The calibration is one moment's
+        measurement at one depth: taken while something else ran, it is off at every γ alike (measured: a
+        cached Gemma-3-270M curve timed 15-25 % low, its t1 at 14 ms against 9.5-10, and the controller
+        drafted mid-length matches that did not pay; rag prompts 0.99-1.03x plain against 1.05-1.10x with a
+        fresh one). So every round moves a shared factor (v_scale) and, slowly, its own γ's point; True when
+        the curve moved enough that every source's decision is due again."""
+        r = min(max(r, 1.0), 2 * self._v[d])  # one noisy round moves v(d) by at most a factor of 2; never < 1 row
+        f = min(max(r / self._v[d], 1 / self.SCALE_STEP), self.SCALE_STEP)
+        self.v_scale = min(max(self.v_scale * f ** self.SCALE_WEIGHT, 0.5), 2.0)
+        self.vr[d] = (1 - self.w) * self.vr[d] + self.w * r / self.v_scale
+        self._v = self._curve()
+        if abs(self.v_scale / self._decided_scale - 1) <= self.SCALE_REDECIDE:
+            return False
+        self._decided_scale = self.v_scale
+        return True
+
+    def _curve(self) -> tuple[float, ...]:
+        """v(0..k_max) with v(0) = 1, no γ cheaper than one row. Not made monotone: a batch that fills a kernel
+        tile costs less than one row fewer (costs.timed_gammas)."""
+        return (1.0, *(max(1.0, self.v_scale * x) for x in self.vr[1:]))
 
     def _learn_alpha(self, step: "Step", decide: bool = True) -> SourceEstimate:
         name = step.source or "draft"
@@ -288,7 +317,7 @@ class Adaptive:
         k = self.probe_k or max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))
         # a failed probe costs v(γ) - 1 + γc target steps: wait long enough that probing costs at most
         # PROBE_SHARE of the time (on a 2-core CPU, v(1) ≈ 2.3: a probe of SmolLM2-135M waits ~90 rounds)
-        wait = max(est.probe_every, (v_at(self.vr, k) - 1 + k * est.c) / PROBE_SHARE)
+        wait = max(est.probe_every, (v_at(self._v, k) - 1 + k * est.c) / PROBE_SHARE)
         if est.since_probe >= wait or est.probe_due:
             # due until the source actually drafts: a bucketed source (lookup by match length) is asked only
             # in rounds whose match falls in it, and a round it did not draft teaches nothing
@@ -301,10 +330,9 @@ class Adaptive:
         return min((g for g in self.gammas if g > k), default=k) if self.gammas else k + 1
 
     @property
-    def v(self) -> list[float]:
-        """v(0..k_max) with v(0) = 1. Not made monotone: a batch that fills a kernel tile costs less than one
-        row fewer (costs.timed_gammas)."""
-        return [1.0, *self.vr[1:]]
+    def v(self) -> tuple[float, ...]:
+        """v(0..k_max) as the controller now believes it (`_curve`)."""
+        return self._v
 
     def _decide(self, source: str) -> None:
         est = self.src[source]

@@ -28,10 +28,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import (CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS,
-                                     TEST_REQUESTS)
+                                     NEW_CHAT_TURNS, TEST_REQUESTS)
 from localspec.drafters import PromptLookup
 from localspec.loader import EngineSpec, load_calibration, make_controller
 from localspec.errors import LocalspecError
@@ -148,15 +149,37 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
     return out
 
 
-def sequences() -> dict[str, list[str]]:
-    """The request sequences: a chat (each turn sees the history), editor edits of one file, tests for it, and
-    editor edits each sent twice (the user rejects a completion and asks again, or the plugin sends the request
-    again after the cursor moved): the one where the earlier answer is in no prompt, only in the cache."""
+NEW_CHAT = None  # in a chat sequence: the user starts a new chat (the history goes; the engine and its cache stay)
+
+
+def sequences() -> dict[str, list[str | None]]:
+    """The request sequences: a chat (each turn sees the history, so every earlier answer is in the prompt), the
+    same document in a new chat after two turns (the first chat's answers are in no prompt, only in the cache),
+    editor edits of one file, tests for it, and editor edits each sent twice (the user rejects a completion and
+    asks again, or the plugin sends the request again after the cursor moved)."""
     def file(r: str) -> str:
         return f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}"
-    return {"chat": CHAT_TURNS, "editor": [file(r) for r in EDITOR_REQUESTS],
-            "tests": [file(r) for r in TEST_REQUESTS],
+    return {"chat": CHAT_TURNS, "chat, then a new chat": [*CHAT_TURNS[:2], NEW_CHAT, *NEW_CHAT_TURNS],
+            "editor": [file(r) for r in EDITOR_REQUESTS], "tests": [file(r) for r in TEST_REQUESTS],
             "editor, asked twice": [file(r) for r in EDITOR_REQUESTS for _ in range(2)]}
+
+
+def converse(seq: str, turns: list[str | None], ask: Callable[[list[dict]], str], limit: int) -> None:
+    """Send a sequence's first `limit` requests in order, `ask(messages) -> answer text`; a chat keeps its
+    history (answers included) until `NEW_CHAT`."""
+    history: list[dict] = []
+    sent = 0
+    for turn in turns:
+        if sent == limit:
+            return
+        if turn is NEW_CHAT:
+            history = []
+            continue
+        msgs = history + [{"role": "user", "content": turn}]
+        answer = ask(msgs)
+        sent += 1
+        if seq.startswith("chat"):
+            history = msgs + [{"role": "assistant", "content": answer}]
 
 
 def run_sequences(b: Bench, a) -> list[Result]:
@@ -167,14 +190,13 @@ def run_sequences(b: Bench, a) -> list[Result]:
         for seq, turns in sequences().items():
             for config in ("plain", "lookup, prompt only", "lookup + cache"):
                 engine = b.plain if config == "plain" else b.lookup(SuffixCache() if "cache" in config else None)
-                history: list[dict] = []
-                for turn in turns[:a.turns]:
-                    msgs = history + [{"role": "user", "content": turn}]
+
+                def ask(msgs: list[dict]) -> str:
                     b.fresh()
                     r, answer = ours_text(engine, b.render(msgs)[0], a.max_tokens, spec=config != "plain")
                     out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r))
-                    if seq == "chat":
-                        history = msgs + [{"role": "assistant", "content": answer}]
+                    return answer
+                converse(seq, turns, ask, a.turns)
     return out
 
 

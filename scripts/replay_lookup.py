@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from localspec.bench.samples import LOOKUP_TASKS
 from localspec.controller import Adaptive
 from localspec.rate import v_at
 from localspec.drafters import PromptLookup
@@ -35,11 +36,12 @@ from localspec.speculative import Step
 from localspec.suffix import SuffixCache
 
 GREEDY = SamplingParams()
+SINGLE = {*LOOKUP_TASKS, "prose"}  # tasks of one request a prompt; the other recorded tasks are request sequences
 
 
 def record(path: str, models: list[str], max_tokens: int, threads: int, only: list[str]) -> None:
-    from compare_lookup import Bench, default_models, sequences  # noqa: the same prompts and rendering as the real benchmark
-    from localspec.bench.samples import LOOKUP_PROSE, LOOKUP_TASKS
+    from compare_lookup import Bench, converse, default_models, sequences  # noqa: the same prompts and rendering
+    from localspec.bench.samples import LOOKUP_PROSE
     from localspec.speculative import generate
 
     a = argparse.Namespace(ctx=4096, threads=threads)
@@ -48,25 +50,20 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
         b = Bench(m, a)
         cal_v, timed = list(b.ctl0.v), sorted(b.ctl0.gammas or ())
         runs = []
+        def ask(task: str, msgs: list[dict]) -> str:
+            toks, _ = b.render(msgs)
+            b.fresh()
+            answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
+            runs.append({"task": task, "prompt": toks, "answer": answer})
+            print(f"{b.name} {task}: {len(answer)} tokens", file=sys.stderr)
+            return b.target.detokenize(answer)
+
         for task, prompts in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items():
             for p in prompts if not only or task in only else []:
-                toks, _ = b.render([{"role": "user", "content": p}])
-                b.fresh()
-                answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
-                runs.append({"task": task, "prompt": toks, "answer": answer})
-                print(f"{b.name} {task}: {len(answer)} tokens", file=sys.stderr)
+                ask(task, [{"role": "user", "content": p}])
         for seq, turns in sequences().items():
-            if only and seq not in only:
-                continue
-            history: list[dict] = []
-            for turn in turns:
-                msgs = history + [{"role": "user", "content": turn}]
-                toks, _ = b.render(msgs)
-                b.fresh()
-                answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
-                runs.append({"task": seq, "prompt": toks, "answer": answer})
-                if seq == "chat":
-                    history = msgs + [{"role": "assistant", "content": b.target.detokenize(answer)}]
+            if not only or seq in only:
+                converse(seq, turns, lambda msgs: ask(seq, msgs), len(turns))
         out.append({"model": b.name, "v": cal_v, "timed": timed, "runs": runs})
         b.target.close()
     Path(path).write_text(json.dumps(out))
@@ -175,7 +172,6 @@ RULES: dict[str, Callable[[Sequence[float], Sequence[int]], object]] = {  # (v, 
 }
 
 
-SEQUENCES = ("chat", "editor", "tests", "editor, asked twice")  # recorded request after request: replayed in order through one drafter
 
 
 def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -> dict:
@@ -214,7 +210,7 @@ def replay(path: str, rules: list[str]) -> None:
             by_task[r["task"]].append(r)
         for task, runs in by_task.items():
             for name in rules:
-                if task in SEQUENCES:  # one drafter and controller across the requests, as a session keeps them
+                if task not in SINGLE:  # a sequence: one drafter and controller across its requests, as a session keeps them
                     rule = RULES[name](v, timed)
                     res = [replay_one(rule, r["prompt"], r["answer"], v) for r in runs]
                     sp = sum(x["tokens"] for x in res) / sum(x["tokens"] / x["speedup"] for x in res)

@@ -223,6 +223,31 @@ def test_online_v_refines_from_verify_times():
     assert math.isclose(ctl.v[3], 3.0, rel_tol=0.01)
 
 
+def test_a_curve_timed_low_is_corrected_at_every_length_by_any_round():
+    """A calibration taken while something else ran is low at every γ alike. Rounds of one source at one length
+    correct the whole curve, and a source that pays only under the low curve switches off without a round."""
+    true_v = [1.0, 2.2, *(1.0 + 0.7 * d for d in range(2, 16))]
+    low = [1.0, *(max(1.0, 0.75 * x) for x in true_v[1:])]
+    ctl = Adaptive(sources=("lookup:long", "lookup:mid"), k_max=15, v=low, t1=0.01,
+                   c={"lookup:long": 0.0, "lookup:mid": 0.0},
+                   prior={"lookup:long": (0.97, 0.97), "lookup:mid": (0.7, 0.85)})
+    assert ctl.src["lookup:mid"].on  # 1.27x by the low curve (0.96x by the true one)
+    for _ in range(12):
+        k = ctl.choose_k()
+        assert ctl.k_for("lookup:long") == k > 0
+        ctl.observe(step(0, 0, t_verify=0.01))
+        ctl.observe(step(k, k, source="lookup:long", t_verify=0.01 * true_v[k]))
+    assert not ctl.src["lookup:mid"].on and ctl.src["lookup:mid"].rounds == 0
+    assert math.isclose(ctl.v[2], true_v[2], rel_tol=0.1) and math.isclose(ctl.v[9], true_v[9], rel_tol=0.1)
+
+
+def test_one_stalled_round_moves_the_curve_a_little():
+    ctl = Adaptive(sources=("lookup",), k_max=8, v=CPU_V, t1=0.005, c={"lookup": 0.0})
+    ctl.observe(step(4, 4, t_verify=50 * CPU_V[4] * 0.005))  # the machine stalled for one round
+    assert all(x <= 1.11 * y for d, (x, y) in enumerate(zip(ctl.v, CPU_V)) if d != 4)  # the shared factor
+    assert ctl.v[4] <= 1.25 * CPU_V[4]  # ... and its own point: clipped at twice, then a tenth of the way
+
+
 def test_drafts_only_timed_lengths_and_finds_the_tile_dips():
     """Calibration times v at every γ to 8, then where γ + 1 rows fill a kernel tile (costs.timed_gammas); v in
     between is interpolated and not to be trusted. Gemma-3-270M's measured v: 32 rows cost less than 31 or 33."""

@@ -98,6 +98,10 @@ CHAT_TURNS = [f"Here is a notice from my swimming pool:\n\n{_NOTICE}\n\nSummaris
               "Which facilities stay open, and when exactly?",
               "Write a short email to a friend telling them about the closure, quoting the dates.",
               "Now list every change the notice mentions, word for word."]
+# the same document in a new chat (ctrl+n in the chat app, a new conversation in a client): the first chat's
+# answers are in no prompt of the second, only in the engine's cross-request cache
+NEW_CHAT_TURNS = [f"My swimming pool sent this notice:\n\n{_NOTICE}\n\nWhat does it say? Three sentences, please.",
+                  "When are the sauna and the gym open?"]
 EDITOR_FILE = _CODE_INVOICE
 # tests for one file, request after request: each answer repeats the previous answers' scaffolding (imports, test
 # data), which no prompt holds: where the cross-request cache has something to give
