@@ -13,9 +13,11 @@ machine that took 24–30 s per start, so:
 - a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
 - an entry remembers how busy the machine was while it measured (`others`: cores other programs used, from
   the CPU meter). Step times per thread count measured on a busy machine say "1 thread" and would keep an
-  idle machine at half speed, so a quiet start measures them again; a busier start keeps the entry (the thread
-  controller drops to the free cores at its first meter reading). Anything else stale is corrected online by
-  the controllers, which start from these priors and follow what the rounds measure.
+  idle machine at half speed, and v(γ) was timed at that start's thread count (a busy start's free cores:
+  Gemma-3-270M's v(7) is 7.0 at 1 thread against 4.0 at 2, and 13-21 when pinned to 2 threads beside a busy
+  neighbour), so a quiet start measures both again; a busier start keeps the entry (the thread controller
+  drops to the free cores at its first meter reading). Anything else stale is corrected online by the
+  controllers, which start from these priors and follow what the rounds measure.
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
     old = read_cached(key) if key else None
     now = others() if others else None
     if old is not None and old.measured_busier(now):
-        old = replace(old, threads={}, complete=False)  # keep v(γ), c and flash attention; time threads again
+        old = replace(old, costs=None, threads={}, complete=False)  # keep flash attention; time the rest again
     if old is not None and old.flash_attn is not None and user_fa is None and target.n_past == 0:
         target.set_flash_attn(old.flash_attn)
     if old is not None and old.complete:

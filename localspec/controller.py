@@ -6,7 +6,9 @@ maximises expected tokens per unit of target time, rate(γ) = E(γ) / (γ·c + v
 
 α_j is the acceptance at draft position j given positions < j were accepted (Beta counts with decay, so
 it follows a change of content); c is drafter time per drafted token ÷ target single-token time; v(γ)
-is target time for γ+1 rows ÷ one row (calibrated at load, refined from `Step.t_verify`).
+is target time for γ+1 rows ÷ one row (calibrated at load, refined from `Step.t_verify`: every round moves a
+factor shared by the whole curve and, slowly, its own γ's point, so a calibration timed on a busy moment is
+corrected at every γ within a few rounds).
 Estimates are kept per draft source ("lookup", "model"), so a hybrid drafter can keep the free lookup
 on while the model drafter is off; each source's cost c starts from what its drafter declares
 (`Drafter.cost`: 0 for a free one, None = measured at load) and is refined online; its acceptance starts

@@ -93,7 +93,7 @@ def check_context(path, name: str, n_ctx: int, load: LoadOptions) -> None:
 
 def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
     """Resolve, check, load and calibrate: the Engine a front end generates from."""
-    meter = CpuMeter() if not spec.threads else None  # reads the machine while the models load
+    meter = CpuMeter()  # reads the machine while the models load: how busy calibration found it
     target_ref = resolve_model(spec.model, log=log)
     if spec.load.rpc_servers:  # a dead or wrong address is one line before any model loads
         add_rpc_servers(spec.load.rpc_servers)

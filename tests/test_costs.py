@@ -139,15 +139,17 @@ def test_a_hard_deadline_drops_the_measurement_and_restores_settings(target):
 
 def test_thread_times_measured_on_a_busy_machine_are_measured_again_on_a_quiet_one(target, cache, monkeypatch):
     """An entry cached while a build ran (two cores busy) says "1 thread" and would keep an idle machine at half
-    speed: a quiet start times the threads again, keeping v(γ); a busier start keeps a quiet entry."""
+    speed, and its v(γ) was timed at 1 thread: a quiet start times both again; a busier start keeps a quiet
+    entry."""
     busy = calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 2.0)
     assert busy.others == 2.0 and Calibration.from_dict(busy.to_dict()).others == 2.0
-    seen = []
-    real = cal_mod.thread_times
+    seen, timed_v = [], []
+    real, real_measure = cal_mod.thread_times, cal_mod.measure
     monkeypatch.setattr(cal_mod, "thread_times", lambda m, c, t, **k: seen.append(len(t)) or real(m, c, t, **k))
+    monkeypatch.setattr(cal_mod, "measure", lambda *a, **k: timed_v.append(1) or real_measure(*a, **k))
     quiet = calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 0.0)
     assert not quiet.cached and quiet.complete and quiet.others == 0.0 and len(seen) == 2  # target and prompt
-    assert quiet.v == pytest.approx(busy.v)  # v(γ) kept: a ratio measured in one moment
+    assert timed_v == [1] and quiet.costs is not None
     monkeypatch.setattr(cal_mod, "measure_calibration", lambda *a, **k: pytest.fail("measured again"))
     assert calibrate(target, k_max=2, budget_s=60.0, cores=2, others=lambda: 2.0).cached
 
