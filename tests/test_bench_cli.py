@@ -116,7 +116,9 @@ def test_ctrl_c_writes_a_partial_report_of_the_finished_runs(smollm2_path, tmp_p
     p = subprocess.Popen(cmd + ["bench", "--quick", "--model", str(smollm2_path), "--tasks", "edit,prose", "-k", "2",
                                 "--max-tokens", "8", "--ctx", "1024", "--json", str(tmp_path / "p.json"),
                                 "--markdown", str(tmp_path / "p.md")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a suite started in the background (`.ci/run &`) ignores SIGINT, and so would the child
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in p.stderr:  # stderr is not a terminal: one line as each run starts
         if line.startswith("bench: run 3/"):
             p.send_signal(signal.SIGINT)
