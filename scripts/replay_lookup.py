@@ -50,6 +50,7 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
         b = Bench(m, a)
         cal_v, timed = list(b.ctl0.v), sorted(b.ctl0.gammas or ())
         runs = []
+
         def ask(task: str, msgs: list[dict]) -> str:
             toks, _ = b.render(msgs)
             b.fresh()
@@ -210,7 +211,7 @@ def replay(path: str, rules: list[str]) -> None:
             by_task[r["task"]].append(r)
         for task, runs in by_task.items():
             for name in rules:
-                if task not in SINGLE:  # a sequence: one drafter and controller across its requests, as a session keeps them
+                if task not in SINGLE:  # a sequence: one drafter and controller across it, as a session keeps them
                     rule = RULES[name](v, timed)
                     res = [replay_one(rule, r["prompt"], r["answer"], v) for r in runs]
                     sp = sum(x["tokens"] for x in res) / sum(x["tokens"] / x["speedup"] for x in res)
