@@ -3,9 +3,9 @@
 For each model and copy-heavy task (RAG, JSON extraction, a code rename, a rewrite of given text) and open prose,
 runs per prompt, in turn: plain decoding (localspec, no drafter), localspec's default lookup (adaptive, match
 buckets, as `localspec run --lookup` builds it; a fresh controller and index per prompt), and
-`llama-speculative-simple --spec-type T` for each llama.cpp n-gram drafter T. Then the cross-request cache: a
-multi-turn chat, editor requests over one file and requests for tests of it, prompt-only lookup against lookup with
-the cache.
+`llama-speculative-simple --spec-type T` for each llama.cpp n-gram drafter T. Then the cross-request cache:
+multi-turn chats, editor requests over one file and requests for tests of it, code completions accepted a line at
+a time, prompt-only lookup against lookup with the cache (a table of each sequence as a whole, request by request).
 Reports tok/s (decoding, prefill excluded), acceptance and drafted tokens side by side (not a test).
 
     python scripts/compare_lookup.py --threads 2 --max-tokens 128 --reps 3 --markdown docs/bench/lookup.md
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import re
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Callable
 
 from localspec.backend import LoadOptions, Model
-from localspec.bench.samples import (CHAT_TURNS, EDITOR_FILE, EDITOR_REQUESTS, LOOKUP_PROSE, LOOKUP_TASKS,
-                                     NEW_CHAT_TURNS, TEST_REQUESTS)
+from localspec.bench.samples import (CHAT_TURNS, COMPLETION_PREFIX, EDITED_TURN, EDITOR_FILE, EDITOR_REQUESTS,
+                                     LOOKUP_PROSE, LOOKUP_TASKS, NEW_CHAT_TURNS, TEST_REQUESTS)
 from localspec.drafters import PromptLookup
 from localspec.loader import EngineSpec, load_calibration, make_controller
 from localspec.errors import LocalspecError
@@ -40,6 +41,7 @@ from localspec.registry import resolve_model
 from localspec.session import Engine
 from localspec.suffix import SuffixCache
 
+Request = list[dict] | str  # chat messages, or a completion prompt as text
 CPP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")  # llama.cpp's n-gram drafters, defaults
 
 
@@ -110,11 +112,14 @@ class Bench:
     def lookup(self, cache: SuffixCache | None = None) -> Engine:
         return Engine(self.target, PromptLookup(cache=cache), controller=copy.deepcopy(self.ctl0))
 
-    def render(self, messages: list[dict]) -> tuple[list[int], str]:
+    def render(self, request: Request) -> tuple[list[int], str]:
         """Tokens for localspec and text for llama.cpp, the same prompt: llama.cpp adds BOS itself when the
         model asks for one, so a template's leading BOS text goes; where the model adds none (SmolLM2, whose
-        BOS is `<|im_start|>`) the text stays whole (stripped, llama.cpp decoded another prompt)."""
-        text = self.plain.chat_prompt(messages) if self.plain.chat_template else messages[-1]["content"]
+        BOS is `<|im_start|>`) the text stays whole (stripped, llama.cpp decoded another prompt). A request as
+        text is a completion prompt, sent as it is (an editor's code completion)."""
+        if isinstance(request, str):
+            return self.plain.tokenize(request, special=False), request
+        text = self.plain.chat_prompt(request) if self.plain.chat_template else request[-1]["content"]
         t = self.target
         bos = t.token_text(t.bos) if t.add_bos and t.bos >= 0 else ""
         return self.plain.tokenize(text), text[len(bos):] if bos and text.startswith(bos) else text
@@ -150,36 +155,51 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
 
 
 NEW_CHAT = None  # in a chat sequence: the user starts a new chat (the history goes; the engine and its cache stay)
+ACCEPT_LINE = "accept a line"  # in a completion sequence: the last prompt and the last answer's first line
+EDIT = "edit"  # in a chat sequence: the user edits their last message (its exchange leaves the history) and resends
 
 
 def sequences() -> dict[str, list[str | None]]:
     """The request sequences: a chat (each turn sees the history, so every earlier answer is in the prompt), the
     same document in a new chat after two turns (the first chat's answers are in no prompt, only in the cache),
+    a chat whose user edits a question and sends it again (the first answer to it is in no prompt after that),
     editor edits of one file, tests for it, and editor edits each sent twice (the user rejects a completion and
-    asks again, or the plugin sends the request again after the cursor moved)."""
+    asks again, or the plugin sends the request again after the cursor moved), and code completions of which the
+    user accepts a line at a time (the rest of the last suggestion is in no prompt, only in the cache)."""
     def file(r: str) -> str:
         return f"Here is my file:\n```python\n{EDITOR_FILE}```\n{r}"
     return {"chat": CHAT_TURNS, "chat, then a new chat": [*CHAT_TURNS[:2], NEW_CHAT, *NEW_CHAT_TURNS],
+            "chat, a question edited": [*CHAT_TURNS[:2], EDIT, EDITED_TURN, CHAT_TURNS[2]],
             "editor": [file(r) for r in EDITOR_REQUESTS], "tests": [file(r) for r in TEST_REQUESTS],
-            "editor, asked twice": [file(r) for r in EDITOR_REQUESTS for _ in range(2)]}
+            "editor, asked twice": [file(r) for r in EDITOR_REQUESTS for _ in range(2)],
+            "completion, a line accepted at a time": [COMPLETION_PREFIX, ACCEPT_LINE, ACCEPT_LINE, ACCEPT_LINE]}
 
 
-def converse(seq: str, turns: list[str | None], ask: Callable[[list[dict]], str], limit: int) -> None:
-    """Send a sequence's first `limit` requests in order, `ask(messages) -> answer text`; a chat keeps its
-    history (answers included) until `NEW_CHAT`."""
+def first_line(text: str) -> str:
+    """What an editor's "accept line" takes of a suggestion: up to the end of its first line with text."""
+    return re.match(r"\s*[^\n]*\n?", text).group(0)
+
+
+def converse(seq: str, turns: list[str | None], ask: Callable[[Request], str], limit: int) -> None:
+    """Send a sequence's first `limit` requests in order, `ask(request) -> answer text`; a chat keeps its
+    history (answers included) until `NEW_CHAT`, less the last exchange at `EDIT`; a completion sequence's
+    `ACCEPT_LINE` sends the last prompt with the first line of the last answer accepted."""
     history: list[dict] = []
-    sent = 0
+    sent, request, answer = 0, "", ""
     for turn in turns:
         if sent == limit:
             return
-        if turn is NEW_CHAT:
-            history = []
+        if turn is NEW_CHAT or turn is EDIT:
+            history = [] if turn is NEW_CHAT else history[:-2]
             continue
-        msgs = history + [{"role": "user", "content": turn}]
-        answer = ask(msgs)
+        if seq.startswith("completion"):
+            request = request + first_line(answer) if turn is ACCEPT_LINE else turn
+        else:
+            request = history + [{"role": "user", "content": turn}]
+        answer = ask(request)
         sent += 1
         if seq.startswith("chat"):
-            history = msgs + [{"role": "assistant", "content": answer}]
+            history = request + [{"role": "assistant", "content": answer}]
 
 
 def run_sequences(b: Bench, a) -> list[Result]:
@@ -191,10 +211,12 @@ def run_sequences(b: Bench, a) -> list[Result]:
             for config in ("plain", "lookup, prompt only", "lookup + cache"):
                 engine = b.plain if config == "plain" else b.lookup(SuffixCache() if "cache" in config else None)
 
-                def ask(msgs: list[dict]) -> str:
+                number = itertools.count()
+
+                def ask(request: Request) -> str:
                     b.fresh()
-                    r, answer = ours_text(engine, b.render(msgs)[0], a.max_tokens, spec=config != "plain")
-                    out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r))
+                    r, answer = ours_text(engine, b.render(request)[0], a.max_tokens, spec=config != "plain")
+                    out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r, prompt=next(number)))
                     return answer
                 converse(seq, turns, ask, a.turns)
     return out
@@ -243,6 +265,28 @@ def per_prompt(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def sequence_table(results: list[Result]) -> str:
+    """Markdown: the request sequences as a whole (tokens over decoding time, every request and repeat), the
+    share of tokens that came from accepted drafts, and each request's tok/s (median over the repeats): the
+    cache can only help from the second request on, and a median over requests would hide that."""
+    groups: dict[tuple[str, str, str], list[Result]] = {}
+    for r in results:
+        if r.task.endswith(" requests)"):
+            groups.setdefault((r.model, r.task, r.config), []).append(r)
+    speed = {k: sum(r.n for r in v) / sum(r.n / r.tok_s for r in v) for k, v in groups.items()}
+    lines = ["| model | sequence | config | tok/s | × plain | × prompt only | tokens from drafts | tok/s per request |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (model, seq, config), v in groups.items():
+        plain, only = speed.get((model, seq, "plain")), speed.get((model, seq, "lookup, prompt only"))
+        per = [statistics.median(r.tok_s for r in v if r.prompt == i) for i in sorted({r.prompt for r in v})]
+        x = speed[(model, seq, config)]
+        cells = [model, seq, config, f"{x:.1f}", f"{x / plain:.2f}" if plain else "–",
+                 f"{x / only:.2f}" if only and config != "plain" else "–",
+                 f"{100 * sum(r.accepted for r in v) / sum(r.n for r in v):.0f} %", " / ".join(f"{t:.0f}" for t in per)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", action="append", help="GGUF path (repeat); default: SmolLM2-135M Q4_1 and Gemma-3-270M")
@@ -275,6 +319,8 @@ def main() -> None:
             results += run_sequences(b, a)
         b.target.close()
     md = table(results) + "\n\nPer prompt (medians over the repeats):\n\n" + per_prompt(results)
+    if not a.no_sequences:
+        md += "\n\nThe request sequences, whole:\n\n" + sequence_table(results)
     cmd = "python scripts/compare_lookup.py " + " ".join(sys.argv[1:])
     print(md)
     if a.markdown:

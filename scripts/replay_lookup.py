@@ -51,8 +51,8 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
         cal_v, timed = list(b.ctl0.v), sorted(b.ctl0.gammas or ())
         runs = []
 
-        def ask(task: str, msgs: list[dict]) -> str:
-            toks, _ = b.render(msgs)
+        def ask(task: str, request) -> str:
+            toks, _ = b.render(request)
             b.fresh()
             answer = [t for s in generate(b.target, toks, max_tokens=max_tokens) for t in s.tokens]
             runs.append({"task": task, "prompt": toks, "answer": answer})
@@ -64,7 +64,7 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
                 ask(task, [{"role": "user", "content": p}])
         for seq, turns in sequences().items():
             if not only or seq in only:
-                converse(seq, turns, lambda msgs: ask(seq, msgs), len(turns))
+                converse(seq, turns, lambda r: ask(seq, r), len(turns))
         out.append({"model": b.name, "v": cal_v, "timed": timed, "runs": runs})
         b.target.close()
     Path(path).write_text(json.dumps(out))

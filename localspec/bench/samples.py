@@ -102,6 +102,8 @@ CHAT_TURNS = [f"Here is a notice from my swimming pool:\n\n{_NOTICE}\n\nSummaris
 # answers are in no prompt of the second, only in the engine's cross-request cache
 NEW_CHAT_TURNS = [f"My swimming pool sent this notice:\n\n{_NOTICE}\n\nWhat does it say? Three sentences, please.",
                   "When are the sauna and the gym open?"]
+# the second question of CHAT_TURNS, edited by the user and sent again: the answer it had is in no prompt now
+EDITED_TURN = "Which facilities stay open during the closure, and at what times?"
 EDITOR_FILE = _CODE_INVOICE
 # tests for one file, request after request: each answer repeats the previous answers' scaffolding (imports, test
 # data), which no prompt holds: where the cross-request cache has something to give
@@ -110,6 +112,11 @@ TEST_REQUESTS = ["Write pytest tests for invoice_total. Output only the test fil
                  "Write pytest tests for invoice_total with an empty list and with a tax rate of 0. Output only the "
                  "test file.",
                  "Write pytest tests that check invoice_total rounds to 2 decimals. Output only the test file."]
+# code completion in an editor, a suggestion's first line accepted at a time (llama.vim's Shift-Tab, an IDE's
+# "accept line"): each request is the file up to the cursor, so the rest of the last suggestion is in no prompt of
+# the next request, only in the cross-request cache
+COMPLETION_PREFIX = (_CODE_INVOICE + "\n\ndef invoice_summary(items, tax_rate):\n"
+                     '    """Return the subtotal, the tax and the total of the items as a dict."""\n')
 EDITOR_REQUESTS = ["Add a docstring to each function. Output the whole file.",
                    "Rename `tax_rate` to `vat`. Output the whole file.",
                    "Make print_invoice use f-strings. Output the whole file.",
