@@ -85,14 +85,15 @@ class PromptLookup:
     so weak 1-2-token matches that fail do not switch off the strong ones; the controller answers
     `k_for(bucket)` from that bucket's estimate, which starts from the bucket's measured `LOOKUP_PRIOR`.
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
-    searched too unless the context's own match is verbatim-long; a cache match is used when it is longer
+    searched too, every round; a cache match is used when it is longer than the context's own
     (`LOOKUP_CACHE`), at least `cache_min` long, and its earlier requests agree on what follows. (Replayed on
     editor requests over one file, where the prompt holds the file: 8-15-token cache matches were accepted 5-50 %
-    of the time and cost 1-3 % against prompt-only lookup; from 16 on they cost nothing there, and a request
-    sent again still drafts its earlier answer.) A long match whose occurrence overlaps the ending is a loop
-    (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the end of the context. The context is
-    handed to the cache when a request rewinds past it. Drafts are point masses: the verify rule stays
-    lossless."""
+    of the time and cost 1-3 % against prompt-only lookup; from 16 on they cost nothing there. Searched only
+    while the context's own match is short, the cache lost where the prompt holds the text being edited: the
+    prompt's copy goes on with the old text, the longer cache match with the edit.) A long match whose
+    occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
+    end of the context. The context is handed to the cache when a request rewinds past it. Drafts are point
+    masses: the verify rule stays lossless."""
 
     name = LOOKUP
     sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP)
@@ -138,7 +139,7 @@ class PromptLookup:
         self.sync(context)
         idx = self.index
         m = idx.longest(idx.tokens, len(idx) - 1)
-        if self.cache is not None and (m is None or m.length < self.verbatim_at):
+        if self.cache is not None:
             cm = self.cache.longest(idx.tokens)
             if (cm is not None and cm.length >= self.cache_min and not cm.split
                     and (m is None or cm.length > m.length)):

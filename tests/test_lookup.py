@@ -95,6 +95,17 @@ def test_cache_drafts_after_a_rewind_and_context_wins_ties():
     assert d.source != LOOKUP_CACHE  # its own context matches as long: the context is preferred
 
 
+def test_cache_wins_over_a_long_context_match_that_it_outmatches():
+    """The prompt holds the old text, the cache the edited one (an edit asked for again): where the prompt's
+    copy goes on with the old text, the cache's longer match knows the edit."""
+    old, edit = list(range(300, 340)), list(range(400, 404))
+    new = old[:30] + edit + old[30:]
+    lk = PromptLookup(cache=SuffixCache(max_tokens=1000))
+    lk.propose([1] + old + [2] + new, lambda s: 4, P, RNG)  # request 1: the old text and its edited answer
+    d = lk.propose([1] + old + [2] + new[:30], lambda s: 8, P, RNG)  # asked again, its answer 30 tokens in
+    assert d.source == LOOKUP_CACHE and d.tokens[:4] == tuple(edit)
+
+
 def step(drafted: int, accepted: int, source: str) -> Step:
     return Step(tuple(range(accepted + 1)), drafted, accepted, 0.0, CPU_V[drafted] * 0.005,
                 source if drafted else "")
