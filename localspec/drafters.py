@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .constrain import constrain_row
+from .reindent import Indents
 from .sampling import SamplingParams, Warped, stack, warp
 from .suffix import MAX_MATCH, Match, MatchIndex, SuffixCache
 
@@ -39,6 +40,7 @@ LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG = "lookup:short", "lookup:mid", "lookup:lo
 LOOKUP_VERBATIM = "lookup:verbatim"  # ... and the longest: the answer is copying the context word for word
 LOOKUP_CACHE = "lookup:cache"  # a match in earlier requests (the engine's SuffixCache)
 LOOKUP_LOOP = "lookup:loop"  # a long match whose occurrence overlaps the context's own ending: the text repeats
+LOOKUP_REINDENT = "lookup:reindented"  # a match across lines at another depth: copied with the indentation moved
 # How often a match of each strength is copied on: (α of the first drafted token, α of each later one), the
 # controller's prior until this session's own rounds speak. Measured with scripts/replay_lookup.py on the
 # recorded greedy answers of SmolLM2-135M and Gemma-3-270M to the copy-heavy and prose prompts of
@@ -48,7 +50,8 @@ LOOKUP_LOOP = "lookup:loop"  # a long match whose occurrence overlaps the contex
 # overlapping copy: suffix.MatchIndex.continuation) was copied on at nearly every position: first token 1.00,
 # later ones 0.98 (both models, 1,900 positions of the same answers): a greedy model caught in a loop stays in it.
 LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG: (0.9, 0.93),
-                LOOKUP_VERBATIM: (0.97, 0.95), LOOKUP_CACHE: (0.8, 0.92), LOOKUP_LOOP: (0.97, 0.97)}
+                LOOKUP_VERBATIM: (0.97, 0.95), LOOKUP_CACHE: (0.8, 0.92), LOOKUP_LOOP: (0.97, 0.97),
+                LOOKUP_REINDENT: (0.9, 0.93)}  # a reindented copy: taken as a long match, its own rounds correct it
 NO_DRAFTER = "none"  # "no speculation", as a drafter choice and in reports
 
 KFor = Callable[[str], int]  # source -> draft length allowed this round (the controller's decision)
@@ -92,22 +95,27 @@ class PromptLookup:
     while the context's own match is short, the cache lost where the prompt holds the text being edited: the
     prompt's copy goes on with the old text, the longer cache match with the edit.) A long match whose
     occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
-    end of the context. The context is handed to the cache when a request rewinds past it. Drafts are point
-    masses: the verify rule stays lossless."""
+    end of the context. With the target's `Indents`, a match `reindent_margin` longer when indentation is
+    ignored is a copy at another depth (`LOOKUP_REINDENT`, localspec/reindent.py). The context is handed to
+    the cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
-    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP)
+    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT)
     cost = {s: 0.0 for s in sources}  # dict look-ups: microseconds against a target step of milliseconds
     prior = LOOKUP_PRIOR
 
     def __init__(self, *, mid_at: int = 3, long_at: int = 8, verbatim_at: int = 16,
-                 cache: SuffixCache | None = None, cache_min: int = 16, max_draft: int = 64) -> None:
+                 cache: SuffixCache | None = None, cache_min: int = 16, max_draft: int = 64,
+                 indents: Indents | None = None, reindent_margin: int = 4) -> None:
         if not 1 < mid_at < long_at < verbatim_at:
             raise ValueError(f"need 1 < mid_at < long_at < verbatim_at, got {mid_at}, {long_at}, {verbatim_at}")
         self.mid_at, self.long_at, self.verbatim_at = mid_at, long_at, verbatim_at
         self.cache_min, self.max_draft = cache_min, max_draft
         self.cache = cache
         self.index = MatchIndex()
+        self.indents, self.reindent_margin = indents, reindent_margin
+        self.flat = MatchIndex()  # the context with indentation flattened (kept only with `indents`)
+        self._shift = 0  # the last reindented match's shift, in spaces
         self._synced: Sequence[int] | None = None  # the context list last indexed (see `sync`)
 
     def bucket(self, m: Match) -> str | None:
@@ -132,11 +140,29 @@ class PromptLookup:
                 self.cache.add(idx.tokens[max(0, keep - MAX_MATCH):])
             idx.truncate(keep)
         idx.extend(context[keep:])
+        if self.indents is not None:
+            flat = self.flat
+            if len(flat) > keep:
+                flat.truncate(keep)
+            flat.extend([self.indents.flat(t) for t in idx.tokens[len(flat):]])
 
     def find(self, context: Sequence[int]) -> tuple[str, MatchIndex, Match] | None:
         """(source, where, match) for the strongest match: the context's own, unless the cache matches longer
-        (and its earlier requests agree on what follows)."""
+        (and its earlier requests agree on what follows), or the flat context longer by a margin."""
         self.sync(context)
+        found = self._find_verbatim()
+        if self.indents is not None:
+            flat = self.flat
+            fm = flat.longest(flat.tokens, len(flat) - 1)
+            if fm is not None and fm.length >= max(self.long_at, (found[2].length if found else 0)
+                                                   + self.reindent_margin):
+                shift = self.indents.shift(self.index.tokens, fm.end, fm.length)
+                if shift:
+                    self._shift = shift
+                    return LOOKUP_REINDENT, self.index, fm
+        return found
+
+    def _find_verbatim(self) -> tuple[str, MatchIndex, Match] | None:
         idx = self.index
         m = idx.longest(idx.tokens, len(idx) - 1)
         if self.cache is not None:
@@ -158,7 +184,11 @@ class PromptLookup:
         k = min(k_for(source), self.max_draft)
         if k <= 0:
             return EMPTY
-        return Draft(tuple(where.continuation(m, k, wrap=where is self.index)), None, source)
+        if source == LOOKUP_REINDENT:
+            tokens = self.indents.moved(self.index.tokens[m.end:m.end + k], self._shift)
+        else:
+            tokens = where.continuation(m, k, wrap=where is self.index)
+        return Draft(tuple(tokens), None, source) if tokens else EMPTY
 
     def close(self) -> None:
         pass

@@ -16,6 +16,7 @@ from .errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
 from .model_facts import kv_cache_bytes, trained_context
 from .registry import load_registry, resolve_model
 from .session import Engine
+from .reindent import Indents
 from .suffix import SuffixCache
 from .machine import CpuMeter
 from .threads import ThreadControl
@@ -115,12 +116,12 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
         draft_model = Model.load(draft_ref.path, replace(opts.local(), n_gpu_layers=ngl_d))  # stays local
         drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name
-        if spec.hybrid:
-            drafter = HybridDrafter(make_lookup(spec), drafter)
-            draft = f"{LOOKUP}+{draft}"
-    elif draft == LOOKUP:
-        drafter = make_lookup(spec)
     target = Model.load(target_ref.path, opts)
+    if draft == LOOKUP:
+        drafter = make_lookup(spec, target)
+    elif drafter is not None and spec.hybrid:
+        drafter = HybridDrafter(make_lookup(spec, target), drafter)
+        draft = f"{LOOKUP}+{draft}"
     cal = load_calibration(spec, target, drafter, draft_model, meter)
     if controller is None and drafter is not None:
         controller = make_controller(spec, k, drafter, cal)
@@ -130,9 +131,11 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
                   threads=make_threads(spec, target, draft_model, cal, meter))
 
 
-def make_lookup(spec: EngineSpec) -> PromptLookup:
-    """Prompt lookup with its own cross-request cache: one per engine, so per model (token ids are per vocab)."""
-    return PromptLookup(cache=SuffixCache(spec.lookup_cache) if spec.lookup_cache > 0 else None)
+def make_lookup(spec: EngineSpec, target: Model) -> PromptLookup:
+    """Prompt lookup with its own cross-request cache: one per engine, so per model (token ids are per vocab),
+    and the target's indentation tokens (reindented copies)."""
+    return PromptLookup(cache=SuffixCache(spec.lookup_cache) if spec.lookup_cache > 0 else None,
+                        indents=Indents.of(target))
 
 
 def _k_range(spec: EngineSpec, drafter: Drafter | None = None) -> tuple[int, int]:

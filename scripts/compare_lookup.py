@@ -38,6 +38,7 @@ from localspec.drafters import PromptLookup
 from localspec.loader import EngineSpec, load_calibration, make_controller
 from localspec.errors import LocalspecError
 from localspec.registry import resolve_model
+from localspec.reindent import Indents
 from localspec.session import Engine
 from localspec.suffix import SuffixCache
 
@@ -110,7 +111,8 @@ class Bench:
         self.ctl0 = make_controller(spec, 4, lookup, load_calibration(spec, self.target, lookup, None))
 
     def lookup(self, cache: SuffixCache | None = None) -> Engine:
-        return Engine(self.target, PromptLookup(cache=cache), controller=copy.deepcopy(self.ctl0))
+        return Engine(self.target, PromptLookup(cache=cache, indents=Indents.of(self.target)),
+                      controller=copy.deepcopy(self.ctl0))
 
     def render(self, request: Request) -> tuple[list[int], str]:
         """Tokens for localspec and text for llama.cpp, the same prompt: llama.cpp adds BOS itself when the

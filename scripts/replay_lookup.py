@@ -28,9 +28,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.bench.samples import LOOKUP_TASKS
+from localspec.backend import LoadOptions, Model
 from localspec.controller import Adaptive
 from localspec.rate import v_at
 from localspec.drafters import PromptLookup
+from localspec.reindent import Indents
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step
 from localspec.suffix import SuffixCache
@@ -65,7 +67,7 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
         for seq, turns in sequences().items():
             if not only or seq in only:
                 converse(seq, turns, lambda r: ask(seq, r), len(turns))
-        out.append({"model": b.name, "v": cal_v, "timed": timed, "runs": runs})
+        out.append({"model": b.name, "path": m, "v": cal_v, "timed": timed, "runs": runs})
         b.target.close()
     Path(path).write_text(json.dumps(out))
 
@@ -165,11 +167,14 @@ class Oracle:
         pass
 
 
-RULES: dict[str, Callable[[Sequence[float], Sequence[int]], object]] = {  # (v, the γ calibration timed) -> rule
-    "oracle": lambda v, timed: Oracle(v),
-    "localspec": lambda v, timed: Localspec(v, timed=timed),
-    "localspec+cache": lambda v, timed: Localspec(v, PromptLookup(cache=SuffixCache()), timed=timed),
-    "ngram-cache": lambda v, timed: NgramCache(v),
+# (v, the γ calibration timed, the target's indentation tokens) -> rule
+RULES: dict[str, Callable[[Sequence[float], Sequence[int], Indents | None], object]] = {
+    "oracle": lambda v, timed, ind: Oracle(v),
+    "localspec": lambda v, timed, ind: Localspec(v, PromptLookup(indents=ind), timed=timed),
+    "localspec+cache": lambda v, timed, ind: Localspec(v, PromptLookup(cache=SuffixCache(), indents=ind),
+                                                       timed=timed),
+    "localspec-verbatim": lambda v, timed, ind: Localspec(v, timed=timed),
+    "ngram-cache": lambda v, timed, ind: NgramCache(v),
 }
 
 
@@ -200,23 +205,30 @@ def replay_one(rule, prompt: list[int], answer: list[int], v: Sequence[float]) -
             "speedup": len(answer) / cost if cost else 1.0, "ks": ks}
 
 
+def indents(path: str | None) -> Indents | None:
+    """The recorded model's indentation tokens (reindented copies), when its file is still there."""
+    if not path or not Path(path).exists():
+        return None
+    return Indents.of(Model.load(path, LoadOptions(n_ctx=256)))  # the model stays loaded with it
+
+
 def replay(path: str, rules: list[str]) -> None:
     data = json.loads(Path(path).read_text())
     print("| model | task | rule | predicted × plain | tokens/round | accepted / drafted |")
     print("|---|---|---|---|---|---|")
     for m in data:
-        v, timed = m["v"], m.get("timed", ())
+        v, timed, ind = m["v"], m.get("timed", ()), indents(m.get("path"))
         by_task: dict[str, list] = defaultdict(list)
         for r in m["runs"]:
             by_task[r["task"]].append(r)
         for task, runs in by_task.items():
             for name in rules:
                 if task not in SINGLE:  # a sequence: one drafter and controller across it, as a session keeps them
-                    rule = RULES[name](v, timed)
+                    rule = RULES[name](v, timed, ind)
                     res = [replay_one(rule, r["prompt"], r["answer"], v) for r in runs]
                     sp = sum(x["tokens"] for x in res) / sum(x["tokens"] / x["speedup"] for x in res)
                 else:
-                    res = [replay_one(RULES[name](v, timed), r["prompt"], r["answer"], v) for r in runs]
+                    res = [replay_one(RULES[name](v, timed, ind), r["prompt"], r["answer"], v) for r in runs]
                     sp = statistics.median(x["speedup"] for x in res)
                 tok = sum(x["tokens"] for x in res) / max(1, sum(x["rounds"] for x in res))
                 acc, dr = sum(x["accepted"] for x in res), sum(x["drafted"] for x in res)

@@ -9,12 +9,13 @@ import pytest
 
 from localspec.backend import LoadOptions, Model
 from localspec.controller import Adaptive, FixedK
-from localspec.drafters import LOOKUP_CACHE, LOOKUP_LOOP, PromptLookup
+from localspec.drafters import LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT, PromptLookup
+from localspec.reindent import Indents
 from localspec.sampling import SamplingParams, warp
 from localspec.session import Engine
 from localspec.speculative import generate
 from localspec.suffix import SuffixCache
-from localspec.bench.samples import REWRITE, REWRITE_START
+from localspec.bench.samples import LOOKUP_TASKS, REWRITE, REWRITE_START
 
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75, 4.2, 4.65)
 
@@ -32,9 +33,13 @@ def chat(engine: Engine, text: str, start: str = "") -> list[int]:
 
 
 LOOP = "Repeat after me: hello world hello world hello world hello world"  # the model goes on repeating it
+NESTED = LOOKUP_TASKS["json"][1]  # SmolLM2-135M answers with JSON nested deeper and deeper: reindented copies
+# a function copied into a class, four spaces deeper, two lines in: the rest is a reindented copy
+CART = ("def total(items):\n    s = 0\n    for item in items:\n        s += item.price\n    return s\n\n\n"
+        "class Cart:\n    def total(self, items):\n        s = 0\n        for item in items:\n            s")
 
 
-@pytest.mark.parametrize("prompt", ["rewrite", "loop"])
+@pytest.mark.parametrize("prompt", ["rewrite", "loop", "nested"])
 def test_greedy_every_token_is_the_target_argmax(target, prompt):
     seen: list[np.ndarray] = []
     inner = target.decode
@@ -47,8 +52,10 @@ def test_greedy_every_token_is_the_target_argmax(target, prompt):
 
     target.decode = decode
     try:
-        toks = chat(Engine(target), REWRITE, REWRITE_START) if prompt == "rewrite" else target.tokenize(LOOP)
-        steps = list(generate(target, toks, drafter=PromptLookup(), controller=FixedK(8), max_tokens=96))
+        toks = {"rewrite": lambda: chat(Engine(target), REWRITE, REWRITE_START), "loop": lambda: target.tokenize(LOOP),
+                "nested": lambda: chat(Engine(target), NESTED)}[prompt]()
+        lookup = PromptLookup(indents=Indents.of(target))
+        steps = list(generate(target, toks, drafter=lookup, controller=FixedK(8), max_tokens=96))
     finally:
         del target.decode
     assert len(seen) == len(steps)
@@ -61,13 +68,18 @@ def test_greedy_every_token_is_the_target_argmax(target, prompt):
     assert accepted >= 20 and by <= set(PromptLookup.sources)
     if prompt == "loop":  # drafted as an overlapping copy, past the end of the context
         assert LOOKUP_LOOP in by
+    if prompt == "nested":
+        assert LOOKUP_REINDENT in by
 
 
-def test_sampled_first_token_follows_the_target(target):
+@pytest.mark.parametrize("text", ["red green blue red green blue red green blue red green", CART])
+def test_sampled_first_token_follows_the_target(target, text):
+    """The first sampled token follows the target's distribution (χ²) with a draft proposed every time: a
+    verbatim one, and a reindented copy."""
     from scipy import stats as sstats
 
     params = SamplingParams(temperature=1.0, top_k=5)
-    toks = target.tokenize("red green blue red green blue red green blue red green")
+    toks = target.tokenize(text)
     target.rewind(0)
     logits = target.decode(toks, 1)
     p = warp(logits, params).dense(logits.shape[-1])[0]
@@ -76,12 +88,13 @@ def test_sampled_first_token_follows_the_target(target):
     counts = dict.fromkeys(support.tolist(), 0)
     rng = np.random.default_rng(5)
     n, drafted = 200, 0
+    lookup = PromptLookup(indents=Indents.of(target))
     for _ in range(n):
-        step = next(iter(generate(target, toks, drafter=PromptLookup(), params=params, controller=FixedK(2),
+        step = next(iter(generate(target, toks, drafter=lookup, params=params, controller=FixedK(2),
                                   max_tokens=3, rng=rng)))
         counts[step.tokens[0]] += 1
-        drafted += step.drafted > 0
-    assert drafted == n  # lookup proposed every time (" blue" follows " red green")
+        drafted += step.drafted > 0 and step.source == (LOOKUP_REINDENT if text == CART else "lookup:mid")
+    assert drafted == n  # lookup proposed every time (" blue" follows " red green"; CART: reindented)
     chi2 = sstats.chisquare([counts[t] for t in support], p[support] * n)
     assert chi2.pvalue > 0.01
 

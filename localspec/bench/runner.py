@@ -19,6 +19,7 @@ from ..controller import DEFAULT_K, Adaptive, Controller, FixedK
 from ..costs import Costs, measure, merge, with_c
 from ..drafters import LOOKUP, NO_DRAFTER, ModelDrafter, PromptLookup
 from ..errors import IncompatibleDrafter
+from ..reindent import Indents
 from ..sampling import SamplingParams
 from ..session import Engine
 from ..threads import ThreadControl
@@ -151,8 +152,8 @@ class _Family:
                                   if plan.threads else ThreadControl(self.target, draft))
         self.engines: dict[str, Engine] = {PLAIN: Engine(self.target, None, name=spec.label, threads=thr())}
         if spec.lookup:
-            self.engines[LOOKUP] = Engine(self.target, PromptLookup(), name=spec.label, drafter_name=LOOKUP,
-                                          threads=thr())
+            self.engines[LOOKUP] = Engine(self.target, PromptLookup(indents=Indents.of(self.target)), name=spec.label,
+                                          drafter_name=LOOKUP, threads=thr())
         for label, m in self.draft_models.items():
             self.engines[label] = Engine(self.target, ModelDrafter(m), name=spec.label, drafter_name=label,
                                          threads=thr(m))
