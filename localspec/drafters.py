@@ -95,8 +95,10 @@ class PromptLookup:
     while the context's own match is short, the cache lost where the prompt holds the text being edited: the
     prompt's copy goes on with the old text, the longer cache match with the edit.) A long match whose
     occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
-    end of the context. With the target's `Indents`, a match `reindent_margin` longer when indentation is
-    ignored is a copy at another depth (`LOOKUP_REINDENT`, localspec/reindent.py). The context is handed to
+    end of the context. With the target's `Indents`, a match at least `verbatim_at` long and `reindent_margin`
+    longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, localspec/reindent.py;
+    replayed on SmolLM2-135M's JSON answers, which nest deeper at every level: 1.00 → 1.30× plain, where from 8
+    tokens on, matches still learning the nesting's period failed and switched the bucket off: 1.17). The context is handed to
     the cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
@@ -154,7 +156,7 @@ class PromptLookup:
         if self.indents is not None:
             flat = self.flat
             fm = flat.longest(flat.tokens, len(flat) - 1)
-            if fm is not None and fm.length >= max(self.long_at, (found[2].length if found else 0)
+            if fm is not None and fm.length >= max(self.verbatim_at, (found[2].length if found else 0)
                                                    + self.reindent_margin):
                 shift = self.indents.shift(self.index.tokens, fm.end, fm.length)
                 if shift:

@@ -34,9 +34,10 @@ def chat(engine: Engine, text: str, start: str = "") -> list[int]:
 
 LOOP = "Repeat after me: hello world hello world hello world hello world"  # the model goes on repeating it
 NESTED = LOOKUP_TASKS["json"][1]  # SmolLM2-135M answers with JSON nested deeper and deeper: reindented copies
-# a function copied into a class, four spaces deeper, two lines in: the rest is a reindented copy
-CART = ("def total(items):\n    s = 0\n    for item in items:\n        s += item.price\n    return s\n\n\n"
-        "class Cart:\n    def total(self, items):\n        s = 0\n        for item in items:\n            s")
+# a function copied into a class, four spaces deeper, three lines in: the rest is a reindented copy
+CART = ("def mean_price(items):\n    s = 0\n    n = 0\n    for item in items:\n        s += item.price\n"
+        "        n += 1\n    return s / n\n\n\nclass Cart:\n    def mean_price(self, items):\n        s = 0\n"
+        "        n = 0\n        for item in items:\n            s")
 
 
 @pytest.mark.parametrize("prompt", ["rewrite", "loop", "nested"])

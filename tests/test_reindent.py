@@ -45,26 +45,26 @@ def test_widths_tokens_and_moves():
 
 
 def test_a_copy_one_level_deeper_is_drafted_at_its_depth():
-    body = [[10, 11, 12], [13, 14], [15, 16, 17], [18, 19], [20, 21, 22]]  # five lines of a function body
+    body = [[10, 11, 12], [13, 14], [15, 16, 17], [18, 19], [20, 21, 22], [23, 24], [25, 26, 27], [28, 29]]
 
     def block(depth: int, lines) -> list[int]:
         return [t for line in lines for t in (nl(depth), *line)]
 
     original = [1, 2] + block(4, body)
-    copy = [3, 4, 5, 6] + block(8, body[:2]) + [nl(8)]  # the body again, in a class: two lines in
+    copy = [3, 4, 5, 6] + block(8, body[:5]) + [nl(8)]  # the body again, in a class: five lines in
     lk = PromptLookup(indents=fake_indents())
     d = lk.propose(original + [7] + copy, lambda s: 8, P, RNG)
     assert d.source == LOOKUP_REINDENT
-    assert d.tokens == (15, 16, 17, nl(8), 18, 19, nl(8), 20)
-    plain = PromptLookup().propose(original + [7] + copy, lambda s: 8, P, RNG)
-    assert plain.tokens[:3] != (15, 16, 17) or plain.tokens[3:4] != (nl(8),)  # verbatim: the old depth
+    assert d.tokens == (23, 24, nl(8), 25, 26, 27, nl(8), 28)
+    short = PromptLookup(indents=fake_indents()).propose(original + [7] + copy[:12], lambda s: 8, P, RNG)
+    assert short.source != LOOKUP_REINDENT  # two lines in: too short a match to trust
 
 
 def test_the_same_depth_is_a_verbatim_copy():
-    lines = [nl(4), 10, 11, 12, nl(4), 13, 14, nl(4), 15, 16, 17, nl(4), 18]
+    lines = [nl(4), 10, 11, 12, nl(4), 13, 14, nl(4), 15, 16, 17, nl(4), 18, 19, nl(4), 20, 21, 22, nl(4), 23]
     lk = PromptLookup(indents=fake_indents())
-    d = lk.propose([1] + lines + [2, 3] + lines[:9], lambda s: 4, P, RNG)
-    assert d.source != LOOKUP_REINDENT and d.tokens == (16, 17, nl(4), 18)
+    d = lk.propose([1] + lines + [2, 3] + lines[:17], lambda s: 4, P, RNG)
+    assert d.source != LOOKUP_REINDENT and d.tokens == (22, nl(4), 23, 2)
 
 
 def test_the_flat_index_follows_the_context_through_rewinds():
