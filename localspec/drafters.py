@@ -97,9 +97,9 @@ class PromptLookup:
     occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
     end of the context. With the target's `Indents`, a match at least `verbatim_at` long and `reindent_margin`
     longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, localspec/reindent.py;
-    replayed on SmolLM2-135M's JSON answers, which nest deeper at every level: 1.00 → 1.30× plain, where from 8
-    tokens on, matches still learning the nesting's period failed and switched the bucket off: 1.17). The context is handed to
-    the cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
+    replayed on SmolLM2-135M's JSON answers, which nest deeper at every level: 1.00 → 1.30× plain; from 8 tokens
+    on, matches still learning the nesting's period failed and switched the bucket off: 1.17). The context is
+    handed to the cache when a request rewinds past it. Drafts are point masses: the verify rule stays lossless."""
 
     name = LOOKUP
     sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT)

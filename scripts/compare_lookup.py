@@ -276,15 +276,16 @@ def sequence_table(results: list[Result]) -> str:
         if r.task.endswith(" requests)"):
             groups.setdefault((r.model, r.task, r.config), []).append(r)
     speed = {k: sum(r.n for r in v) / sum(r.n / r.tok_s for r in v) for k, v in groups.items()}
-    lines = ["| model | sequence | config | tok/s | × plain | × prompt only | tokens from drafts | tok/s per request |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | sequence | config | tok/s | × plain | × prompt only | tokens from drafts "
+             "| tok/s per request |", "|---|---|---|---|---|---|---|---|"]
     for (model, seq, config), v in groups.items():
         plain, only = speed.get((model, seq, "plain")), speed.get((model, seq, "lookup, prompt only"))
         per = [statistics.median(r.tok_s for r in v if r.prompt == i) for i in sorted({r.prompt for r in v})]
         x = speed[(model, seq, config)]
+        drafts = 100 * sum(r.accepted for r in v) / sum(r.n for r in v)
         cells = [model, seq, config, f"{x:.1f}", f"{x / plain:.2f}" if plain else "–",
-                 f"{x / only:.2f}" if only and config != "plain" else "–",
-                 f"{100 * sum(r.accepted for r in v) / sum(r.n for r in v):.0f} %", " / ".join(f"{t:.0f}" for t in per)]
+                 f"{x / only:.2f}" if only and config != "plain" else "–", f"{drafts:.0f} %",
+                 " / ".join(f"{t:.0f}" for t in per)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
