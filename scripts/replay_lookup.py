@@ -11,7 +11,8 @@ numerics). A round that drafts d tokens costs v(d) single-token steps (the model
     python scripts/replay_lookup.py --replay runs.json                # every drafting rule on those answers
 
 `--replay` runs localspec's own `PromptLookup` with the default adaptive controller (fed the rounds it would see),
-a re-implementation of llama.cpp's ngram-cache drafting rule, and the rules named in `RULES`.
+a re-implementation of llama.cpp's ngram-cache drafting rule, and the rules named in `RULES` ("localspec-verbatim":
+without reindented copies); it loads each recorded model again for its indentation tokens (localspec/reindent.py).
 """
 
 from __future__ import annotations
