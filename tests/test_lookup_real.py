@@ -115,3 +115,17 @@ def test_cache_drafts_from_an_earlier_request(target):
     by = last.stats.by_source
     print(f"\ncache request: {by}")
     assert by[LOOKUP_CACHE][1] > 0
+
+
+def test_reindented_copy_where_indentation_is_its_own_token(gemma_path):
+    """Gemma-3's vocabulary writes a newline and the spaces after it as two tokens (SmolLM2's as one): the copy
+    into the class is drafted with its runs of spaces moved from 8 to 12."""
+    m = Model.load(gemma_path, LoadOptions(n_ctx=512, n_threads=1))
+    try:
+        toks = m.tokenize(CART)
+        d = PromptLookup(indents=Indents.of(m)).propose(toks, lambda s: 8, SamplingParams(),
+                                                         np.random.default_rng(0))
+        assert d.source == LOOKUP_REINDENT
+        assert m.detokenize(list(d.tokens)).startswith(" += item.price\n            n +=")
+    finally:
+        m.close()
