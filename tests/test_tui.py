@@ -215,6 +215,27 @@ async def test_saved_conversation_reloads(engine, home):
         assert app2.chat.conv_id is None and app2.store.conversations() == []
 
 
+async def test_regenerate_replaces_the_last_answer(engine, home):
+    """ctrl+r: the last answer leaves the log, the history and the saved chat, and a new one takes its place;
+    with nothing answered yet, or while answering, nothing is sent."""
+    app = ChatApp(engine, max_tokens=16)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert not app.query(AssistantMessage) and app.chat.gen_id == 0  # nothing to answer again
+        await ask(pilot, REPEAT)
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: app.chat.gen_id == 2 and not app.generating)
+        await pilot.pause()
+        answers = app.query(AssistantMessage)
+        assert len(answers) == 1 and len(app.query(UserMessage)) == 1
+        new = answers.last().text
+        assert new and app.chat.history == [{"role": "user", "content": REPEAT}, {"role": "assistant", "content": new}]
+        stored = app.store.messages(app.chat.conv_id)
+        assert [(m.role, m.content) for m in stored] == [("user", REPEAT), ("assistant", new)]
+        assert stored[-1].stats  # saved with the new answer's stats, as a first answer is
+
+
 async def test_keys_colour_k_copy_history_and_palette(engine):
     app = ChatApp(engine, max_tokens=16)
     async with app.run_test(size=SIZE) as pilot:
@@ -231,13 +252,13 @@ async def test_keys_colour_k_copy_history_and_palette(engine):
         await pilot.press("up")
         assert app.query_one("#prompt").value == REPEAT
         titles = {c.title for c in app.get_system_commands(app.screen)}
-        assert {"New chat", "Speculation: on (now)", "Speculation: off", "Change draft length",
+        assert {"New chat", "Regenerate", "Speculation: on (now)", "Speculation: off", "Change draft length",
                 "Draft length k=2", "Toggle token colouring", "Copy last answer", "Stop generation"} <= titles
         assert "Speculation: auto" not in titles  # this engine has no adaptive controller
         await app.run_action("spec('off')")  # what the palette entry runs
         assert "speculation OFF" in panel(app)
         footer_keys = {b.key for b in app.BINDINGS if getattr(b, "show", True)}
-        assert {"ctrl+n", "ctrl+s", "ctrl+k", "ctrl+t", "ctrl+y", "ctrl+q"} <= footer_keys
+        assert {"ctrl+n", "ctrl+r", "ctrl+s", "ctrl+k", "ctrl+t", "ctrl+y", "ctrl+q"} <= footer_keys
 
 
 async def test_loading_in_the_app(smollm2_path):
@@ -287,5 +308,9 @@ async def test_request_errors_show_in_the_chat(engine, monkeypatch):
         failed = await ask(pilot, "Hello?")
         assert failed.has_class("-error") and failed.meta.startswith("error: smollm2 has no chat template")
         assert app.chat.history == []  # the failed prompt is not carried into the next one
+        gen = app.chat.gen_id
+        await pilot.press("ctrl+r")  # a failed answer is no answer to regenerate
+        await pilot.pause()
+        assert app.chat.gen_id == gen and failed in app.query(AssistantMessage)
         monkeypatch.undo()
         assert (await ask(pilot, "Hello?")).text.strip()

@@ -43,7 +43,7 @@ from .widgets.conversation_list import ConversationList
 from .widgets.prompt_input import PromptInput
 from .widgets.stats_panel import StatsPanel
 
-NEEDS_ENGINE = ("new_chat", "cycle_spec", "spec", "cycle_k", "set_k", "copy_last", "toggle_colour")
+NEEDS_ENGINE = ("new_chat", "regenerate", "cycle_spec", "spec", "cycle_k", "set_k", "copy_last", "toggle_colour")
 
 
 class ChatApp(App):
@@ -51,6 +51,7 @@ class ChatApp(App):
     TITLE = "localspec chat"
     BINDINGS = [
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
         # one ctrl+s binding per setting, shown only for the current one: the footer names the setting
         *(Binding("ctrl+s", f"cycle_spec('{s}')", f"Spec: {s}", priority=True) for s in (AUTO, ON, OFF)),
         Binding("ctrl+k", "cycle_k", "Change k", priority=True),
@@ -205,6 +206,12 @@ class ChatApp(App):
             self.chat.stop()
         else:
             self.notify("press ctrl+q to quit")
+
+    async def action_regenerate(self) -> None:
+        if self.generating:
+            self.notify("still answering; Esc stops it", severity="warning")
+        elif not await self.chat.regenerate(spec=self.controls.drafting):
+            self.notify("no answer to regenerate", severity="warning")
 
     async def action_new_chat(self) -> None:
         await self.chat.clear()

@@ -102,6 +102,12 @@ class ChatStore:
                                 "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         return [StoredMessage(i, role, content, json.loads(s) if s else None, t) for i, role, content, s, t in rows]
 
+    def drop_last_answer(self, conversation_id: int) -> None:
+        """Forget the conversation's newest message if it is an answer (it is being answered again)."""
+        with self._db:
+            self._db.execute("DELETE FROM messages WHERE id = (SELECT MAX(id) FROM messages WHERE conversation_id"
+                             " = ?) AND role = 'assistant'", (conversation_id,))
+
     def delete(self, conversation_id: int) -> None:
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
