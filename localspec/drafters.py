@@ -158,11 +158,11 @@ class PromptLookup:
         (and its earlier requests agree on what follows), or the flat context longer by a margin."""
         self.sync(context)
         found = self._find_verbatim()
-        if self.indents is not None:
+        need = max(self.verbatim_at, (found[2].length if found else 0) + self.reindent_margin)
+        if self.indents is not None and need <= MAX_MATCH:  # else no flat match could be long enough
             flat = self.flat
             fm = flat.longest(flat.tokens, len(flat) - 1)
-            if fm is not None and fm.length >= max(self.verbatim_at, (found[2].length if found else 0)
-                                                   + self.reindent_margin):
+            if fm is not None and fm.length >= need:
                 shift = self.indents.shift(self.index.tokens, fm.end, fm.length)
                 if shift:
                     self._shift = shift
