@@ -41,7 +41,9 @@ def chat(engine: Engine, text: str) -> list[int]:
 
 def test_calibration_leaves_caches_untouched(target, self_draft, cal):
     assert target.tokens == [] and self_draft.tokens == []
-    assert cal.v[0] == 1.0 and len(cal.v) == 7 and list(cal.v) == sorted(cal.v)
+    # v(γ) is not monotone by design (costs.at_least_one: a batch that fills the kernels' tiles may cost less
+    # than one row fewer), so only its shape is asserted: v(0) = 1, one entry per γ, none cheaper than a row.
+    assert cal.v[0] == 1.0 and len(cal.v) == 7 and min(cal.v) >= 1.0
     assert cal.costs.t1 > 0 and cal.costs.c["model"] > 0 and cal.complete
     assert set(cal.threads) == {"target", "draft", "prompt"} and cal.flash_attn in (True, False)
 
