@@ -18,7 +18,8 @@ back on above `on_above` (hysteresis), and one that has not drafted yet starts o
 prior is an average over tasks, and on a 2-core CPU a failed first draft of 7 costs ~4 steps (SmolLM2-135M's
 3-7-token matches, 1.08 by the prior, failed first on JSON and prose: replayed, JSON 0.98 -> 0.99x plain, at
 its worst prompt 0.96 -> 0.99, prose's worst 0.94 -> 0.96, Gemma-3-270M unchanged). While off, a source is
-re-probed with a short draft now and then, the interval doubling while the probes keep failing. The first
+re-probed with a short draft now and then, the interval doubling while the probes keep failing (a source that has
+not drafted yet only if one fully accepted probe would turn it on: else no probe's outcome changes anything). The first
 probe waits 64 rounds, and longer where a failed probe is dear: probes of a source that is off take at most
 `PROBE_SHARE` of the time (a failed probe of γ costs v(γ) - 1 steps; on a 2-core CPU v(1) ≈ 2.3, so
 SmolLM2-135M probes one token every ~90 rounds).
@@ -101,7 +102,7 @@ class SourceEstimate:
     rate: float = 1.0
     k: int = 0
     reason: str | None = None
-    hopeless: bool = False  # off, and would be even if every draft were accepted
+    hopeless: bool = False  # off and not probed: no α could make it pay, or no probe could turn it on yet
     probe_due: bool = False  # off, and a probe is owed the next round this source drafts
 
     def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
@@ -302,7 +303,8 @@ class Adaptive:
         """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);
         while off, a probe now and then at the γ it would use (the interval doubles while probes fail).
         A source that could not pay even at α = 1 is not probed: nothing a probe can learn about α would
-        change that, and a model drafter's probe costs a catch-up prefill of everything since its last draft."""
+        change that, and a model drafter's probe costs a catch-up prefill of everything since its last draft.
+        Nor is one that has not drafted yet if a fully accepted probe would leave it off (`_probe_could_turn_on`)."""
         if est.on:
             est.since_probe += 1
             if est.since_probe >= self.explore_every and est.k < self.k_max:
@@ -314,9 +316,7 @@ class Adaptive:
         est.since_probe += 1
         if est.since_probe < est.probe_every and not est.probe_due:
             return 0  # every round, for every source that is off: decided before any arithmetic
-        # the longest γ ≤ its best whose drafting costs at most one target step: long probes for a free
-        # drafter (lookup), short ones for an expensive model drafter
-        k = self.probe_k or max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))
+        k = self._probe_k(est)
         # a failed probe costs v(γ) - 1 + γc target steps: wait long enough that probing costs at most
         # PROBE_SHARE of the time (on a 2-core CPU, v(1) ≈ 2.3: a probe of SmolLM2-135M waits ~90 rounds)
         wait = max(est.probe_every, (v_at(self._v, k) - 1 + k * est.c) / PROBE_SHARE)
@@ -326,6 +326,11 @@ class Adaptive:
             est.since_probe, est.probe_due = 0, True
             return k
         return 0
+
+    def _probe_k(self, est: SourceEstimate) -> int:
+        """A probe's γ: the longest ≤ the source's best whose drafting costs at most one target step (long probes
+        for a free drafter like lookup, short ones for an expensive model drafter), unless `probe_k` pins it."""
+        return self.probe_k or max(self.k_min, min(est.k, int(1.0 / est.c) if est.c > 0 else est.k))
 
     def _longer(self, k: int) -> int:
         """The next draft length above k the controller chooses from."""
@@ -341,7 +346,6 @@ class Adaptive:
         v = self.v
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
-        est.hopeless = best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1] < self.off_below
         threshold = self.on_above if not est.on else self.off_below
         if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below):
             if not est.on:
@@ -352,6 +356,20 @@ class Adaptive:
                 est.since_probe, est.probe_every = 0, self.probe_every
             est.on = False
             est.reason = off_reason(source, est.alphas(k)[0], est.c, v_at(v, k), k, rate)
+            est.hopeless = (best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1] < self.off_below
+                            or (est.rounds == 0 and not self._probe_could_turn_on(est)))
+
+    def _probe_could_turn_on(self, est: SourceEstimate) -> bool:
+        """Whether one probe (`_probe_k`), every token accepted, would turn this source on. For a source that has not
+        drafted, all the controller knows is its prior (an average over tasks); a probe pays only by changing the
+        decision, so one that could not, even at its best outcome, is not made. (SmolLM2-135M's 1-2-token
+        matches, prior α 0.35, rate 0.58 at their best γ: a fully accepted probe of 2 leaves them at 0.72, and the
+        probes that failed on open prose cost it ~1 % a request.) A source that has drafted keeps being re-probed
+        with backoff: its rounds say more than the prior, and what it drafts on may have changed since."""
+        k = self._probe_k(est)
+        after = replace(est, n=list(est.n), a=list(est.a))
+        after.update(k, k, self.decay)
+        return best_k(after.alphas(self.k_max), est.c, self.v, self.k_min, self.k_max, self.gammas)[1] >= self.on_above
 
     # -- reporting --
 

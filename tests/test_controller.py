@@ -111,6 +111,27 @@ def test_probing_an_off_source_costs_at_most_its_share_of_the_time():
         assert wasted / rounds <= PROBE_SHARE * 1.1
 
 
+def test_a_source_no_probe_could_turn_on_is_not_probed_until_it_has_drafted():
+    """A probe pays only by changing the decision. A source that has not drafted has only its prior; where even a
+    fully accepted probe would leave it off (a weak match bucket, α 0.35, on steep CPU verify costs), it is
+    never probed. One whose full probe would turn it on still is."""
+    steep = [1.0, 2.4, 2.83, 3.3, 4.07, 4.62, 5.1, 4.99, 5.85]  # SmolLM2-135M on 2 cores
+    prior = {"lookup:short": (0.35, 0.8), "lookup:mid": (0.75, 0.9)}
+    ctl = Adaptive(sources=tuple(prior), v=steep, t1=0.005, c={s: 0.0 for s in prior}, prior=prior,
+                   probe_every=2, probe_max=4, learn_costs=False)
+    short = mid = 0
+    for _ in range(2000):
+        ctl.choose_k()
+        short += ctl.k_for("lookup:short") > 0
+        if k := ctl.k_for("lookup:mid"):
+            mid += 1
+            ctl.observe(Step((1,), k, 0, 0.0, 0.0, "lookup:mid"))  # every probe of it fails
+        else:
+            ctl.observe(step(0, 0))
+    assert not ctl.state().k["lookup:short"] and short == 0
+    assert mid >= 2  # probed, and after failing it keeps being re-probed with backoff
+
+
 def test_low_acceptance_switches_off_with_a_reason_and_reprobes_with_backoff():
     ctl = Adaptive(sources=("lookup",), v=CPU_V, t1=0.005, c={"lookup": 0.0}, probe_every=4, probe_max=16, warmup=2)
     ks = []
