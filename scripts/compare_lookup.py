@@ -21,6 +21,7 @@ import argparse
 import copy
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -56,6 +57,7 @@ class Result:
     drafted: int
     accepted: int
     prompt: int = 0  # which prompt of the task (the per-prompt table)
+    rep: int = 0  # which pass over the tasks (the paired table: runs of one prompt in one pass, side by side)
 
 
 def default_models() -> list[str]:
@@ -137,7 +139,7 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
     tokens of a long last draft come cheap: compared at -n alone, its tok/s would count tokens localspec was
     never asked for."""
     out: list[Result] = []
-    for _ in range(a.reps):
+    for rep in range(a.reps):
         for task, prompts in tasks.items():
             for i, p in enumerate(prompts):
                 toks, text = b.render([{"role": "user", "content": p}])
@@ -145,13 +147,13 @@ def run_tasks(b: Bench, tasks: dict[str, list[str]], a, bin_dir: Path | None) ->
                 for t in CPP_TYPES if bin_dir else ():
                     b.fresh()
                     if r := cpp_run(bin_dir, b.path, text, t, a):
-                        cpp.append(Result(b.name, task, f"llama.cpp {t}", *r, prompt=i))
+                        cpp.append(Result(b.name, task, f"llama.cpp {t}", *r, prompt=i, rep=rep))
                 n = max([a.max_tokens] + [r.n for r in cpp])
                 runs = {"plain": lambda: ours(b.plain, toks, n, spec=False),
                         "localspec lookup": lambda: ours(b.lookup(), toks, n)}
                 for config, fn in runs.items():
                     b.fresh()
-                    out.append(Result(b.name, task, config, *fn(), prompt=i))
+                    out.append(Result(b.name, task, config, *fn(), prompt=i, rep=rep))
                 out += cpp
     return out
 
@@ -267,6 +269,33 @@ def per_prompt(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def paired(results: list[Result]) -> str:
+    """Markdown: per task, localspec's run of a prompt divided by plain decoding's and by llama.cpp's best
+    drafter's run of the same prompt in the same pass (they ran one after another), the geometric mean over
+    those pairs. This machine's speed drifts by ±10 % over a run; a ratio of two runs a few seconds apart
+    cancels that drift, a ratio of medians over the whole run does not. "Best" is the drafter with the highest
+    median tok/s on the task, chosen before pairing (the best of four noisy runs, pair by pair, would favour
+    llama.cpp by its noise)."""
+    runs: dict[tuple[str, str], dict[tuple[int, int], dict[str, float]]] = {}
+    for r in results:
+        if r.config.startswith("llama.cpp") or r.config in ("plain", "localspec lookup"):
+            runs.setdefault((r.model, r.task), {}).setdefault((r.prompt, r.rep), {})[r.config] = r.tok_s
+    lines = ["| model | task | localspec ÷ plain | localspec ÷ best llama.cpp | pairs |", "|---|---|---|---|---|"]
+    for (model, task), by_pass in runs.items():
+        cpp = {c for p in by_pass.values() for c in p if c.startswith("llama.cpp")}
+        best = max(cpp, key=lambda c: statistics.median(p[c] for p in by_pass.values() if c in p)) if cpp else None
+        ours = [p for p in by_pass.values() if "localspec lookup" in p and "plain" in p]
+        to_best = [p["localspec lookup"] / p[best] for p in ours if best in p]
+        cells = [model, task, f"{geomean([p['localspec lookup'] / p['plain'] for p in ours]):.2f}",
+                 f"{geomean(to_best):.2f} ({best[len('llama.cpp '):]})" if to_best else "–", str(len(ours))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
 def sequence_table(results: list[Result]) -> str:
     """Markdown: the request sequences as a whole (tokens over decoding time, every request and repeat), the
     share of tokens that came from accepted drafts, and each request's tok/s (median over the repeats): the
@@ -321,7 +350,8 @@ def main() -> None:
         if not a.no_sequences:
             results += run_sequences(b, a)
         b.target.close()
-    md = table(results) + "\n\nPer prompt (medians over the repeats):\n\n" + per_prompt(results)
+    md = (table(results) + "\n\nPaired (each prompt's runs in one pass, side by side; geometric mean):\n\n"
+          + paired(results) + "\n\nPer prompt (medians over the repeats):\n\n" + per_prompt(results))
     if not a.no_sequences:
         md += "\n\nThe request sequences, whole:\n\n" + sequence_table(results)
     cmd = "python scripts/compare_lookup.py " + " ".join(sys.argv[1:])
