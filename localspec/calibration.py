@@ -6,7 +6,9 @@ machine that took 24–30 s per start, so:
 
 - measurement (all of it in localspec/costs.py) is done most useful first: the target's step per thread count,
   the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention on/off; a stage
-  that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode);
+  that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode), except v(γ)
+  when the controller drafts adaptively: it is timed in full however long that takes (1.5-3.5 s at k_max 32 on
+  a 2-core CPU, once: the entry is cached), because every decision rests on it;
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
   version and CPU features, OpenMP settings) + the load options that change costs, so the next start measures
   nothing;
@@ -35,8 +37,8 @@ from .paths import calibration_dir
 from .machine import cpu_count, free_cores, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
-SCHEMA = 4  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
-# 4: v(γ) timed at V_DEPTH
+SCHEMA = 5  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
+# 4: v(γ) timed at V_DEPTH; 5: v(γ) a median of ratios to the plain rounds beside each (costs._verify_ratios)
 CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
 # v(γ) is timed this deep: the prompts speculation pays on (a pasted document, a file to edit) are hundreds of
 # tokens, and a verify batch's attention grows with them. Timed at 16, the real verify rounds of the benchmark
@@ -104,11 +106,13 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
     costs, fa = (have.costs, have.flash_attn) if have else (None, None)
     first = [True]
 
-    def stage(fn: Callable[[Deadline], T]) -> T | None:
-        if not first[0] and time.perf_counter() > hard.at - MIN_LEFT * budget_s:
+    def stage(fn: Callable[[Deadline], T], must: bool = False) -> T | None:
+        """Run one stage within the budget; the first, and one that `must` run, finish one timed repeat."""
+        sure = first[0] or must
+        if not sure and time.perf_counter() > hard.at - MIN_LEFT * budget_s:
             return None  # too little left to finish one: it would be dropped past the deadline, its time lost
         try:
-            return fn(soft if first[0] else hard)
+            return fn(soft if sure else hard)
         except OutOfTime:
             return None
         finally:
@@ -134,8 +138,12 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
     if costs is None:
         drafters = {"model": draft_model} if draft_model is not None else None
         depth = max(0, min(V_DEPTH, target.n_ctx - target.n_past - k_max - 2))  # a small context: shallower
-        costs = stage(lambda d: measure(target, toks[:depth + k_max + 1], k_max, repeats=repeats, deadline=d,
-                                        drafters=drafters))
+        # v(γ) is timed in full when the controller drafts, whatever the budget: every one of its decisions rests
+        # on v. Budgeted, the stage was dropped at 2 of 4 first starts of Gemma-3-270M (the controller ran on the
+        # guess, 1.75 at γ = 3 against 3.4-4.6 timed) or cut to one repeat, where one stalled round is v
+        must = k_max > 0
+        costs = stage(lambda d: measure(target, toks[:depth + k_max + 1], k_max, repeats=repeats,
+                                        deadline=None if must else d, drafters=drafters), must=must)
     per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
     if flash_attn and fa is None and target.n_past == 0:
         fa = _best(stage(lambda d: flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=d)) or {})

@@ -9,8 +9,9 @@
   controller (localspec/threads.py).
 
 Every timing appends a few tokens at the end of the cache and rewinds them, so the caches are left exactly as
-they were found. Repeats are interleaved across the things compared (batch sizes, thread counts, models) so a
-noisy neighbour hits all alike, and each keeps its minimum: on a shared machine noise only ever adds time.
+they were found. Repeats are interleaved across the things compared (thread counts, models) so a noisy
+neighbour hits all alike, and each keeps its minimum: on a shared machine noise only ever adds time. v(γ) is a
+ratio, so it is timed as one: each verify round against the plain rounds beside it (`_verify_ratios`).
 A `Deadline` stops any measurement early, after at least one timed repeat; a hard one abandons a measurement
 (`OutOfTime`) that cannot finish that repeat in time, so a budget is overrun by at most one decode.
 """
@@ -191,22 +192,48 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
                 m.decode(prefix, 0)
         gammas = timed_gammas(k_max)
         timers: dict[str, Callable[[], float]] = {
-            f"t{g + 1}": (lambda n=g + 1: timed_round(target, follow[:n])) for g in gammas}
-        timers |= {f"d:{name}": (lambda m=m: timed_decode(m, follow[:1], 1)) for name, m in drafters.items()}
+            f"d:{name}": (lambda m=m: timed_decode(m, follow[:1], 1)) for name, m in drafters.items()}
         if lookup and k_max:
             timers["lookup"] = _lookup_timer(ctx[:pos + 1], k_max)
         # warm-up: the pool and the largest batch's buffers (not every batch: on a 270M model that alone is ~1 s)
-        warm = [k for k in timers if not k.startswith("t")] + ["t1", f"t{gammas[-1] + 1}"]
-        best = _interleaved(timers, repeats, deadline, warm)
+        timed_round(target, follow[:1])
+        timed_round(target, follow[:gammas[-1] + 1])
+        t1, ratio = _verify_ratios(target, follow, [g for g in gammas if g], repeats, deadline)
+        best = _interleaved(timers, repeats, deadline) if timers else {}
     finally:
         for m, b in zip(models, bases):
             m.rewind(b)
-    t1 = best["t1"]
     c = {name: best[f"d:{name}"] / t1 for name in drafters}
     if "lookup" in best:
         c["lookup"] = best["lookup"] / t1
-    v = interpolate({g: best[f"t{g + 1}"] / t1 - (1 if g else 0) for g in gammas}, k_max)
+    v = interpolate({0: 1.0} | {g: r - 1 for g, r in ratio.items()}, k_max)
     return Costs(t1, at_least_one(v), c, bases[0] + pos, tuple(g for g in gammas if g))
+
+
+def _verify_ratios(target: Model, follow: Sequence[int], gammas: Sequence[int], repeats: int,
+                   deadline: Deadline | None) -> tuple[float, dict[int, float]]:
+    """t1 (the fastest plain round) and, per γ, the smallest over `repeats` of a verify round's time (`timed_round`:
+    with the plain round after it) over the faster of the plain rounds timed just before and just after it. The
+    machine's speed drifts by 10-25 % over seconds (a VM's neighbours, clock changes): a minimum of t1 and one of
+    each t(γ), taken a second apart, divide one moment by another (SmolLM2-135M's v(7) came out 4.7-6.4 over
+    back-to-back calibrations), while a round and the plain rounds beside it see one moment (Gemma-3-270M's v(7)
+    4.13-4.34 over four, smallest of two). The smallest, because a stall lands in one round and inflates its
+    ratio (single ratios of 9.6 and 12.4 where the others said 2.3 and 5.6). Stops at the deadline once every γ
+    has a ratio; a hard one raises `OutOfTime` before that."""
+    ratios: dict[int, list[float]] = {g: [] for g in gammas}
+    t1 = before = timed_round(target, follow[:1])
+    for _ in range(repeats):
+        for g in gammas:
+            if _out_of_time(deadline):
+                if all(ratios.values()):
+                    return t1, {g: min(r) for g, r in ratios.items()}
+                if deadline.hard:
+                    raise OutOfTime()
+            t = timed_round(target, follow[:g + 1])
+            after = timed_round(target, follow[:1])
+            ratios[g].append(t / min(before, after))
+            t1, before = min(t1, after), after
+    return t1, {g: min(r) for g, r in ratios.items()}
 
 
 def _lookup_timer(context: list[int], k: int) -> Callable[[], float]:

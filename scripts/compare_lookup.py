@@ -206,23 +206,31 @@ def converse(seq: str, turns: list[str | None], ask: Callable[[Request], str], l
             history = request + [{"role": "assistant", "content": answer}]
 
 
+SEQUENCE_CONFIGS = ("plain", "lookup, prompt only", "lookup + cache")
+
+
 def run_sequences(b: Bench, a) -> list[Result]:
     """A multi-turn chat and editor requests over one file: prompt-only lookup vs lookup with the cache (one
-    engine per sequence, as a chat session or an editor's server would keep it)."""
+    engine per config and sequence, as a chat session or an editor's server would keep it). The engines go in
+    lockstep, each request sent to all three one after another, so each request's runs are seconds apart (the
+    paired columns); every engine keeps its own drafter, cache and controller, and the history is plain
+    decoding's answers (greedy: the same text every engine writes, up to batch numerics)."""
     out: list[Result] = []
-    for _ in range(a.reps):
+    for rep in range(a.reps):
         for seq, turns in sequences().items():
-            for config in ("plain", "lookup, prompt only", "lookup + cache"):
-                engine = b.plain if config == "plain" else b.lookup(SuffixCache() if "cache" in config else None)
+            engines = {c: b.plain if c == "plain" else b.lookup(SuffixCache() if "cache" in c else None)
+                       for c in SEQUENCE_CONFIGS}
+            number = itertools.count()
 
-                number = itertools.count()
-
-                def ask(request: Request) -> str:
+            def ask(request: Request) -> str:
+                i, answers = next(number), {}
+                for config, engine in engines.items():
                     b.fresh()
-                    r, answer = ours_text(engine, b.render(request)[0], a.max_tokens, spec=config != "plain")
-                    out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r, prompt=next(number)))
-                    return answer
-                converse(seq, turns, ask, a.turns)
+                    r, answers[config] = ours_text(engine, b.render(request)[0], a.max_tokens,
+                                                   spec=config != "plain")
+                    out.append(Result(b.name, f"{seq} ({a.turns} requests)", config, *r, prompt=i, rep=rep))
+                return answers["plain"]
+            converse(seq, turns, ask, a.turns)
     return out
 
 
@@ -299,22 +307,33 @@ def geomean(xs: list[float]) -> float:
 def sequence_table(results: list[Result]) -> str:
     """Markdown: the request sequences as a whole (tokens over decoding time, every request and repeat), the
     share of tokens that came from accepted drafts, and each request's tok/s (median over the repeats): the
-    cache can only help from the second request on, and a median over requests would hide that."""
+    cache can only help from the second request on, and a median over requests would hide that. The paired
+    columns divide each request's run by the other config's run of it in the same pass (seconds apart:
+    `run_sequences`), geometric mean over requests and passes: this machine's drift cancels there."""
     groups: dict[tuple[str, str, str], list[Result]] = {}
     for r in results:
         if r.task.endswith(" requests)"):
             groups.setdefault((r.model, r.task, r.config), []).append(r)
     speed = {k: sum(r.n for r in v) / sum(r.n / r.tok_s for r in v) for k, v in groups.items()}
-    lines = ["| model | sequence | config | tok/s | × plain | × prompt only | tokens from drafts "
-             "| tok/s per request |", "|---|---|---|---|---|---|---|---|"]
+    run = {(r.model, r.task, r.config, r.prompt, r.rep): r.tok_s for v in groups.values() for r in v}
+
+    def pairs(model: str, seq: str, config: str, other: str) -> str:
+        """The geometric mean of this config's request over another's same request in the same pass."""
+        xs = [t / run[k] for (m, s, c, i, rep), t in run.items() if (m, s, c) == (model, seq, config)
+              and (k := (m, s, other, i, rep)) in run]
+        return f"{geomean(xs):.2f}" if xs and config != other else "–"
+    lines = ["| model | sequence | config | tok/s | × plain | × prompt only | paired × plain | paired × prompt only "
+             "| tokens from drafts | tok/s per request |", "|---|---|---|---|---|---|---|---|---|---|"]
     for (model, seq, config), v in groups.items():
         plain, only = speed.get((model, seq, "plain")), speed.get((model, seq, "lookup, prompt only"))
         per = [statistics.median(r.tok_s for r in v if r.prompt == i) for i in sorted({r.prompt for r in v})]
         x = speed[(model, seq, config)]
         drafts = 100 * sum(r.accepted for r in v) / sum(r.n for r in v)
         cells = [model, seq, config, f"{x:.1f}", f"{x / plain:.2f}" if plain else "–",
-                 f"{x / only:.2f}" if only and config != "plain" else "–", f"{drafts:.0f} %",
-                 " / ".join(f"{t:.0f}" for t in per)]
+                 f"{x / only:.2f}" if only and config != "plain" else "–",
+                 pairs(model, seq, config, "plain"),
+                 pairs(model, seq, config, "lookup, prompt only") if config != "plain" else "–",
+                 f"{drafts:.0f} %", " / ".join(f"{t:.0f}" for t in per)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

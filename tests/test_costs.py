@@ -69,10 +69,15 @@ def test_calibration_measures_every_phase_within_a_generous_budget(target, twin)
     assert target.tokens == [] and twin.tokens == []
 
 
-def test_budget_cuts_calibration_short_but_keeps_the_thread_prior(target):
+def test_budget_cuts_calibration_short_but_keeps_the_thread_prior_and_v(target):
+    """No budget at all: the first stage (the target's step per thread count) finishes, and so does v(γ), on
+    which every decision of the γ controller rests; the rest is left for the next start."""
     cal = measure_calibration(target, k_max=3, budget_s=0.0, cores=2)
-    assert not cal.complete and cal.costs is None and set(cal.threads["target"]) == {1, 2}
+    assert not cal.complete and set(cal.threads["target"]) == {1, 2} and "prompt" not in cal.threads
+    assert cal.costs is not None and len(cal.v) == 4 and cal.costs.timed == (1, 2, 3)
     assert target.tokens == []
+    plain = measure_calibration(target, k_max=0, budget_s=0.0, cores=2)  # nothing drafts: v is not owed
+    assert plain.costs is None and not plain.complete
 
 
 def test_v_is_timed_as_deep_as_the_prompts_it_pays_on(target, monkeypatch):
