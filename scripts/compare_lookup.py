@@ -286,7 +286,7 @@ def paired(results: list[Result]) -> str:
     llama.cpp by its noise)."""
     runs: dict[tuple[str, str], dict[tuple[int, int], dict[str, float]]] = {}
     for r in results:
-        if r.config.startswith("llama.cpp") or r.config in ("plain", "localspec lookup"):
+        if not r.task.endswith(" requests)"):  # the request sequences have their own table
             runs.setdefault((r.model, r.task), {}).setdefault((r.prompt, r.rep), {})[r.config] = r.tok_s
     lines = ["| model | task | localspec ÷ plain | localspec ÷ best llama.cpp | pairs |", "|---|---|---|---|---|"]
     for (model, task), by_pass in runs.items():
