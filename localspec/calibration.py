@@ -38,7 +38,7 @@ from .machine import cpu_count, free_cores, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
 SCHEMA = 5  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
-# 4: v(γ) timed at V_DEPTH; 5: v(γ) a median of ratios to the plain rounds beside each (costs._verify_ratios)
+# 4: v(γ) timed at V_DEPTH; 5: v(γ) the smallest ratio to the plain rounds beside each round (costs._verify_ratios)
 CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
 # v(γ) is timed this deep: the prompts speculation pays on (a pasted document, a file to edit) are hundreds of
 # tokens, and a verify batch's attention grows with them. Timed at 16, the real verify rounds of the benchmark
@@ -140,7 +140,7 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
         depth = max(0, min(V_DEPTH, target.n_ctx - target.n_past - k_max - 2))  # a small context: shallower
         # v(γ) is timed in full when the controller drafts, whatever the budget: every one of its decisions rests
         # on v. Budgeted, the stage was dropped at 2 of 4 first starts of Gemma-3-270M (the controller ran on the
-        # guess, 1.75 at γ = 3 against 3.4-4.6 timed) or cut to one repeat, where one stalled round is v
+        # guess, 1.75 at γ = 3 against 3.0-4.6 timed) or cut to one repeat, where one stalled round is v
         must = k_max > 0
         costs = stage(lambda d: measure(target, toks[:depth + k_max + 1], k_max, repeats=repeats,
                                         deadline=None if must else d, drafters=drafters), must=must)
