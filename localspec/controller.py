@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence, TYPE_CHECKING
 
+from .estimate import SourceEstimate
 from .rate import best_k, v_at
 
 if TYPE_CHECKING:
@@ -82,51 +83,6 @@ class FixedK:
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
-
-
-# -- online estimates -----------------------------------------------------------------------------------------
-
-@dataclass
-class SourceEstimate:
-    """What one draft source has shown: per-position acceptance (decayed Beta counts) and its cost c."""
-
-    alpha_prior: float = 0.7  # prior acceptance of the first draft position ...
-    alpha_next: float | None = None  # ... and of each later one (None: each leans on the position before it)
-    c: float = 0.0
-    n: list[float] = field(default_factory=list)  # decayed observations per position (position reached)
-    a: list[float] = field(default_factory=list)  # ... accepted
-    rounds: int = 0
-    on: bool = True
-    since_probe: int = 0
-    probe_every: int = 0
-    rate: float = 1.0
-    k: int = 0
-    reason: str | None = None
-    hopeless: bool = False  # off and not probed: no α could make it pay, or no probe could turn it on yet
-    probe_due: bool = False  # off, and a probe is owed the next round this source drafts
-
-    def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
-        """α_1..α_k: each position's counts over its prior, which is `alpha_prior` for the first and
-        `alpha_next` for the rest when the drafter declared one, else the estimate of the position before."""
-        out: list[float] = []
-        prev = self.alpha_prior
-        for i in range(k):
-            n = self.n[i] if i < len(self.n) else 0.0
-            a = self.a[i] if i < len(self.a) else 0.0
-            prior = prev if i == 0 or self.alpha_next is None else self.alpha_next
-            prev = (a + prior_n * prior) / (n + prior_n)
-            out.append(prev)
-        return out
-
-    def update(self, drafted: int, accepted: int, decay: float) -> None:
-        self.rounds += 1
-        # position i is reached iff all before it were accepted: i <= accepted; accepted iff i < accepted
-        for i in range(min(drafted, accepted + 1)):
-            while len(self.n) <= i:
-                self.n.append(0.0)
-                self.a.append(0.0)
-            self.n[i] = decay * self.n[i] + 1.0
-            self.a[i] = decay * self.a[i] + (1.0 if i < accepted else 0.0)
 
 
 @dataclass(frozen=True)

@@ -126,15 +126,13 @@ def _out_of_time(deadline: Deadline | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline.at
 
 
-def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int, deadline: Deadline | None,
-                 warm: Sequence[str] | None = None) -> dict[str, float]:
-    """Minimum of each timer over `repeats` interleaved rounds after a warm-up call of each of `warm` (default:
-    all; first calls start the thread pool and allocate compute buffers, the largest batch the largest); stops
-    at the deadline once every timer has been timed (mid-round: a round of every verify length is most of a
-    second on a 2-core CPU)."""
+def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int,
+                 deadline: Deadline | None) -> dict[str, float]:
+    """Minimum of each timer over `repeats` interleaved rounds after a warm-up call of each (first calls start
+    the thread pool and allocate compute buffers); stops at the deadline once every timer has been timed."""
     best: dict[str, float] = {}
-    for key in timers if warm is None else warm:
-        timers[key]()
+    for fn in timers.values():
+        fn()
     for _ in range(repeats):
         for key, fn in timers.items():
             if _out_of_time(deadline):
