@@ -18,7 +18,6 @@ without reindented copies); it loads each recorded model again for its indentati
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
