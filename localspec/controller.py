@@ -157,7 +157,7 @@ class Adaptive:
         self.v_scale = self._decided_scale = 1.0  # ... and the factor every source was last decided at
         self._v = self._curve()
         c = dict(c or {})
-        self.prior = dict(prior or {})  # source -> (α first, α later) a drafter declared (`Drafter.prior`)
+        self.prior = dict(prior or {})  # source -> (α first, α later, …) a drafter declared (`Drafter.prior`)
         self.src: dict[str, SourceEstimate] = {
             s: self._new_estimate(s, _C_UNKNOWN if c.get(s) is None else c[s]) for s in sources}
         self.k_hist: Counter[int] = Counter()
@@ -250,10 +250,10 @@ class Adaptive:
 
     def _new_estimate(self, source: str, c: float) -> SourceEstimate:
         """A source's estimate before any round: the prior its drafter declared, else the controller's."""
-        first, later = self.prior.get(source, (self.alpha_prior, None))
+        first, *later = self.prior.get(source, (self.alpha_prior,))
         # off until the prior clears on_above, and then off like a source that switched off: first probe after
         # probe_every rounds
-        return SourceEstimate(alpha_prior=first, alpha_next=later, c=c, on=False, probe_every=self.probe_every)
+        return SourceEstimate(alpha_prior=first, later=tuple(later), c=c, on=False, probe_every=self.probe_every)
 
     def _next_k(self, est: SourceEstimate) -> int:
         """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);

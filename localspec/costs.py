@@ -146,6 +146,7 @@ def _interleaved(timers: Mapping[str, Callable[[], float]], repeats: int,
 
 DENSE_TO = 8  # v(γ) is timed at every γ up to here, then where γ + 1 fills a tile of TILE rows, and at k_max
 TILE = 4
+COARSE_FROM, COARSE_TILE = 32, 16  # past 32 rows, only where γ + 1 fills a tile of 16: two more timed rounds to 64
 
 
 def timed_gammas(k_max: int) -> list[int]:
@@ -155,9 +156,11 @@ def timed_gammas(k_max: int) -> list[int]:
     5.0, v(15) 5.1 against v(16) 6.6, v(31) 9.2 against v(32) 10.5; SmolLM2-135M Q4_1 v(7) = v(6) 4.7, v(15) 8.0
     against v(16) 8.8). The controller drafts only timed lengths (`Costs.timed`), so it lands on those dips and
     never on an interpolated γ. Long drafts need v measured where they are: extrapolated from γ ≤ 8, Gemma-3-270M
-    was taken for 1.6x dearer than it is at γ = 32 and the controller cut its copies short."""
+    was taken for 1.6x dearer than it is at γ = 32 and the controller cut its copies short. Past 32 rows (a copy
+    that has run on, a loop) coarser, every 16: each such round costs 10-20 target steps to time."""
     dense = set(range(min(k_max, DENSE_TO) + 1))
-    tiles = {g for g in range(DENSE_TO + 1, k_max + 1) if (g + 1) % TILE == 0}
+    tiles = {g for g in range(DENSE_TO + 1, k_max + 1)
+             if (g + 1) % (TILE if g < COARSE_FROM else COARSE_TILE) == 0}
     return sorted(dense | tiles | {k_max})
 
 

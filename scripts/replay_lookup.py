@@ -32,6 +32,7 @@ from localspec.backend import LoadOptions, Model
 from localspec.controller import Adaptive
 from localspec.rate import v_at
 from localspec.drafters import PromptLookup
+from localspec.loader import EngineSpec
 from localspec.reindent import Indents
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step
@@ -84,7 +85,7 @@ class Localspec:
                  **ctl) -> None:
         self.lookup = lookup or PromptLookup()
         self.v = list(v)
-        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=32, v=v, t1=1.0, gammas=timed,
+        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=EngineSpec.k_max_lookup, v=v, t1=1.0, gammas=timed,
                             c=dict(self.lookup.cost), prior=self.lookup.prior, **ctl)
 
     def __call__(self, context: list[int]) -> tuple[list[int], str]:

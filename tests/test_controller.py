@@ -286,3 +286,21 @@ def test_drafts_only_timed_lengths_and_finds_the_tile_dips():
     untimed = Adaptive(sources=("lookup",), k_max=8, v=v[:9], t1=0.01, c={"lookup": 0.0},
                        prior={"lookup": (0.9, 0.9)}, learn_costs=False)
     assert untimed.choose_k() == 7  # no timed list: every γ, and the dip at 7 still wins
+
+
+def test_a_prior_by_position_lets_a_long_copy_draft_far():
+    """A verbatim copy that has run on runs further (drafters.LOOKUP_PRIOR, estimate.PRIOR_FROM): with its later
+    positions' prior rising towards 1 the controller drafts far on a curve whose rows get cheap past 8 (Gemma-3-270M
+    on 2 cores), where one value for every later position stops short. Positions beyond the prior's values keep
+    its last one."""
+    from localspec.estimate import SourceEstimate
+
+    e = SourceEstimate(alpha_prior=0.9, later=(0.8, 0.95))
+    assert e.alphas(10) == pytest.approx([0.9] + [0.8] * 7 + [0.95] * 2)
+    assert SourceEstimate(alpha_prior=0.6).alphas(3) == pytest.approx([0.6] * 3)  # no `later`: each leans back
+    v = [1.0 + min(d, 8) * 0.45 + max(0, d - 8) * 0.2 for d in range(64)]
+    flat = Adaptive(sources=("lookup",), k_max=63, v=v, t1=0.01, c={"lookup": 0.0},
+                    prior={"lookup": (0.97, 0.95)}, learn_costs=False)
+    rising = Adaptive(sources=("lookup",), k_max=63, v=v, t1=0.01, c={"lookup": 0.0},
+                      prior={"lookup": (0.97, 0.95, 0.97, 0.99, 0.995)}, learn_costs=False)
+    assert rising.choose_k() > 32 > flat.choose_k()

@@ -181,6 +181,7 @@ def test_v_is_timed_at_long_drafts_and_interpolated_between():
     assert timed_gammas(8) == list(range(9)) and timed_gammas(3) == [0, 1, 2, 3]
     assert timed_gammas(32) == [*range(9), 11, 15, 19, 23, 27, 31, 32]
     assert timed_gammas(13) == [*range(9), 11, 13]
+    assert timed_gammas(63) == [*range(9), 11, 15, 19, 23, 27, 31, 47, 63]  # past 32 rows: tiles of 16
     v = interpolate({0: 1.0, 8: 5.0, 16: 7.0}, 16)
     assert len(v) == 17 and v[8] == 5.0 and v[12] == pytest.approx(6.0)
 
