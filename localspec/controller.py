@@ -126,7 +126,8 @@ class Adaptive:
 
     def __init__(self, *, sources: Sequence[str] = ("draft",), k_min: int = 1, k_max: int = 8,
                  v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float] | None = None,
-                 prior: Mapping[str, tuple[float, float]] | None = None, alpha_prior: float = 0.7, decay: float = 0.95, cost_weight: float = 0.1,
+                 prior: Mapping[str, tuple[float, ...]] | None = None, alpha_prior: float = 0.7,
+                 decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.1, warmup: int = 0,
                  probe_every: int = 64, probe_max: int = 256, probe_k: int | None = None,
                  learn_costs: bool = True, explore_every: int = 16, gammas: Sequence[int] = ()) -> None:

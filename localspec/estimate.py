@@ -8,11 +8,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 # A prior's values after the first apply from these draft positions on: (first, 1-7, 8-15, 16-31, 32 on), a shorter
-# prior's last value to every position after it. A copy that has run on is likely to run on further: measured on
-# recorded greedy answers (localspec/drafters.py LOOKUP_PRIOR), a verbatim match's drafted tokens were accepted
-# 98 % of the time at positions 1-7, 99.1 % at 8-15, 99.8 % at 16-31 and every time beyond. One value for every
-# later position either drafted a copy too short to pay for its verify (SmolLM2-135M's linear v) or, set high,
-# drafted mid-length matches too far.
+# prior's last value to every position after it: a copy that has run on is likely to run on further (measured:
+# localspec/drafters.py LOOKUP_PRIOR), which one value for every later position cannot say.
 PRIOR_FROM = (1, 8, 16, 32)
 
 
@@ -44,10 +41,14 @@ class SourceEstimate:
         for i in range(k):
             n = self.n[i] if i < len(self.n) else 0.0
             a = self.a[i] if i < len(self.a) else 0.0
-            prior = prev if i == 0 or not self.later else self.later[min(bisect_right(PRIOR_FROM, i), len(self.later)) - 1]
+            prior = prev if i == 0 or not self.later else self._later_at(i)
             prev = (a + prior_n * prior) / (n + prior_n)
             out.append(prev)
         return out
+
+    def _later_at(self, i: int) -> float:
+        """The prior of draft position i ≥ 1: the value of `later` for its band (PRIOR_FROM), else the last one."""
+        return self.later[min(bisect_right(PRIOR_FROM, i), len(self.later)) - 1]
 
     def update(self, drafted: int, accepted: int, decay: float) -> None:
         self.rounds += 1
