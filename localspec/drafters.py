@@ -197,15 +197,19 @@ class PromptLookup:
         found = self.find(context)
         if found is None:
             return EMPTY
-        source, where, m = found
-        k = min(k_for(source), self.max_draft)
+        k = min(k_for(found[0]), self.max_draft)
         if k <= 0:
             return EMPTY
+        tokens = self.continuation(found, k)
+        return Draft(tuple(tokens), None, found[0]) if tokens else EMPTY
+
+    def continuation(self, found: tuple[str, MatchIndex, Match], k: int) -> list[int]:
+        """Up to k tokens that followed the match `find` returned: copied on through the context's own ending
+        (a loop), or with the indentation moved (a reindented copy)."""
+        source, where, m = found
         if source == LOOKUP_REINDENT:
-            tokens = self.indents.moved(self.index.tokens[m.end:m.end + k], self._shift)
-        else:
-            tokens = where.continuation(m, k, wrap=where is self.index)
-        return Draft(tuple(tokens), None, source) if tokens else EMPTY
+            return self.indents.moved(self.index.tokens[m.end:m.end + k], self._shift)
+        return where.continuation(m, k, wrap=where is self.index)
 
     def close(self) -> None:
         pass

@@ -9,6 +9,7 @@ numerics). A round that drafts d tokens costs v(d) single-token steps (the model
 
     python scripts/replay_lookup.py --record runs.json                # plain decoding, every task prompt, each model
     python scripts/replay_lookup.py --replay runs.json                # every drafting rule on those answers
+    python scripts/replay_lookup.py --hazard runs.json                # acceptance by match bucket and position
 
 `--replay` runs localspec's own `PromptLookup` with the default adaptive controller (fed the rounds it would see),
 a re-implementation of llama.cpp's ngram-cache drafting rule, and the rules named in `RULES` ("localspec-verbatim":
@@ -21,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -85,8 +87,8 @@ class Localspec:
                  **ctl) -> None:
         self.lookup = lookup or PromptLookup()
         self.v = list(v)
-        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=EngineSpec.k_max_lookup, v=v, t1=1.0, gammas=timed,
-                            c=dict(self.lookup.cost), prior=self.lookup.prior, **ctl)
+        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=EngineSpec.k_max_lookup, v=v, t1=1.0,
+                            gammas=timed, c=dict(self.lookup.cost), prior=self.lookup.prior, **ctl)
 
     def __call__(self, context: list[int]) -> tuple[list[int], str]:
         k = self.ctl.choose_k()
@@ -157,8 +159,8 @@ class Oracle:
         found = self.lookup.find(context)
         if found is None:
             return [], ""
-        source, where, m = found
-        cont = where.continuation(m, 64)
+        source = found[0]
+        cont = self.lookup.continuation(found, 64)
         n = 0
         while n < len(cont) and n < len(self.future) and cont[n] == self.future[n]:
             n += 1
@@ -237,10 +239,43 @@ def replay(path: str, rules: list[str]) -> None:
                       f"({100 * acc / max(dr, 1):.0f} %) |")
 
 
+BANDS = (0, 1, 8, 16, 32)  # draft positions: the first, then estimate.PRIOR_FROM's bands
+
+
+def hazard(path: str) -> None:
+    """Per match bucket and band of draft positions, how often the longest match's continuation was what the
+    answer said next, given the positions before it were: at every position of every recorded answer (the
+    positions a round drafts from are a subset). What drafters.LOOKUP_PRIOR's values by position rest on."""
+    data = json.loads(Path(path).read_text())
+    print("| model | bucket | " + " | ".join(f"position {a}" if b == a + 1 else f"positions {a}-{b - 1}"
+                                          for a, b in zip(BANDS, BANDS[1:]))
+          + f" | {BANDS[-1]} on |")
+    print("|---|---|" + "---|" * len(BANDS))
+    for m in data:
+        counts: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in BANDS])
+        ind = indents(m.get("path"))
+        for r in m["runs"]:
+            lk, context, answer = PromptLookup(indents=ind), list(r["prompt"]), r["answer"]
+            for i in range(len(answer)):
+                found = lk.find(context)
+                if found is not None:
+                    for j, t in enumerate(lk.continuation(found, 64)[:len(answer) - i]):
+                        band = counts[found[0]][bisect_right(BANDS, j) - 1]
+                        band[0] += 1
+                        if t != answer[i + j]:
+                            break
+                        band[1] += 1
+                context.append(answer[i])
+        for source, bands in sorted(counts.items()):
+            cells = [f"{a / n:.3f} ({n})" if n else "–" for n, a in bands]
+            print(f"| {m['model'][:12]} | {source} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--record")
     ap.add_argument("--replay")
+    ap.add_argument("--hazard", help="recorded runs: acceptance by match bucket and draft position")
     ap.add_argument("--model", action="append", default=[])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -252,6 +287,8 @@ def main() -> None:
         record(a.record, a.model, a.max_tokens, a.threads, a.task)
     if a.replay:
         replay(a.replay, a.rules.split(","))
+    if a.hazard:
+        hazard(a.hazard)
 
 
 if __name__ == "__main__":
