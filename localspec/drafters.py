@@ -61,8 +61,9 @@ LOOKUP_REINDENT = "lookup:reindented"  # a match across lines at another depth: 
 # Taken lower: the positions a round drafts from are those just after the last round failed, where copies break.
 # Replayed (scripts/replay_lookup.py, the same answers): Gemma-3-270M's JSON 2.46 -> 2.53x plain, rewrite 2.31 ->
 # 2.43, prose 2.78 -> 2.82, SmolLM2-135M unchanged; timed in one process against the constant later values, prompt
-# by prompt in turn (9 pairs a task): JSON 1.00x, rewrite 1.03x, prose 1.03x. Rising values on the shorter buckets
-# too cost SmolLM2-135M (verify ~0.5 steps a row) up to 10 % replayed (RAG 1.04 -> 0.94): its mid-length copies break.
+# by prompt in turn (9-12 pairs a task): JSON 1.00x, rewrite 1.00-1.03x, prose 1.03x, RAG 0.99x, within the noise.
+# Rising values on the shorter buckets too cost SmolLM2-135M (verify ~0.5 steps a row) up to 10 % replayed (RAG
+# 1.04 -> 0.94): its mid-length copies break.
 LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG: (0.9, 0.93),
                 LOOKUP_VERBATIM: (0.97, 0.95, 0.97, 0.99, 0.995), LOOKUP_CACHE: (0.9, 0.95),
                 LOOKUP_LOOP: (0.97, 0.97, 0.99, 0.995, 0.998),
