@@ -292,10 +292,10 @@ def paired(results: list[Result]) -> str:
     for (model, task), by_pass in runs.items():
         cpp = {c for p in by_pass.values() for c in p if c.startswith("llama.cpp")}
         best = max(cpp, key=lambda c: statistics.median(p[c] for p in by_pass.values() if c in p)) if cpp else None
-        ours = [p for p in by_pass.values() if "localspec lookup" in p and "plain" in p]
-        to_best = [p["localspec lookup"] / p[best] for p in ours if best in p]
-        cells = [model, task, f"{geomean([p['localspec lookup'] / p['plain'] for p in ours]):.2f}",
-                 f"{geomean(to_best):.2f} ({best[len('llama.cpp '):]})" if to_best else "–", str(len(ours))]
+        both = [p for p in by_pass.values() if "localspec lookup" in p and "plain" in p]
+        to_best = [p["localspec lookup"] / p[best] for p in both if best in p]
+        cells = [model, task, f"{geomean([p['localspec lookup'] / p['plain'] for p in both]):.2f}",
+                 f"{geomean(to_best):.2f} ({best[len('llama.cpp '):]})" if to_best else "–", str(len(both))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
