@@ -12,6 +12,9 @@ the longest match L then lies in [n, 2n), every occurrence of length L is among 
 backward comparison over them (most recent first) finds L exactly. Hashes only pick candidates; every length is
 compared token by token, so a collision can never produce a wrong draft.
 
+`MatchIndex.gapped` finds a match across one changed token: a template's slot (a list number, a name, a day) breaks
+the plain match, and the copy resumes after it.
+
 `SuffixCache` is the same index over earlier requests (prompts and answers), bounded in tokens: the oldest
 documents are dropped first.
 """
@@ -29,6 +32,7 @@ SEPARATOR = -1  # between cached documents: never equal to a token, so no match 
 
 
 CONSENSUS_MAX = 8  # occurrences looked at (most recent first) to tell whether the text agrees on what follows
+GAP_MAX, GAP_MIN = 3, 6  # a gapped match: at most this many tokens confirmed after the slot, at least this many before
 
 
 @dataclass(frozen=True)
@@ -81,15 +85,15 @@ class MatchIndex:
                     del self._ends[n][key]
             toks.pop()
 
-    def longest(self, query: Sequence[int], before: int) -> Match | None:
-        """The longest suffix of `query` (≤ MAX_MATCH) occurring in the index ending at a position < `before`;
-        the most recent such occurrence. None when not even the last token occurred."""
-        m = len(query)
+    def longest(self, query: Sequence[int], before: int, end: int | None = None) -> Match | None:
+        """The longest suffix of `query[:end]` (≤ MAX_MATCH) occurring in the index ending at a position <
+        `before`; the most recent such occurrence. None when not even the last token occurred."""
+        m = len(query) if end is None else end
         rung, cands, hi = 0, [], 0
         for n in RUNGS:
             if n > m:
                 break
-            ends = self._ends[n].get(hash(tuple(query[m - n:])))
+            ends = self._ends[n].get(hash(tuple(query[m - n:m])))
             h = bisect_left(ends, before) if ends else 0
             if not h:
                 break
@@ -100,14 +104,14 @@ class MatchIndex:
         best: Match | None = None
         for j in range(hi - 1, -1, -1):  # most recent first; an older one wins only by being strictly longer
             e = cands[j]
-            length = self._back(query, e, min(upper, e + 1))
+            length = self._back(query, m, e, min(upper, e + 1))
             if best is None or length > best.length:
                 best = Match(length, e + 1)
                 if length == upper:
                     break
         if best is None or best.length <= 0:
             return None
-        return self._consensus(best, list(query[m - rung:]), cands[:hi])
+        return self._consensus(best, list(query[m - rung:m]), cands[:hi])
 
     def _consensus(self, match: Match, gram: list[int], ends: Sequence[int]) -> Match:
         """`match` with how the most recent occurrences of its rung's n-gram `gram` went on (SuffixDecoding
@@ -125,13 +129,40 @@ class MatchIndex:
             return match
         return Match(match.length, match.end, len(follow), sum(t == nxt for t in follow))
 
-    def _back(self, query: Sequence[int], e: int, cap: int) -> int:
-        """How many tokens of query's suffix equal the tokens ending at position e (at most cap)."""
-        toks, m = self.tokens, len(query)
+    def _back(self, query: Sequence[int], m: int, e: int, cap: int) -> int:
+        """How many tokens of query[:m]'s suffix equal the tokens ending at position e (at most cap)."""
+        toks = self.tokens
         n = 0
         while n < cap and toks[e - n] == query[m - 1 - n]:
             n += 1
         return n
+
+    def gapped(self, max_gap: int = GAP_MAX, min_length: int = GAP_MIN) -> Match | None:
+        """A match of the index's own ending across one changed token: the ending is A x B with B the last g
+        tokens (1 ≤ g ≤ max_gap), and the most recent of A's longest earlier occurrences (at least `min_length`)
+        was followed by another token y ≠ x, then by B. Its `length` is |A| + g and its `end` the token after
+        that B: the draft. The longest such match over g; None when there is none.
+
+        A template repeated with a varying slot ("2. Press the button … 3. Press the button …", a name, a day)
+        breaks the plain match at every slot; it resumes only once the new instance has its own run of tokens
+        again (llama.cpp's ngram-simple waits for 12). Across the slot, A says which instance is being copied and
+        B that the copy goes on after it. B must be there (g ≥ 1): the slot alone, guessed as a substitution,
+        was copied on far less often (scripts/replay_lookup.py)."""
+        toks, n = self.tokens, len(self.tokens)
+        best: Match | None = None
+        for g in range(1, max_gap + 1):
+            slot = n - g - 1  # the changed token's position in the ending
+            if slot < 2:
+                break
+            a = self.longest(toks, slot - 1, end=slot)
+            if a is None or a.length < min_length:
+                continue
+            start = a.end + 1 + g  # the occurrence's slot is at a.end, its B after it
+            if start >= slot or toks[a.end] == toks[slot] or toks[a.end + 1:start] != toks[n - g:]:
+                continue
+            if best is None or a.length + g > best.length:
+                best = Match(a.length + g, start)
+        return best
 
     def continuation(self, match: Match, k: int, *, wrap: bool = False) -> list[int]:
         """Up to k tokens after the match, stopping at a document separator. `wrap` (the match is of these

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.controller import Adaptive, FixedK
-from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_LONG, LOOKUP_LOOP, LOOKUP_MID,
+from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_GAPPED, LOOKUP_LONG, LOOKUP_LOOP, LOOKUP_MID,
                                 LOOKUP_SHORT, LOOKUP_VERBATIM, PromptLookup)
 from localspec.sampling import SamplingParams
 from localspec.speculative import Step
@@ -64,6 +64,20 @@ def test_a_split_match_drops_a_level_and_a_split_short_one_drafts_nothing():
     assert d.source == LOOKUP_SHORT and d.tokens[0] == 9  # a 3-token match, split: mid -> short
     assert lk.propose([1, 5, 2, 5, 3, 5], k_for, P, RNG) is EMPTY  # "5" went on as 2 and 3: split short
     assert log == [LOOKUP_SHORT]
+
+
+def test_a_template_is_copied_on_across_its_slot_as_a_bucket_of_its_own():
+    """Items that differ in one token (a number, a name): once a token after the slot agrees, the match across
+    it is drafted as `lookup:gapped`; where the plain match is as long, the plain one drafts."""
+    lk = PromptLookup(mid_at=3, long_at=8, verbatim_at=16)
+    k_for, log = asked(6)
+    item = list(range(20, 32))  # ". Press the small reset button on the back of the router.\n" ...
+    ctx = [900, 1] + item + [2] + item + [3, 20]
+    d = lk.propose(ctx, k_for, P, RNG)
+    assert d.source == LOOKUP_GAPPED and d.tokens == tuple(item[1:7]) and log == [LOOKUP_GAPPED]
+    plain = [900] + item + [5] + item[:10]  # the item again, unchanged so far: a 10-token plain match
+    d = lk.propose(plain, k_for, P, RNG)
+    assert d.source == LOOKUP_LONG and d.tokens == tuple(item[10:12]) + (5,) + tuple(item[:3])
 
 
 def test_each_bucket_starts_from_its_declared_prior():

@@ -1,5 +1,6 @@
 """The match index against a brute-force reference on seeded random token streams (longest match, most
-recent occurrence), through appends and rewinds; the cross-request cache stays within its token bound."""
+recent occurrence; a match across one changed token), through appends and rewinds; the cross-request cache stays
+within its token bound."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import tracemalloc
 
 import pytest
 
-from localspec.suffix import CONSENSUS_MAX, MAX_MATCH, RUNGS, SEPARATOR, Match, MatchIndex, SuffixCache
+from localspec.suffix import (CONSENSUS_MAX, GAP_MAX, GAP_MIN, MAX_MATCH, RUNGS, SEPARATOR, Match, MatchIndex,
+                              SuffixCache)
 
 
 def brute_longest(tokens: list[int], query: list[int], before: int) -> Match | None:
@@ -29,6 +31,40 @@ def brute_longest(tokens: list[int], query: list[int], before: int) -> Match | N
                     return Match(length, e + 1)
                 return Match(length, e + 1, len(follow), sum(t == nxt for t in follow))
     return None
+
+
+def brute_gapped(tokens: list[int], max_gap: int = GAP_MAX, min_length: int = GAP_MIN) -> Match | None:
+    """The ending is A x B, |B| = g: A's longest earlier match (most recent among the longest, as brute_longest
+    finds it) at least min_length long, followed there by y != x and then B, its copy starting before x. The
+    longest |A| + g over g, the smaller g on a tie."""
+    n, best = len(tokens), None
+    for g in range(1, max_gap + 1):
+        slot = n - g - 1
+        if slot < 2:
+            break
+        a = brute_longest(tokens, tokens[:slot], slot - 1)
+        if a is None or a.length < min_length:
+            continue
+        start = a.end + 1 + g
+        if start < slot and tokens[a.end] != tokens[slot] and tokens[a.end + 1:start] == tokens[n - g:]:
+            if best is None or a.length + g > best.length:
+                best = Match(a.length + g, start)
+    return best
+
+
+def templated(rng: random.Random, n: int, vocab: int) -> list[int]:
+    """Random tokens and copies of earlier spans with a token or two changed: a template and its slots."""
+    out: list[int] = []
+    while len(out) < n:
+        if out and rng.random() < 0.5:
+            s = rng.randrange(len(out))
+            span = out[s:s + rng.randint(4, 40)]
+            for _ in range(rng.randint(1, 2)):
+                span[rng.randrange(len(span))] = rng.randrange(vocab)
+            out.extend(span)
+        else:
+            out.extend(rng.randrange(vocab) for _ in range(rng.randint(1, 6)))
+    return out[:n]
 
 
 def stream(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -52,6 +88,40 @@ def test_longest_matches_brute_force_as_tokens_arrive(seed):
         idx.append(t)
         got = idx.longest(idx.tokens, len(idx) - 1)
         assert got == brute_longest(toks[:i + 1], toks[:i + 1], i), (seed, i)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_gapped_matches_brute_force_as_tokens_arrive(seed):
+    rng = random.Random(300 + seed)
+    toks = templated(rng, 260, vocab=rng.choice([3, 8, 50]))
+    idx, found = MatchIndex(), 0
+    for i, t in enumerate(toks):
+        idx.append(t)
+        got = idx.gapped()
+        assert got == brute_gapped(toks[:i + 1]), (seed, i)
+        found += got is not None
+    assert found  # the streams do hold templates with a changed token
+
+
+def test_a_numbered_list_is_copied_on_across_its_number():
+    """"1. press the reset button\n2. press the reset button\n3." (as tokens): after "3 ." the plain match is
+    two tokens, the match across the changed number is the whole line, and the copy goes on after it."""
+    line = [10, 11, 12, 13, 14, 15, 16]  # " press the small reset button on the" ...
+    toks = [1, 99] + line + [50] + [2, 99] + line + [50] + [3, 99]
+    idx = MatchIndex()
+    idx.extend(toks)
+    m = idx.gapped()
+    assert m is not None and m.length == len(line) + 2 + 1  # A: line, "\n" and the number before; B: "."
+    assert idx.continuation(m, 8) == line + [50]
+    idx.extend([4])  # the number is the last token, nothing after it agrees yet: no gapped match
+    assert idx.gapped() is None
+
+
+def test_longest_of_a_prefix_of_the_query():
+    idx = MatchIndex()
+    idx.extend([5, 6, 7, 8, 1, 5, 6, 7, 9])
+    assert idx.longest(idx.tokens, 7, end=8) == idx.longest([5, 6, 7, 8, 1, 5, 6, 7], 7)
+    assert idx.longest(idx.tokens, 7, end=8).length == 3
 
 
 @pytest.mark.parametrize("seed", range(6))
