@@ -8,6 +8,7 @@ numerics). A round that drafts d tokens costs v(d) single-token steps (the model
     predicted speed-up over plain = answer tokens / Σ_rounds v(d_r)
 
     python scripts/replay_lookup.py --record runs.json                # plain decoding, every task prompt, each model
+    python scripts/replay_lookup.py --record held.json --held-out     # ... the held-out prompts instead
     python scripts/replay_lookup.py --replay runs.json                # every drafting rule on those answers
     python scripts/replay_lookup.py --hazard runs.json                # acceptance by match bucket and position
 
@@ -44,9 +45,10 @@ GREEDY = SamplingParams()
 SINGLE = {*LOOKUP_TASKS, "prose"}  # tasks of one request a prompt; the other recorded tasks are request sequences
 
 
-def record(path: str, models: list[str], max_tokens: int, threads: int, only: list[str]) -> None:
+def record(path: str, models: list[str], max_tokens: int, threads: int, only: list[str],
+           held_out: bool = False) -> None:
     from compare_lookup import Bench, converse, default_models, sequences  # noqa: the same prompts and rendering
-    from localspec.bench.samples import LOOKUP_PROSE
+    from localspec.bench.samples import LOOKUP_HELD_OUT, LOOKUP_PROSE
     from localspec.speculative import generate
 
     a = argparse.Namespace(ctx=4096, threads=threads)
@@ -64,10 +66,10 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
             print(f"{b.name} {task}: {len(answer)} tokens", file=sys.stderr)
             return b.target.detokenize(answer)
 
-        for task, prompts in {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}.items():
+        for task, prompts in (LOOKUP_HELD_OUT if held_out else {**LOOKUP_TASKS, "prose": LOOKUP_PROSE}).items():
             for p in prompts if not only or task in only else []:
                 ask(task, [{"role": "user", "content": p}])
-        for seq, turns in sequences().items():
+        for seq, turns in ({} if held_out else sequences()).items():
             if not only or seq in only:
                 converse(seq, turns, lambda r: ask(seq, r), len(turns))
         out.append({"model": b.name, "path": m, "v": cal_v, "timed": timed, "runs": runs})
@@ -281,10 +283,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--task", action="append", default=[], help="record only this task or sequence (repeat)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="record the held-out prompts (samples.LOOKUP_HELD_OUT), not the benchmark's")
     a = ap.parse_args()
     if a.record:
         sys.path.insert(0, str(Path(__file__).parent))
-        record(a.record, a.model, a.max_tokens, a.threads, a.task)
+        record(a.record, a.model, a.max_tokens, a.threads, a.task, a.held_out)
     if a.replay:
         replay(a.replay, a.rules.split(","))
     if a.hazard:

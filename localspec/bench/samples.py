@@ -93,6 +93,57 @@ LOOKUP_TASKS: dict[str, list[str]] = {
 }
 LOOKUP_PROSE = PROSE + ["Describe a city at night in the rain, in a few vivid paragraphs."]
 
+# Held out: other documents and code, the same four kinds of task. A drafting rule tuned on LOOKUP_TASKS' answers
+# is checked on these before it is kept (scripts/replay_lookup.py --record runs.json --held-out).
+_LIBRARY = ("The Riverside Library will move to a new building at 14 Mill Lane on 1 September. The old building on "
+            "Church Road closes on 20 August, and books borrowed before then can be returned to either address until "
+            "the end of September. The new library has a children's room on the ground floor, a quiet study area on "
+            "the first floor and twelve public computers. Opening hours stay the same: 9am to 6pm on weekdays and "
+            "10am to 4pm on Saturdays. Parking is free for the first two hours. Volunteers who want to help with "
+            "the move should email Priya Shah before 10 August.")
+_NOTES = ("Meeting notes, project Atlas, 12 March. Attendees: Lena, Omar, Sofia, Raj. Lena said the database "
+          "migration finished on 8 March and took four hours longer than planned because of a locked table. Omar "
+          "reported that the new login page is ready for review and asked for feedback by Friday. Sofia will contact "
+          "the vendor about the invoice for February, which was 1,200 dollars instead of the agreed 950. Raj proposed "
+          "moving the weekly meeting from Tuesday to Thursday. The next release is planned for 2 April.")
+_DESCALE = ("To descale the coffee machine, fill the water tank with one part vinegar and two parts water. Place a "
+            "large cup under the spout and press the hot water button until the tank is half empty. Wait twenty "
+            "minutes, then run the rest of the mixture through. Rinse the tank and run two full tanks of clean water "
+            "to remove the taste of vinegar. Descale every three months, or every month if your water is hard.")
+_CODE_ORDERS = ("```python\ndef load_orders(path):\n    orders = []\n    with open(path) as f:\n        for line in f:\n"
+                "            order_id, customer, amount = line.strip().split(\",\")\n"
+                "            orders.append({\"id\": order_id, \"customer\": customer, \"amount\": float(amount)})\n"
+                "    return orders\n\n\ndef total_by_customer(orders):\n    totals = {}\n    for order in orders:\n"
+                "        totals[order[\"customer\"]] = totals.get(order[\"customer\"], 0) + order[\"amount\"]\n"
+                "    return totals\n```")
+_CODE_CONFIG = ("```js\nfunction parseConfig(text) {\n  const config = {};\n  for (const line of text.split(\"\\n\")) {\n"
+                "    const [key, value] = line.split(\"=\");\n    if (key && value) {\n"
+                "      config[key.trim()] = value.trim();\n    }\n  }\n  return config;\n}\n\n"
+                "function getPort(config) {\n  return Number(config.port || 8080);\n}\n```")
+LOOKUP_HELD_OUT: dict[str, list[str]] = {
+    "rag": [f"Answer from the text only, quoting it where you can.\n\n{_LIBRARY}\n\nQuestion: What will the new "
+            "library have, and when does the old one close?",
+            f"Use the notes to answer.\n\n{_NOTES}\n\nQuestion: What did Sofia and Raj say?",
+            f"Here are instructions.\n\n{_DESCALE}\n\nQuestion: How do I descale the machine and how often?",
+            f"Answer using only this text.\n\n{_LIBRARY}\n\nQuestion: What are the opening hours and who should "
+            "volunteers contact?"],
+    "json": [f"Return a JSON object with the keys \"new_address\", \"moving_date\", \"old_building_closes\" and "
+             f"\"facilities\" (a list, in the text's words).\n\n{_LIBRARY}",
+             f"Extract every person and what they said as a JSON list of objects with the keys \"name\" and "
+             f"\"said\". Copy the wording.\n\n{_NOTES}",
+             f"Convert the steps to a JSON array of strings, one per sentence, keeping the wording.\n\n{_DESCALE}",
+             'Convert to a JSON array of objects with "city", "country" and "population":\nLyon, France, 522000\n'
+             "Porto, Portugal, 232000\nGhent, Belgium, 263000\nMalmo, Sweden, 357000\nBrno, Czechia, 382000"],
+    "rename": [f"Rename `orders` to `records` everywhere and output the whole code, nothing else.\n{_CODE_ORDERS}",
+               f"Rename the function `parseConfig` to `readConfig` and output the whole file.\n{_CODE_CONFIG}",
+               f"Rename the variable `totals` to `sums` and output the complete code.\n{_CODE_ORDERS}",
+               f"Rename `config` to `settings` everywhere. Output the complete code.\n{_CODE_CONFIG}"],
+    "rewrite": [f"Rewrite this text with one sentence per line. Keep every detail.\n\n{_LIBRARY}",
+                f"Turn these notes into a bulleted list, one bullet per sentence, keeping the wording.\n\n{_NOTES}",
+                f"Rewrite these instructions as numbered steps. Keep the exact wording of each step.\n\n{_DESCALE}",
+                f"Rewrite the notes in the past tense, one sentence per line.\n\n{_NOTES}"],
+}
+
 # a multi-turn chat about one document, and editor requests over one file: the cross-request cache's cases
 CHAT_TURNS = [f"Here is a notice from my swimming pool:\n\n{_NOTICE}\n\nSummarise it in three sentences.",
               "Which facilities stay open, and when exactly?",
