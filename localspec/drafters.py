@@ -18,7 +18,7 @@ import numpy as np
 from .constrain import constrain_row
 from .reindent import Indents
 from .sampling import SamplingParams, Warped, stack, warp
-from .suffix import GAP_MAX, GAP_MIN, MAX_MATCH, Match, MatchIndex, SuffixCache
+from .suffix import MAX_MATCH, Match, MatchIndex, SuffixCache
 
 if TYPE_CHECKING:
     from .backend import Model
@@ -180,7 +180,7 @@ class PromptLookup:
         self.sync(context)
         found = self._find_verbatim()
         if found is None or found[0] not in (LOOKUP_CACHE, LOOKUP_LOOP):
-            gapped = self.index.gapped(GAP_MAX, GAP_MIN)
+            gapped = self.index.gapped()
             if gapped is not None and gapped.length >= (found[2].length if found else 0) + self.gap_margin:
                 found = LOOKUP_GAPPED, self.index, gapped
         need = max(self.verbatim_at, (found[2].length if found else 0) + self.reindent_margin)

@@ -35,6 +35,7 @@ from localspec.backend import LoadOptions, Model
 from localspec.controller import Adaptive
 from localspec.rate import v_at
 from localspec.drafters import PromptLookup
+from localspec.estimate import PRIOR_FROM
 from localspec.loader import EngineSpec
 from localspec.reindent import Indents
 from localspec.sampling import SamplingParams
@@ -241,7 +242,7 @@ def replay(path: str, rules: list[str]) -> None:
                       f"({100 * acc / max(dr, 1):.0f} %) |")
 
 
-BANDS = (0, 1, 8, 16, 32)  # draft positions: the first, then estimate.PRIOR_FROM's bands
+BANDS = (0, *PRIOR_FROM)  # draft positions: the first, then the prior's bands
 
 
 def hazard(path: str) -> None:
