@@ -127,6 +127,7 @@ OPTION_VALUES = {
     "--prompt": st.text(max_size=5),
 }
 FLAGS = ["--chat", "--json", "--lookup", "--no-spec", "--hybrid", "--no-adaptive", "--verbose"]
+HELP = ("-h", "--help")
 
 
 @st.composite
@@ -135,7 +136,8 @@ def run_argv(draw):
     for name in draw(st.lists(st.sampled_from(sorted(OPTION_VALUES)), max_size=4)):
         argv += [name, draw(OPTION_VALUES[name])]
     argv += draw(st.lists(st.sampled_from(FLAGS), max_size=2, unique=True))
-    argv += draw(st.lists(st.text(max_size=6), max_size=2))  # positional prompt(s), any unicode incl. surrogates
+    # positional prompt(s), any unicode incl. surrogates; not the help flag, which answers with usage and exit 0
+    argv += draw(st.lists(st.text(max_size=6).filter(lambda t: t not in HELP), max_size=2))
     return argv
 
 
