@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .errors import ModelLoadError
 from .gguf_header import GGUFHeader, read_header
 
 _SPECIAL = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "mask",
@@ -42,6 +43,48 @@ def _quant(h: GGUFHeader) -> str | None:
     return _file_type_name(h.kv.get("general.file_type")) or _dominant_tensor_type(h)
 
 
+# Weight types that llama.cpp's CPU backend multiplies one batch row at a time: neither a repacked GEMM
+# (ggml-cpu/repack.cpp: Q4_0, Q4_K, IQ4_NL, Q8_0, ...) nor llamafile's tiled sgemm (F32, F16, BF16, Q8_0, Q4_0,
+# Q5_0, IQ4_NL) takes them, on any CPU, in the llama.cpp that llama-cpp-python 0.3.36 vendors. A verify round of
+# n rows then costs about n times a row's compute, where a batched kernel shares the work of loading and unpacking
+# each block of weights. Measured (scripts/verify_rows.py with several files, 2 cores, depth 512, fastest of 15
+# in turn): SmolLM2-135M's shipped Q4_1 file, each row after the first of a 4-32-row round 5.7-6.6 ms, against
+# 3.3-3.7 ms for a Q4_0, 4.1-4.6 for a Q4_K_M and 3.8-4.6 for a Q8_0 file requantized from it (its one-row step
+# 13.1 ms against 10.7, 13.1 and 13.0).
+ROW_BY_ROW = ("Q4_1", "Q5_1")
+
+
+def row_by_row(h: GGUFHeader) -> dict[str, float]:
+    """{type: share of the matrix weights} for the `ROW_BY_ROW` types this file's 2-D tensors use."""
+    import gguf
+
+    sizes: dict[str, int] = {}
+    for _, dims, t in h.tensors:
+        if len(dims) >= 2:
+            try:
+                name = gguf.GGMLQuantizationType(t).name
+            except ValueError:
+                name = str(t)
+            sizes[name] = sizes.get(name, 0) + math.prod(dims)
+    total = sum(sizes.values())
+    return {t: n / total for t, n in sizes.items() if t in ROW_BY_ROW} if total else {}
+
+
+def verify_hint(path: str | Path) -> str | None:
+    """One line for a user deciding whether speculation can pay on a CPU, when most of this model's weights are
+    of a `ROW_BY_ROW` type; None otherwise (and for a file it cannot read: loading it says what is wrong)."""
+    try:
+        slow = row_by_row(read_header(path, tokens=False))
+    except ModelLoadError:
+        return None
+    if sum(slow.values()) < 0.5:
+        return None
+    types = "/".join(slow)
+    return (f"{100 * sum(slow.values()):.0f} % of its weights are {types}, which llama.cpp multiplies a row at a time "
+            f"on a CPU: each token a verify round checks costs 1.3-1.8x what it does with a Q4_K_M or Q4_0 file of "
+            f"the same model, so drafts pay less (docs/bench/lookup.md)")
+
+
 def describe(path: str | Path) -> dict[str, Any]:
     """What `localspec models show` prints: facts from the header, as plain data (JSON-ready)."""
     h = read_header(path)
@@ -65,6 +108,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         "add_bos": kv.get("tokenizer.ggml.add_bos_token"), "add_eos": kv.get("tokenizer.ggml.add_eos_token"),
         "special_tokens": special, "fim": all(f"fim_{x}" in special for x in ("pre", "suf", "mid")),
         "chat_template": "tokenizer.chat_template" in kv,
+        "row_by_row": row_by_row(h),
     }
 
 

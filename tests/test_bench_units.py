@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from localspec.costs import Costs
 from localspec.bench.fromlog import read_log
-from localspec.bench.runner import PLAIN, Run, TargetResult
+from localspec.bench.report import Report, text_table
+from localspec.bench.runner import PLAIN, Plan, Run, TargetResult
 from localspec.bench.summary import ALL, rows_for, verdict, winners
 from localspec.bench.tasks import TASKS, BenchInputError, builtin_prompts, parse_jsonl, select
 from localspec.bench.theory import best_gamma, expected_tokens, predicted_speedup
@@ -106,6 +108,15 @@ def test_rows_measured_and_predicted_speedup():
     text = verdict(list(rows.values()))
     assert "on edit lookup k=2 gives 2.00×" in text and "prose" in text and "loses 20 %" in text
     assert "adaptive" in text
+
+
+def test_text_table_says_when_the_weights_verify_row_by_row(smollm2_path, gemma_path):
+    # SmolLM2-135M's shipped file is Q4_1 (no batched CPU kernel); Gemma-3-270M's Q4_K_M is batched; a file the
+    # report cannot read (a run log's path on another machine) adds nothing rather than failing the report
+    runs = [_run(PLAIN, 0, "edit", 100, 1000.0), _run("lookup", 2, "edit", 100, 500.0, 80, 60, 40)]
+    for path, hinted in ((smollm2_path, True), (gemma_path, False), ("t.gguf", False)):
+        text = text_table(Report.build(Plan((), ()), [replace(_result(runs), path=str(path))], "cmd"))
+        assert ("are Q4_1, which llama.cpp multiplies a row at a time on a CPU" in text) is hinted, path
 
 
 # -- --from-log ------------------------------------------------------------------------------------------------

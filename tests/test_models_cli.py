@@ -60,8 +60,11 @@ def test_show_both_shipped_models(home, smollm2_path, gemma_path):
     g = json.loads(cli("models", "show", str(gemma_path), "--json").output)
     assert (g["arch"], g["quant"], g["n_vocab"], g["chat_template"]) == ("gemma3", "Q4_K_M", 262144, False)
     assert g["special_tokens"]["bos"] == {"id": 2, "text": "<bos>"} and 260e6 < g["params"] < 280e6
+    assert s["row_by_row"] == {"Q4_1": pytest.approx(0.79, abs=0.01)} and g["row_by_row"] == {}
     text = cli("models", "show", "smollm2-135m").output
     assert "arch: llama" in text and "chat template: yes" in text and "vocab: 49152 (gpt2" in text
+    assert "verify on CPU: row by row: Q4_1 (79 % of weights)" in text
+    assert "verify on CPU: batched" in cli("models", "show", str(gemma_path)).output
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")

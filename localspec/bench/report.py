@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from ..model_facts import verify_hint
 from .runner import PLAIN, Plan, TargetResult
 from .summary import ALL, Row, rows_for, verdict, winners
 
@@ -143,6 +144,8 @@ def text_table(rep: Report) -> str:
                                       for i, (c, w) in enumerate(zip(cells, widths)))
         out.append(f"{res.label}  T={temp:g}  (decode speedup vs plain per task; pred = formula with measured α, c, v; e2e = whole request)")
         out.append("  " + _costs_line(res))
+        if hint := verify_hint(res.path):
+            out.append("  " + hint)
         out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
         out.append("  " + _threads_line(res, temp))
         lost = [r for r in rows if r.drafter != PLAIN and r.task != ALL and r.speedup < 1.0]

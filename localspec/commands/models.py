@@ -155,9 +155,17 @@ def _print_facts(d: dict) -> None:
         ("add bos/eos", f"{d['add_bos']}/{d['add_eos']}"),
         ("special", ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in d["special_tokens"].items()) or "-"),
         ("fim", "yes" if d["fim"] else "no"), ("chat template", "yes" if d["chat_template"] else "no"),
+        ("verify on CPU", _verify_kind(d["row_by_row"])),
     ]
     for k, v in rows:
         click.echo(f"{k:>14}: {v}")
+
+
+def _verify_kind(slow: dict[str, float]) -> str:
+    """How llama.cpp's CPU backend multiplies a verify batch by these weights (model_facts.ROW_BY_ROW)."""
+    if not slow:
+        return "batched"
+    return "row by row: " + ", ".join(f"{t} ({100 * x:.0f} % of weights)" for t, x in slow.items())
 
 
 def _device_info(rpc: str | None = None) -> dict:
