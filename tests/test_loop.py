@@ -83,6 +83,21 @@ def test_eos_inside_draft_stops_and_drops_what_follows():
     assert target.tokens == [2, 3, 4]  # cache rolled back to context[:-1] when the generator ended
 
 
+def test_draft_is_cut_after_its_first_eos():
+    # nothing after an end-of-generation token can be emitted: the target never verifies it (a copy from the
+    # prompt that runs into the chat template), and the output is what the whole draft would have given
+    target = FakeModel(lambda ctx: EOS if ctx[-1] == 4 else ctx[-1] + 1)
+    drafter = Scripted(lambda ctx: [ctx[-1] + 1, ctx[-1] + 2, EOS, 33, 34, 35])
+    steps, out = _run(target, [2], drafter=drafter, controller=FixedK(6), max_tokens=50)
+    assert out == [2, 3, 4]
+    assert target.calls[-1] == ([2, 3, 4, EOS], 4)  # [last, d1, d2, EOS]: 4 rows, not 7
+    assert [(s.drafted, s.accepted, s.finish) for s in steps] == [(3, 3, "stop")]
+    # a first draft token that ends generation is verified alone; the rest goes
+    target = FakeModel(lambda ctx: EOS)
+    steps, out = _run(target, [2], drafter=Scripted(lambda ctx: [EOS, 7, 8]), controller=FixedK(3), max_tokens=5)
+    assert out == [2] and target.calls[-1] == ([2, EOS], 2) and steps[0].accepted == 1
+
+
 def test_max_tokens_inside_a_draft():
     target = FakeModel(counting())
     drafter = ModelDrafter(FakeModel(counting()))
