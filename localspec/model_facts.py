@@ -45,7 +45,8 @@ def _quant(h: GGUFHeader) -> str | None:
 
 # Weight types that llama.cpp's CPU backend multiplies one batch row at a time: neither a repacked GEMM
 # (ggml-cpu/repack.cpp: Q4_0, Q4_K, IQ4_NL, Q8_0, ...) nor llamafile's tiled sgemm (F32, F16, BF16, Q8_0, Q4_0,
-# Q5_0, IQ4_NL) takes them, on any CPU, in the llama.cpp that llama-cpp-python 0.3.36 vendors. A verify round of
+# Q5_0, IQ4_NL) takes them, in the llama.cpp that llama-cpp-python 0.3.36 vendors; only an Intel AMX build
+# (ggml-cpu/amx) and SpacemiT's RISC-V kernels have a batched one, so on x86 desktops and ARM none. A verify round of
 # n rows then costs about n times a row's compute, where a batched kernel shares the work of loading and unpacking
 # each block of weights. Measured (scripts/verify_rows.py with several files, 2 cores, depth 512, fastest of 15
 # in turn): SmolLM2-135M's shipped Q4_1 file, each row after the first of a 4-32-row round 5.7-6.6 ms, against
@@ -81,7 +82,7 @@ def verify_hint(path: str | Path) -> str | None:
         return None
     types = "/".join(slow)
     return (f"{100 * sum(slow.values()):.0f} % of its weights are {types}, which llama.cpp multiplies a row at a time "
-            f"on a CPU: each token a verify round checks costs 1.3-1.8x what it does with a Q4_K_M or Q4_0 file of "
+            f"on most CPUs: each token a verify round checks costs 1.3-1.8x what it does with a Q4_K_M or Q4_0 file of "
             f"the same model, so drafts pay less (docs/bench/lookup.md)")
 
 

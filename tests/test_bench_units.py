@@ -116,7 +116,7 @@ def test_text_table_says_when_the_weights_verify_row_by_row(smollm2_path, gemma_
     runs = [_run(PLAIN, 0, "edit", 100, 1000.0), _run("lookup", 2, "edit", 100, 500.0, 80, 60, 40)]
     for path, hinted in ((smollm2_path, True), (gemma_path, False), ("t.gguf", False)):
         text = text_table(Report.build(Plan((), ()), [replace(_result(runs), path=str(path))], "cmd"))
-        assert ("are Q4_1, which llama.cpp multiplies a row at a time on a CPU" in text) is hinted, path
+        assert ("are Q4_1, which llama.cpp multiplies a row at a time on most CPUs" in text) is hinted, path
 
 
 # -- --from-log ------------------------------------------------------------------------------------------------
