@@ -24,19 +24,24 @@ def _file_type_name(v: int | None) -> str | None:
         return str(v)
 
 
-def _dominant_tensor_type(h: GGUFHeader) -> str | None:
+def _params_by_type(h: GGUFHeader, min_dims: int = 1) -> dict[str, int]:
+    """{ggml type name: parameters} over the tensors of at least `min_dims` dimensions (2: the matrices)."""
     import gguf
 
-    counts: dict[int, int] = {}
+    counts: dict[str, int] = {}
     for _, dims, t in h.tensors:
-        counts[t] = counts.get(t, 0) + math.prod(dims)
-    if not counts:
-        return None
-    t = max(counts, key=counts.get)
-    try:
-        return gguf.GGMLQuantizationType(t).name
-    except ValueError:
-        return str(t)
+        if len(dims) >= min_dims:
+            try:
+                name = gguf.GGMLQuantizationType(t).name
+            except ValueError:
+                name = str(t)
+            counts[name] = counts.get(name, 0) + math.prod(dims)
+    return counts
+
+
+def _dominant_tensor_type(h: GGUFHeader) -> str | None:
+    counts = _params_by_type(h)
+    return max(counts, key=counts.get) if counts else None
 
 
 def _quant(h: GGUFHeader) -> str | None:
@@ -57,16 +62,7 @@ ROW_BY_ROW = ("Q4_1", "Q5_1")
 
 def row_by_row(h: GGUFHeader) -> dict[str, float]:
     """{type: share of the matrix weights} for the `ROW_BY_ROW` types this file's 2-D tensors use."""
-    import gguf
-
-    sizes: dict[str, int] = {}
-    for _, dims, t in h.tensors:
-        if len(dims) >= 2:
-            try:
-                name = gguf.GGMLQuantizationType(t).name
-            except ValueError:
-                name = str(t)
-            sizes[name] = sizes.get(name, 0) + math.prod(dims)
+    sizes = _params_by_type(h, min_dims=2)
     total = sum(sizes.values())
     return {t: n / total for t, n in sizes.items() if t in ROW_BY_ROW} if total else {}
 
@@ -78,10 +74,10 @@ def verify_hint(path: str | Path) -> str | None:
         slow = row_by_row(read_header(path, tokens=False))
     except ModelLoadError:
         return None
-    if sum(slow.values()) < 0.5:
+    share = sum(slow.values())
+    if share < 0.5:
         return None
-    types = "/".join(slow)
-    return (f"{100 * sum(slow.values()):.0f} % of its weights are {types}, which llama.cpp multiplies a row at a time "
+    return (f"{100 * share:.0f} % of its weights are {'/'.join(slow)}, which llama.cpp multiplies a row at a time "
             f"on most CPUs: each token a verify round checks costs 1.3-1.8x what it does with a Q4_K_M or Q4_0 file of "
             f"the same model, so drafts pay less (docs/bench/lookup.md)")
 
