@@ -34,7 +34,7 @@ from typing import Callable, Mapping, TypeVar
 from .backend import Model, build_info
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .paths import calibration_dir
-from .machine import cpu_count, free_cores, openmp_settings
+from .machine import cpu_count, cpu_model, free_cores, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
 SCHEMA = 5  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
@@ -159,18 +159,6 @@ def _file_id(path: Path) -> dict:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) -> dict:
     """Everything a calibration depends on: the files, the machine, the build, the options that change costs."""
     o = target.options
@@ -179,7 +167,7 @@ def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) 
             "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
             "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(), "openmp": openmp_settings(),
             "ngl": o.n_gpu_layers, "type_k": o.type_k, "type_v": o.type_v, "rpc": list(o.rpc_servers),
-            "n_batch": o.n_batch, "weights": target.weights}
+            "n_batch": o.n_batch, "weights": target.weights, "fast_path": target.fast_path.mode}
 
 
 def cache_path(key: Mapping) -> Path:

@@ -86,3 +86,11 @@ def main() -> None:
       localspec serve                                  # llama.cpp/OpenAI/Ollama-compatible server
       localspec bench --quick                          # does speculation pay here?
     """
+
+
+def entry() -> None:
+    """The `localspec` console script: the command group in a watched child (supervise.py), so a crash inside
+    llama.cpp ends with one line that names its likely cause."""
+    from .supervise import run_watched
+
+    run_watched(main)

@@ -118,6 +118,9 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
         drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name
     target = Model.load(target_ref.path, opts)
+    for m in (target, draft_model):
+        if m is not None:
+            tell_fast_path(m, log)
     if draft == LOOKUP:
         drafter = make_lookup(spec, target)
     elif drafter is not None and spec.hybrid:
@@ -130,6 +133,17 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     return Engine(target, drafter, controller=controller, name=target_ref.name,
                   drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
                   threads=make_threads(spec, target, draft_model, cal, meter))
+
+
+_told: set[str] = set()
+
+
+def tell_fast_path(model: Model, log=print) -> None:
+    """Say once per process, in one line, that a llama.cpp fast path was switched off and why."""
+    notice = model.fast_path.notice()
+    if notice and notice not in _told:
+        _told.add(notice)
+        log(f"localspec: {notice}")
 
 
 def make_lookup(spec: EngineSpec, target: Model) -> PromptLookup:

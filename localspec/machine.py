@@ -5,7 +5,9 @@ nothing here decides anything."""
 from __future__ import annotations
 
 import os
+import platform
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -15,6 +17,17 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def cpu_model() -> str:
+    """The CPU's name (calibrations and fast-path verdicts are kept per CPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 # OpenMP: ggml's barrier between graph nodes is `#pragma omp barrier`; a waiting thread spins GOMP_SPINCOUNT times

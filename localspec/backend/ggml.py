@@ -95,7 +95,8 @@ def _ggml() -> ctypes.CDLL:
             ("ggml_backend_dev_get_props", None, [vp, c.POINTER(_DevProps)]),
             ("ggml_backend_reg_name", c.c_char_p, [vp]), ("ggml_backend_reg_by_name", vp, [c.c_char_p]),
             ("ggml_backend_reg_dev_count", c.c_size_t, [vp]), ("ggml_backend_reg_dev_get", vp, [vp, c.c_size_t]),
-            ("ggml_backend_reg_get_proc_address", vp, [vp, c.c_char_p]), ("ggml_backend_register", None, [vp])):
+            ("ggml_backend_reg_get_proc_address", vp, [vp, c.c_char_p]), ("ggml_backend_register", None, [vp]),
+            ("ggml_backend_dev_by_type", vp, [c.c_int]), ("ggml_backend_buft_name", c.c_char_p, [vp])):
         f = getattr(g, name)
         f.restype, f.argtypes = res, args
     return g
@@ -169,6 +170,25 @@ def serve_rpc(endpoint: str, n_threads: int = 1) -> None:
     cpu = next(d for d in (g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count()))
                if g.ggml_backend_dev_type(d) == _DEV_TYPES.index("CPU"))
     start(endpoint.encode(), None, n_threads, 1, (ctypes.c_void_p * 1)(cpu))
+
+
+def extra_buffer_types() -> dict[str, int]:
+    """The CPU device's extra buffer types, {name: ggml_backend_buffer_type_t}, in llama.cpp's order of
+    preference (AMX, KleidiAI, CPU_REPACK, ... as this build has them): what `use_extra_bufts` turns on."""
+    _init_backend(_verbose)
+    g = _ggml()
+    cpu = g.ggml_backend_dev_by_type(_DEV_TYPES.index("CPU"))
+    fn = g.ggml_backend_reg_get_proc_address(g.ggml_backend_dev_backend_reg(cpu),
+                                             b"ggml_backend_dev_get_extra_bufts") if cpu else None
+    if not fn:
+        return {}
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(cpu)
+    out: dict[str, int] = {}
+    i = 0
+    while bufts and bufts[i]:
+        out[g.ggml_backend_buft_name(bufts[i]).decode()] = bufts[i]
+        i += 1
+    return out
 
 
 def _register(g, add_server, ep: str) -> list[int]:

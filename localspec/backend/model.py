@@ -30,6 +30,8 @@ from llama_cpp import _internals
 
 from ..errors import ContextOverflow, ModelLoadError
 from ..machine import cpu_count
+from . import fastpath
+from .fastpath import FastPath
 from .ggml import _devices_param, _init_backend, add_rpc_servers, supports_gpu_offload
 from .memory import huge_page_advisor, read_into_huge_pages
 
@@ -71,6 +73,8 @@ class LoadOptions:
     verbose: bool = False
     rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml-rpc-server processes (needs a GGML_RPC=on build)
     mmap: bool | None = None  # True: map the file (llama.cpp's way); False: read it in; None: memory.py decides
+    fast_path: str | None = None  # llama.cpp's extra CPU buffer types: "all", "repack", "none"; None: fastpath.py
+    # tests which survive on this machine (--repack = "all", --no-repack = "none")
 
     def local(self) -> "LoadOptions":
         """These options without the RPC servers, for a drafter: it runs γ times a round, so a network hop per
@@ -172,6 +176,7 @@ class Model:
     tokens: list[int] = field(default_factory=list)
     offload_devices: tuple[str, ...] = ()  # ggml devices its offloaded layers may use (RPC first); () = CPU
     weights: str = "mmap"  # where the weights were loaded: "mmap" (llama.cpp's choice) or "read" (memory.py)
+    fast_path: FastPath = field(default_factory=FastPath)  # which extra CPU buffer types it uses, and why
     _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
     _views: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # see _logits_view
     _eog: dict[int, bool] = field(default_factory=dict, repr=False)
@@ -196,6 +201,9 @@ class Model:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
         weights, advisor = _weights_placement(mparams, p, options)
+        plan = fastpath.choose(p, mode=options.fast_path, n_threads=options.n_threads,
+                               n_gpu_layers=options.n_gpu_layers)
+        overrides = fastpath.apply(mparams, plan)
         try:
             model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
         except ValueError:
@@ -207,8 +215,8 @@ class Model:
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         m = cls(path=p, options=options, _model=model, _ctx=ctx, _batch=batch,
-                offload_devices=dev_names if options.n_gpu_layers else (), weights=weights)
-        m._keep = (split, devs, advisor)  # the C side holds pointers to them
+                offload_devices=dev_names if options.n_gpu_layers else (), weights=weights, fast_path=plan)
+        m._keep = (split, devs, advisor, overrides)  # the C side holds pointers to them
         # asked every round and fixed per context: read once (a ctypes call costs ~10x its warm time after a decode)
         m._n_vocab, m._n_ctx = model.n_vocab(), ctx.n_ctx()
         return m

@@ -55,6 +55,7 @@ class Plan:
     cost_repeats: int = 7
     repeat_penalty: float = 1.0  # applied alike to every configuration (plain and speculative)
     repeat_last_n: int = 64
+    fast_path: str | None = None  # llama.cpp's extra CPU buffer types (--repack/--no-repack); None: tested
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class _Family:
     """One loaded target and its drafters: an Engine per drafter, all sharing the target Model."""
 
     def __init__(self, spec: TargetSpec, plan: Plan) -> None:
-        opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads)
+        opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads, fast_path=plan.fast_path)
         for label, path in spec.drafters:
             reasons = check_pair(spec.path, path)
             if reasons:
@@ -235,6 +236,7 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
         log(f"bench: skipping {len(too_long)} prompt(s) longer than the context allows ({', '.join(too_long)})")
     prompts = [p for p in plan.prompts if p.id not in too_long]
 
+    log(f"bench: {spec.label}: CPU fast paths {fam.target.fast_path.describe()}")
     log(f"bench: warming up {spec.label} ({len(cfgs)} configurations)")
     for cfg in cfgs:
         run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)

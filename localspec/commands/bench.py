@@ -75,6 +75,8 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
               "minutes on a 2-core CPU with the default model.")
 @click.option("--ctx", "n_ctx", type=click.IntRange(256), default=2048, show_default=True, help="Context length.")
 @click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores).")
+@click.option("--repack/--no-repack", "repack", default=None, help="llama.cpp's extra CPU buffer types (AMX, "
+              "repacked weights) on or off (default: the fastest that survives a test load here).")
 @click.option("--seed", type=click.IntRange(0), default=1234, show_default=True, help="Sampling seed (T > 0).")
 @click.option("--busy", type=click.IntRange(0), default=0, metavar="N",
               help="Run N CPU-bound background processes during the bench (always stopped; noted in the report).")
@@ -86,7 +88,7 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
               help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
 @friendly_errors
 def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeat_penalty,
-          repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, seed, busy, json_file, md_file, plot_file, note,
+          repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, repack, seed, busy, json_file, md_file, plot_file, note,
           log_file):
     """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
 
@@ -112,7 +114,8 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     plan = Plan(targets=tuple(targets), prompts=tuple(prompts), ks=k_list, auto=auto,
                 temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
                 max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed, busy=busy,
-                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                fast_path={True: "all", False: "none"}.get(repack))
     total = count_runs(plan)
     partial = False
     with busy_machine(busy), click.progressbar(length=total, label="bench", file=sys.stderr, show_pos=True,

@@ -1,7 +1,8 @@
 """`localspec models list|pull|show|check|rm`: parse options and delegate to registry, hub, compat and model_facts.
 
 Only `pull` may use the network. `show` and `check` read GGUF headers (gguf_header.read_header) and never load
-weights; `show --device` is the one place that asks llama.cpp which devices it can offload to.
+weights in this process; `show` asks backend/fastpath.py which CPU fast paths survive (a test load in a child
+process, once per CPU, build and weight types) and `show --device` which devices llama.cpp can offload to.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None
     info = {}
     if spec is not None:
         ref = _local_path(spec)
-        info = {"model": ref.name, **describe(ref.path)}
+        info = {"model": ref.name, **describe(ref.path), **_cpu_paths(ref.path)}
     if rpc and not device:
         raise click.UsageError("--rpc goes with --device")
     if device:
@@ -156,9 +157,19 @@ def _print_facts(d: dict) -> None:
         ("special", ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in d["special_tokens"].items()) or "-"),
         ("fim", "yes" if d["fim"] else "no"), ("chat template", "yes" if d["chat_template"] else "no"),
         ("verify on CPU", _verify_kind(d["row_by_row"])),
+        ("cpu fast paths", d["fast_path_text"]), ("system", d["system_info"]),
     ]
     for k, v in rows:
         click.echo(f"{k:>14}: {v}")
+
+
+def _cpu_paths(path) -> dict:
+    """Which of llama.cpp's extra CPU buffer types this model loads with here (a test load in a child process
+    the first time, backend/fastpath.py), and llama.cpp's system info line (the CPU features the build uses)."""
+    from ..backend import fastpath, system_info
+
+    fp = fastpath.choose(path)
+    return {"fast_path": fp.to_dict(), "fast_path_text": fp.describe(), "system_info": system_info().strip()}
 
 
 def _verify_kind(slow: dict[str, float]) -> str:

@@ -101,6 +101,9 @@ _ENGINE = [
     click.option("--mmap/--no-mmap", "mmap", default=None, help="Map the model file (llama.cpp's default: loads "
                  "faster, decodes a few % slower) or read it into memory backed by huge pages (default on Linux "
                  "for a model on the CPU that is small next to free memory)."),
+    click.option("--repack/--no-repack", "repack", default=None, help="Use llama.cpp's extra CPU buffer types "
+                 "(AMX, repacked weights) or none (llama.cpp's --no-repack). Default: the fastest that survives a "
+                 "test load on this machine, tested once per CPU, build and weight types."),
     click.option("--cache-type-k", type=click.Choice(_CACHE_TYPES), help="KV cache type for K (default f16)."),
     click.option("--cache-type-v", type=click.Choice(_CACHE_TYPES), help="KV cache type for V (default f16; "
                  "quantized V needs --flash-attn on)."),
@@ -146,7 +149,7 @@ def _load_options(v: dict):
     return LoadOptions(main_gpu=v["main_gpu"] or 0, tensor_split=_tensor_split(v["tensor_split"]),
                        flash_attn={"on": True, "off": False}.get(v["flash_attn"] or "auto"),
                        type_k=ggml_type(v["cache_type_k"]), type_v=ggml_type(v["cache_type_v"]), rpc_servers=rpc,
-                       mmap=v["mmap"])
+                       mmap=v["mmap"], fast_path={True: "all", False: "none"}.get(v["repack"]))
 
 
 def pair_models(name: str):

@@ -1,0 +1,311 @@
+"""Which of llama.cpp's optional CPU fast paths a model may load with here, found by a test load in a child.
+
+llama.cpp puts CPU weights in "extra buffer types" when it can (`llama_model_params.use_extra_bufts`, its
+`--repack`): AMX tiles on Intel Xeons, CPU_REPACK (weights interleaved for AVX2/NEON GEMMs), KleidiAI on ARM.
+They are chosen at load and first run at the first batch; where one is broken for this CPU (llama.cpp's AMX
+kernels on Sapphire Rapids and later: SIGILL or SIGSEGV on the first prompt) the process dies, and no Python
+code can catch that. So before the first load of a set of weight types on a machine and build, a child process
+loads the model in a mode and decodes batches at the engine's thread counts; a death by signal, an abort or a
+time-out sends the parent to the next mode:
+
+  all     llama.cpp's default: every extra buffer type
+  repack  CPU_REPACK only (AMX and the rest left out), through `tensor_buft_overrides` for the tensors it takes
+  none    no extra buffer type (llama.cpp's --no-repack)
+
+The verdict is cached beside the calibrations, per weight types, CPU, cores and llama.cpp build, so a warm start
+reads one small file. Measurements: docs/models.md ("CPU fast paths").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import llama_cpp
+
+from ..gguf_header import read_header
+from ..machine import cpu_count, cpu_model
+from ..paths import calibration_dir
+from .ggml import build_info, extra_buffer_types, supports_gpu_offload, system_info
+
+ALL, REPACK, NONE = "all", "repack", "none"
+MODES = (ALL, REPACK, NONE)
+SCHEMA = 1
+FAULT_ENV = "LOCALSPEC_PROBE_FAULT"  # test hook read by the child: "all:SIGILL,repack:hang" (see _fault)
+TIMEOUT_ENV = "LOCALSPEC_PROBE_TIMEOUT"  # seconds a test load may take (default: by file size)
+PROBE_ROWS = (32, 1)  # a batch (prompt chunks and verify rounds take the GEMM paths) and a one-row step
+_EMBEDDINGS = re.compile(r"(^|\.)(token_embd|per_layer_token_embd|tok_embeddings|embed)")  # rows read, not multiplied
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """How a model's CPU weights are placed, and why."""
+
+    mode: str = ALL
+    source: str = "default"  # "default" (nothing to test), "probe" (tested this start), "cache", "option"
+    deaths: tuple[tuple[str, str], ...] = ()  # (mode, how its test load died), in the order tried
+    extras: tuple[str, ...] = ()  # this build's extra buffer types (llama.cpp's order)
+    seconds: float = 0.0  # spent on test loads this start
+    repacked: tuple[str, ...] = field(default=(), repr=False)  # tensors overridden to CPU_REPACK (mode repack)
+
+    def notice(self) -> str | None:
+        """One line for the user when a faster mode was switched off, else None."""
+        if not self.deaths:
+            return None
+        died = ", ".join(f"{_label(m, self.extras)}: {how}" for m, how in self.deaths)
+        kept = {REPACK: "with CPU_REPACK alone", NONE: "without extra buffer types"}.get(self.mode, "")
+        return (f"llama.cpp's CPU fast paths crashed a test load on this CPU ({died}); loading {kept} "
+                "(--repack forces them all on)")
+
+    def describe(self) -> str:
+        """For `models show` and `bench`: the mode, the buffer types it uses and how it was chosen."""
+        used = {ALL: ", ".join(self.extras) or "none in this build", REPACK: "CPU_REPACK", NONE: "none"}[self.mode]
+        how = {"probe": "tested now", "cache": "tested earlier", "option": "as asked",
+               "default": "nothing to test"}[self.source]
+        return f"{self.mode} ({used}; {how})" + (f"; {self.notice()}" if self.deaths else "")
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "source": self.source, "deaths": [list(d) for d in self.deaths],
+                "extras": list(self.extras), "seconds": round(self.seconds, 3), "repacked": len(self.repacked)}
+
+
+def _label(mode: str, extras: Sequence[str]) -> str:
+    return {ALL: f"with {' and '.join(extras) or 'every extra buffer type'}", REPACK: "with CPU_REPACK alone"}[mode]
+
+
+# -- which tensors CPU_REPACK takes -----------------------------------------------------------------------------
+
+def _features() -> set[str]:
+    """CPU features this build compiled in, from llama.cpp's system info ("AVX2 = 1 | NEON = 1 | ...")."""
+    return {k.strip() for k, v in re.findall(r"(\w+) = (\d)", system_info()) if v == "1"}
+
+
+def _repacks(type_name: str, ne1: int, f: set[str]) -> bool:
+    """ggml-cpu/repack.cpp's ggml_repack_get_optimal_repack_type for x86 and ARM: does CPU_REPACK have a
+    layout for this weight type and row count? (A tensor overridden to CPU_REPACK without one aborts the load,
+    which the test load of mode `repack` would catch.)"""
+    mmla, dot = "NEON" in f and "MATMUL_INT8" in f, "NEON" in f and "DOTPROD" in f
+    rules = {"Q4_0": ("AVX2" in f and ne1 % 8 == 0) or ((mmla or dot) and ne1 % 4 == 0),
+             "Q4_K": ("AVX2" in f or mmla or dot) and ne1 % 8 == 0,
+             "Q2_K": "AVX512" in f and ne1 % 8 == 0,
+             "Q5_K": (mmla or dot) and ne1 % 8 == 0, "Q6_K": (mmla or dot) and ne1 % 8 == 0,
+             "IQ4_NL": ("AVX2" in f and ne1 % 8 == 0) or (dot and ne1 % 4 == 0),
+             "MXFP4": ("AVX2" in f and ne1 % 8 == 0) or (dot and ne1 % 4 == 0),
+             "Q8_0": (mmla or dot) and ne1 % 4 == 0}
+    return bool(rules.get(type_name, False))
+
+
+def repack_tensors(path: str | Path) -> list[str]:
+    """The 2-D matrix weights CPU_REPACK would take on this CPU (embeddings are read by row, not multiplied)."""
+    import gguf
+
+    f = _features()
+    out = []
+    for name, dims, t in read_header(path, tokens=False).tensors:
+        try:
+            type_name = gguf.GGMLQuantizationType(t).name
+        except ValueError:
+            continue
+        if len(dims) == 2 and name.endswith(".weight") and not _EMBEDDINGS.search(name) \
+                and _repacks(type_name, dims[1], f):
+            out.append(name)
+    return out
+
+
+class _Override(ctypes.Structure):
+    """struct llama_model_tensor_buft_override {const char * pattern; ggml_backend_buffer_type_t buft;}"""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _patterns(names: Sequence[str]) -> list[str]:
+    """One regex per tensor role ("blk.N.ffn_up.weight" for the layers listed): llama.cpp compiles every
+    pattern for every tensor it loads, so a few patterns rather than one per tensor."""
+    roles: dict[str, list[str]] = {}
+    for n in names:
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", n)
+        role, layer = (m.group(2), m.group(1)) if m else (n, "")
+        roles.setdefault(role, []).append(layer)
+    out = []
+    for role, layers in roles.items():
+        r = re.escape(role)
+        out.append(f"^blk\\.({'|'.join(layers)})\\.{r}$" if layers != [""] else f"^{r}$")
+    return out
+
+
+def apply(mparams: llama_cpp.llama_model_params, plan: FastPath) -> object:
+    """Set the load parameters for `plan`; returns what the C side points into (keep it alive with the model)."""
+    mparams.use_extra_bufts = plan.mode == ALL
+    if plan.mode != REPACK or not plan.repacked:
+        return None
+    buft = extra_buffer_types().get("CPU_REPACK")
+    pats = [p.encode() for p in _patterns(plan.repacked)]
+    arr = (_Override * (len(pats) + 1))(*[_Override(p, buft) for p in pats], _Override(None, None))
+    mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+    return arr, pats
+
+
+# -- the verdict: test loads in a child, cached ------------------------------------------------------------------
+
+def thread_counts(n_threads: int | None) -> list[int]:
+    """The counts a test load decodes at: one thread, two (OpenMP workers), and all the engine may use."""
+    n = n_threads or cpu_count()
+    return sorted({1, min(2, n), n})
+
+
+def _weight_types(path: Path) -> list[str]:
+    import gguf
+
+    names = set()
+    for _, dims, t in read_header(path, tokens=False).tensors:
+        if len(dims) >= 2:
+            try:
+                names.add(gguf.GGMLQuantizationType(t).name)
+            except ValueError:
+                names.add(str(t))
+    return sorted(names)
+
+
+def _library_id() -> dict:
+    """The llama.cpp library file itself: a rebuild with other flags is another build."""
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    files = sorted(lib.glob("libllama*")) + sorted(lib.glob("libggml-cpu*"))
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()}
+
+
+def cache_key(path: Path, counts: Sequence[int]) -> dict:
+    return {"schema": SCHEMA, "types": _weight_types(path), "cpu": cpu_model(), "cores": cpu_count(),
+            "counts": list(counts), "build": build_info(), "library": _library_id()}
+
+
+def _cache_file(key: Mapping) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return calibration_dir() / f"fastpath-{digest}.json"
+
+
+def _read(key: Mapping) -> dict | None:
+    try:
+        d = json.loads(_cache_file(key).read_text())
+        return d if d.get("key") == key and d.get("mode") in MODES else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write(key: Mapping, mode: str, deaths: Sequence[tuple[str, str]], seconds: float) -> None:
+    p = _cache_file(key)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "mode": mode, "deaths": [list(d) for d in deaths],
+                                   "seconds": round(seconds, 3)}, indent=1))
+        tmp.replace(p)
+    except OSError:
+        pass  # a read-only cache only costs the next start its test load
+
+
+def _timeout(path: Path) -> float:
+    env = os.environ.get(TIMEOUT_ENV)
+    return float(env) if env else 30.0 + 15.0 * path.stat().st_size / 1e9
+
+
+def _died(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name if rc < 0 else f"exit {rc}"
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def test_load(path: Path, mode: str, counts: Sequence[int], timeout: float) -> str | None:
+    """Load and decode in a child process in `mode`: None if it worked, else how it died ("SIGILL", "timed
+    out after 30 s", "exit 134"). A child that could not load the file at all (rc 3) counts as working: the
+    fast path is not the problem, and the real load will say what is."""
+    code = "import sys; from localspec.backend.fastpath import _child; sys.exit(_child(*sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, str(path), mode, ",".join(map(str, counts))]
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    return None if r.returncode in (0, 3) else _died(r.returncode)
+
+
+def choose(path: Path, *, mode: str | None = None, n_threads: int | None = None,
+           n_gpu_layers: int = 0) -> FastPath:
+    """The placement to load `path` with: `mode` when the user chose one, else the cached verdict, else the
+    first mode whose test load survives (all, then repack, then none)."""
+    extras = tuple(extra_buffer_types())
+    if mode is not None:
+        return FastPath(mode, "option", extras=extras, repacked=_repacked(path, mode))
+    if not extras or (n_gpu_layers < 0 and supports_gpu_offload()):
+        return FastPath(ALL, "default", extras=extras)  # nothing optional on the CPU to test
+    counts = thread_counts(n_threads)
+    key = cache_key(path, counts)
+    cached = _read(key)
+    if cached is not None:
+        m = cached["mode"]
+        return FastPath(m, "cache", tuple(tuple(d) for d in cached.get("deaths", ())), extras,
+                        repacked=_repacked(path, m))
+    t0 = time.perf_counter()
+    deaths: list[tuple[str, str]] = []
+    chosen = NONE
+    for m in _candidates(path, extras):
+        how = test_load(path, m, counts, _timeout(path))
+        if how is None:
+            chosen = m
+            break
+        deaths.append((m, how))
+    seconds = time.perf_counter() - t0
+    _write(key, chosen, deaths, seconds)
+    return FastPath(chosen, "probe", tuple(deaths), extras, seconds, _repacked(path, chosen))
+
+
+def _candidates(path: Path, extras: Sequence[str]) -> list[str]:
+    """Modes to try, fastest first; `none` is the floor and is not tested (it is plain llama.cpp)."""
+    return [ALL] + ([REPACK] if "CPU_REPACK" in extras and repack_tensors(path) else [])
+
+
+def _repacked(path: Path, mode: str) -> tuple[str, ...]:
+    return tuple(repack_tensors(path)) if mode == REPACK else ()
+
+
+# -- the child ---------------------------------------------------------------------------------------------------
+
+def _fault(mode: str) -> None:
+    """Test hook: LOCALSPEC_PROBE_FAULT="all:SIGILL,repack:hang" makes this child die (or hang) as a broken
+    kernel would, after the load and before its first decode."""
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        m, _, what = item.partition(":")
+        if m.strip() == mode:
+            if what == "hang":
+                time.sleep(3600)
+            os.kill(os.getpid(), getattr(signal, what))
+
+
+def _child(path: str, mode: str, counts: str) -> int:
+    """The test load: `counts` is "1,2"; exit 0 when every decode ran, 3 when the file would not load."""
+    from ..errors import LocalspecError
+    from .model import LoadOptions, Model
+
+    try:
+        model = Model.load(path, LoadOptions(n_ctx=128, n_batch=64, fast_path=mode, mmap=True))
+    except LocalspecError as e:
+        print(e, file=sys.stderr)
+        return 3
+    _fault(mode)
+    tokens = [(7 + 31 * i) % model.n_vocab for i in range(max(PROBE_ROWS))]
+    for n in (int(c) for c in counts.split(",")):
+        model.set_threads(n, n)
+        for rows in PROBE_ROWS:
+            model.decode(tokens[:rows], 1)
+            model.rewind(0)
+    model.close()
+    return 0

@@ -1,0 +1,136 @@
+"""llama.cpp's optional CPU fast paths (backend/fastpath.py): a test load in a child process decides, per weight
+types, CPU and build, which extra buffer types a model loads with; a child that dies by a signal or hangs sends
+the load to the next mode. The deaths are real: the child kills itself through its test hook
+(LOCALSPEC_PROBE_FAULT), after its load, as a broken kernel would; nothing in the decision is mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from localspec.backend import LoadOptions, Model, fastpath
+
+
+@pytest.fixture
+def verdicts(tmp_path, monkeypatch):
+    """An empty verdict cache, and no fault unless a test sets one."""
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
+    monkeypatch.delenv(fastpath.FAULT_ENV, raising=False)
+    return tmp_path
+
+
+def _greedy(path, mode: str, n: int = 12) -> list[int]:
+    m = Model.load(path, LoadOptions(n_ctx=256, fast_path=mode))
+    try:
+        out = m.tokenize("The capital of France is Paris. The capital of Germany is")
+        for _ in range(n):
+            out.append(int(np.argmax(m.decode(out[-1:] if m.n_past else out, 1)[0])))
+        return out
+    finally:
+        m.close()
+
+
+def test_a_working_build_keeps_every_fast_path_and_caches_the_verdict(verdicts, smollm2_path):
+    first = fastpath.choose(smollm2_path)
+    assert (first.mode, first.source, first.deaths) == ("all", "probe", ())
+    assert first.notice() is None and first.seconds > 0
+    again = fastpath.choose(smollm2_path)
+    assert (again.mode, again.source) == ("all", "cache")
+    m = Model.load(smollm2_path, LoadOptions(n_ctx=64))
+    assert m.fast_path.source == "cache" and m.fast_path.mode == "all"
+    m.close()
+    assert len(list(verdicts.glob("fastpath-*.json"))) == 1
+
+
+def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_path, monkeypatch):
+    """Gemma-3-270M has Q4_K weights that CPU_REPACK takes: after a SIGILL in mode all (AMX's crash), mode
+    repack places exactly those on CPU_REPACK through tensor overrides, and decodes as the default does."""
+    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    plan = fastpath.choose(gemma_path)
+    assert plan.mode == "repack" and plan.deaths == (("all", "SIGILL"),)
+    assert plan.repacked and all(".weight" in n and "token_embd" not in n for n in plan.repacked)
+    assert "SIGILL" in plan.notice() and "CPU_REPACK alone" in plan.notice()
+    m = Model.load(gemma_path, LoadOptions(n_ctx=64))
+    assert m.fast_path.mode == "repack" and m.fast_path.source == "cache"
+    m.close()
+    monkeypatch.delenv(fastpath.FAULT_ENV)
+    assert _greedy(gemma_path, "repack") == _greedy(gemma_path, "all") == _greedy(gemma_path, "none")
+
+
+def test_sigsegv_in_every_mode_loads_without_extra_types(verdicts, gemma_path, monkeypatch):
+    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGSEGV,repack:SIGSEGV")
+    plan = fastpath.choose(gemma_path)
+    assert plan.mode == "none" and plan.deaths == (("all", "SIGSEGV"), ("repack", "SIGSEGV"))
+    assert "without extra buffer types" in plan.notice()
+
+
+def test_a_hung_test_load_times_out(verdicts, smollm2_path, monkeypatch):
+    monkeypatch.setenv(fastpath.FAULT_ENV, "all:hang")
+    monkeypatch.setenv(fastpath.TIMEOUT_ENV, "3")
+    plan = fastpath.choose(smollm2_path)
+    assert plan.mode == "none" and plan.deaths == (("all", "timed out after 3 s"),)
+
+
+def test_a_new_llama_cpp_build_is_tested_again(verdicts, smollm2_path, monkeypatch):
+    assert fastpath.choose(smollm2_path).source == "probe"
+    assert fastpath.choose(smollm2_path).source == "cache"
+    monkeypatch.setattr(fastpath, "build_info", lambda: "llama-cpp-python 9.9.9; CPU : AMX_INT8 = 1 |")
+    assert fastpath.choose(smollm2_path).source == "probe"
+
+
+def test_the_users_choice_is_not_tested(verdicts, smollm2_path, monkeypatch):
+    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    for mode in ("all", "none"):
+        plan = fastpath.choose(smollm2_path, mode=mode)
+        assert (plan.mode, plan.source, plan.deaths) == (mode, "option", ())
+    assert not list(verdicts.glob("fastpath-*.json"))
+
+
+def test_offloading_every_layer_leaves_nothing_to_test(verdicts, smollm2_path, monkeypatch):
+    monkeypatch.setattr(fastpath, "supports_gpu_offload", lambda: True)
+    assert fastpath.choose(smollm2_path, n_gpu_layers=-1).source == "default"
+
+
+def test_repack_rule_and_patterns():
+    f = {"AVX2"}
+    assert fastpath._repacks("Q4_K", 1024, f) and fastpath._repacks("Q4_0", 64, f)
+    assert not fastpath._repacks("Q4_1", 1024, f) and not fastpath._repacks("Q4_K", 1020, f)
+    assert not fastpath._repacks("Q6_K", 1024, f) and fastpath._repacks("Q6_K", 1024, {"NEON", "DOTPROD"})
+    pats = fastpath._patterns(["blk.0.ffn_down.weight", "blk.12.ffn_down.weight", "output.weight"])
+    assert pats == [r"^blk\.(0|12)\.ffn_down\.weight$", r"^output\.weight$"]
+
+
+# -- the command line ---------------------------------------------------------------------------------------------
+
+def _localspec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_run_says_once_what_was_switched_off(verdicts):
+    r = _localspec("run", "-n", "4", "--temp", "0", "--no-spec", "hi", env={fastpath.FAULT_ENV: "all:SIGILL"})
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "fast paths" in ln]
+    assert len(lines) == 1 and "SIGILL" in lines[0] and lines[0].startswith("localspec: ")
+    again = _localspec("run", "-n", "4", "--temp", "0", "--no-spec", "--json", "hi")
+    assert again.returncode == 0 and "SIGILL" in again.stderr  # from the cache: still said, still one line
+
+
+def test_no_repack_flag_skips_the_test_load(verdicts):
+    r = _localspec("run", "-n", "2", "--temp", "0", "--no-spec", "--no-repack", "hi",
+                   env={fastpath.FAULT_ENV: "all:SIGILL"})
+    assert r.returncode == 0 and "fast paths" not in r.stderr
+    assert not list(verdicts.glob("fastpath-*.json"))
+
+
+def test_models_show_reports_fast_paths_and_system_info(verdicts):
+    r = _localspec("models", "show", "smollm2-135m", "--json")
+    d = json.loads(r.stdout)
+    assert d["fast_path"]["mode"] == "all" and "CPU :" in d["system_info"]
+    text = _localspec("models", "show", "smollm2-135m").stdout
+    assert "cpu fast paths: all" in text and "system: CPU :" in text
