@@ -1,0 +1,122 @@
+"""What llama.cpp's extra CPU buffer types are worth, per weight type of the shipped models, and what the test load
+that chooses them costs (docs/models.md, "CPU fast paths").
+
+For each model and each mode (all: llama.cpp's default; repack: CPU_REPACK alone, by tensor overrides; none:
+--no-repack) it times prompt evaluation (a chunk of --pp tokens) and decoding (--tg one-row steps), the modes
+in turn within each repeat, and prints medians. Then, with an empty verdict cache, the first start's test load per
+model and a warm start's cost (reading the cached verdict).
+
+usage: python scripts/bench_fastpath.py [--models smollm2-135m,gemma3-270m] [--threads 2] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+
+def _paths(names: list[str]):
+    from localspec.registry import entry_path, load_registry
+
+    reg = load_registry()
+    return {n: entry_path(reg.models[n], log=lambda *a: None) for n in names}
+
+
+def _time(model, pp: int, tg: int) -> tuple[float, float]:
+    """(prompt tok/s, decode tok/s) from an empty cache."""
+    toks = [(7 + 31 * i) % model.n_vocab for i in range(pp)]
+    model.rewind(0)
+    t0 = time.perf_counter()
+    logits = model.decode(toks, 1)
+    t1 = time.perf_counter()
+    nxt = int(np.argmax(logits[0]))
+    for _ in range(tg):
+        nxt = int(np.argmax(model.decode([nxt], 1)[0]))
+    t2 = time.perf_counter()
+    return pp / (t1 - t0), tg / (t2 - t1)
+
+
+def speeds(paths: dict, threads: int, repeats: int, pp: int, tg: int) -> list[dict]:
+    from localspec.backend import LoadOptions, Model
+    from localspec.gguf_header import read_header
+    from localspec.model_facts import _params_by_type
+
+    rows = []
+    for name, path in paths.items():
+        models = {m: Model.load(path, LoadOptions(n_ctx=pp + tg + 8, n_threads=threads, fast_path=m))
+                  for m in ("all", "repack", "none")}
+        for m in models.values():
+            m.set_threads(threads, threads)
+            _time(m, pp, 4)  # warm-up
+        got: dict[str, list[tuple[float, float]]] = {m: [] for m in models}
+        for _ in range(repeats):
+            for mode, m in models.items():
+                got[mode].append(_time(m, pp, tg))
+        types = _params_by_type(read_header(path, tokens=False), min_dims=2)
+        total = sum(types.values())
+        mix = ", ".join(f"{t} {100 * n / total:.0f} %" for t, n in sorted(types.items(), key=lambda x: -x[1]))
+        for mode, m in models.items():
+            rows.append({"model": name, "weights": mix, "mode": mode, "repacked": len(m.fast_path.repacked),
+                         "pp_tok_s": statistics.median(p for p, _ in got[mode]),
+                         "tg_tok_s": statistics.median(t for _, t in got[mode])})
+            m.close()
+    return rows
+
+
+def probe_costs(paths: dict) -> list[dict]:
+    """A first start's test load (empty cache) and a warm start's cached read, per model."""
+    from localspec.backend import fastpath
+
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["LOCALSPEC_CALIBRATION"] = d
+        for name, path in paths.items():
+            t0 = time.perf_counter()
+            plan = fastpath.choose(path)
+            cold = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            again = fastpath.choose(path)
+            warm = time.perf_counter() - t0
+            out.append({"model": name, "mode": plan.mode, "cold_s": cold, "warm_ms": 1000 * warm,
+                        "warm_source": again.source})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--pp", type=int, default=128)
+    ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--json", help="write the results here too")
+    a = ap.parse_args()
+    from localspec.backend import system_info
+
+    load = open("/proc/loadavg").read().split()[:3]
+    paths = _paths(a.models.split(","))
+    rows = speeds(paths, a.threads, a.repeats, a.pp, a.tg)
+    costs = probe_costs(paths)
+    print(f"system: {system_info().strip()}\nload before: {' '.join(load)}")
+    print(f"\n| model | matrix weights | mode | tensors repacked by override | pp{a.pp} tok/s | tg{a.tg} tok/s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['weights']} | {r['mode']} | {r['repacked'] if r['mode'] == 'repack' else '-'} "
+              f"| {r['pp_tok_s']:.0f} | {r['tg_tok_s']:.1f} |")
+    print("\n| model | verdict | first start: test load (s) | warm start (ms) |\n|---|---|---|---|")
+    for c in costs:
+        print(f"| {c['model']} | {c['mode']} | {c['cold_s']:.2f} | {c['warm_ms']:.1f} ({c['warm_source']}) |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"speeds": rows, "probe": costs, "threads": a.threads, "repeats": a.repeats,
+                       "system": system_info().strip()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
