@@ -69,7 +69,8 @@ def test_show_both_shipped_models(home, smollm2_path, gemma_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_show_reads_the_header_only(smollm2_path, gemma_path):
-    # a fresh process: llama.cpp is never imported and the 253 MB of Gemma weights are never read into memory
+    # a fresh process: the 253 MB of Gemma weights are never read into memory (llama.cpp is imported for its
+    # system info line and the fast-path verdict, whose test load runs in a child process: backend/fastpath.py)
     # peak RSS from /proc (VmHWM starts afresh at exec; ru_maxrss would carry over the forking pytest's peak)
     code = ("import re, sys, json\nfrom localspec.cli import main\n"
             f"main(['models', 'show', {str(gemma_path)!r}, '--json'], standalone_mode=False)\n"
@@ -77,7 +78,6 @@ def test_show_reads_the_header_only(smollm2_path, gemma_path):
             "print(json.dumps({'llama': 'llama_cpp' in sys.modules, 'rss_mb': int(hwm.group(1)) / 1024}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     facts = json.loads(out.strip().splitlines()[-1])
-    assert facts["llama"] is False
     assert facts["rss_mb"] < 200, facts
 
 
