@@ -355,7 +355,7 @@ def plain_vs_bench(models: dict[str, str], binary: str, gpu: bool) -> dict:
 # the check gives its loads n_gpu_layers in this process only
 _BENCH = ("import functools, sys; import localspec.bench.runner as r; from localspec.backend import LoadOptions; "
           "r.LoadOptions = functools.partial(LoadOptions, n_gpu_layers=int(sys.argv.pop(1))); "
-          "from localspec.cli import main; sys.argv[0] = 'localspec'; main()")
+          "import runpy; sys.argv[0] = 'localspec'; runpy.run_module('localspec', run_name='__main__')")
 
 
 def lookup_bench(smol: str, gpu: bool, results: Path, quick: bool) -> dict:

@@ -13,7 +13,7 @@
 #     prompt lookup on the copy-heavy bench tasks with α, γ and the formula's prediction; adaptive vs best fixed γ.
 #   Each call writes $OUT/gpu_check.json and $OUT/gpu_check.md (everything measured so far) and $OUT/gpu_check.log.
 #
-# usage: scripts/gpu_check.sh [1|2|all]    (or GPU_CHECK_PHASE)
+# usage: scripts/gpu_check.sh [1|2|all|report]    (or GPU_CHECK_PHASE)
 # env:   GPU_CHECK_CPU=1   CPU build and checks (the rehearsal; the default where there is no nvcc)
 #        GPU_CHECK_DIR     bundles and work dir (default build/gpu-check; $DIR/work holds venv, build, models)
 #        OUT               where the reports go (default $DIR/out); JOBS (default 16 with CUDA, else nproc)
@@ -61,7 +61,8 @@ if bad:
 print(f"{b}: {len(m['files'])} files, sha256 ok")
 EOF
   local tree carried
-  tree=$(git ls-files -co --exclude-standard -z 2>/dev/null | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1 || echo 0)
+  tree=$( (git ls-files -co --exclude-standard -z 2>/dev/null || true) | (du -cb --files0-from=- 2>/dev/null || true) | tail -1 | cut -f1)
+  tree=${tree:-0}  # the device's copy of the tree may not be a git checkout: then only the bundle is counted
   carried=$(du -sb "$b" | cut -f1)
   echo "call $1 carried: tree $((tree / 1048576)) MiB + bundle$1 $((carried / 1048576)) MiB"
   [ $((tree + carried)) -le $((LIMIT_MIB * 1048576)) ] || { echo "FAIL: call $1 is over $LIMIT_MIB MiB" >&2; exit 1; }
@@ -233,7 +234,8 @@ case $PHASE in
   1) phase1 ;;
   2) phase2 ;;
   all) phase1; phase2 ;;
-  *) echo "usage: $0 [1|2|all]" >&2; exit 2 ;;
+  report) ;;  # only the reports, from what results/ holds
+  *) echo "usage: $0 [1|2|all|report]" >&2; exit 2 ;;
 esac
 report
 step "done: phase $PHASE in $(($(date +%s) - T0)) s; reports: $OUT/gpu_check.md, $OUT/gpu_check.json"
