@@ -373,13 +373,21 @@ def lookup_bench(smol: str, gpu: bool, results: Path, quick: bool) -> dict:
 def summarize_bench(doc: dict) -> dict:
     """Per task (and all): each configuration's measured speedup, α, γ, the formula's prediction; the adaptive
     controller's mean drafted length and speedup against the best fixed γ."""
+    from localspec.bench.theory import best_gamma
+
     rows = [r for r in doc["results"] if r["temp"] == 0]
     runs = doc.get("runs", [])
+    costs = (doc.get("targets") or [{}])[0].get("costs") or {}
+    v = {int(g): x for g, x in (costs.get("v") or {}).items()}
+    c_lookup = (costs.get("c") or {}).get("lookup", 0.0)
     out: dict = {"rows": [], "adaptive": {}}
     for r in rows:
-        out["rows"].append({k: r.get(k) for k in ("task", "config", "k", "tokens_per_second", "speedup",
-                                                   "acceptance_rate", "mean_acceptance_length", "v", "c",
-                                                   "predicted_speedup", "predicted_best_k")})
+        row = {k: r.get(k) for k in ("task", "config", "k", "tokens_per_second", "speedup", "acceptance_rate",
+                                     "mean_acceptance_length", "v", "c", "predicted_speedup", "predicted_best_k")}
+        if row["predicted_best_k"] is None and v and r["drafter"] not in ("none", "plain"):
+            # the γ the formula picks at this row's α, from the bench's own v(γ) and c (localspec/bench/theory.py)
+            row["predicted_best_k"] = best_gamma(min(1.0, max(0.0, r["acceptance_rate"])), c_lookup, v)[0]
+        out["rows"].append(row)
     for task in dict.fromkeys(r["task"] for r in rows):
         spec = [r for r in rows if r["task"] == task and r["drafter"] != "none" and r["drafter"] != "plain"]
         fixed = [r for r in spec if r["k"] != "auto"]
@@ -394,7 +402,7 @@ def summarize_bench(doc: dict) -> dict:
             "auto_speedup": auto["speedup"] if auto else None,
             "auto_mean_gamma": (sum(x["draft_n"] for x in a_runs) / with_draft) if with_draft else None,
             "auto_share_rounds_drafting": (with_draft / sum(x["rounds"] for x in a_runs)) if a_runs else None,
-            "predicted_best_k": best.get("predicted_best_k")}
+            "predicted_best_k": best_gamma(min(1.0, max(0.0, best["acceptance_rate"])), c_lookup, v)[0] if v else None}
     out["verdict"] = doc.get("verdict")
     return out
 
@@ -443,6 +451,10 @@ def cmd_measure(a) -> int:
 
 def _f(x, fmt=".2f", none="-"):
     return none if x is None else format(x, fmt)
+
+
+def _k(k) -> str:
+    return "-" if k is None else ("0 (plain)" if k == 0 else str(k))
 
 
 def _table(head: list[str], rows: list[list]) -> str:
@@ -572,12 +584,12 @@ def markdown(doc: dict) -> str:
     if lb.get("rows"):
         rows = [[r["task"], r["config"], _f(r["tokens_per_second"], ".1f"), _f(r["speedup"]),
                  _f(r["acceptance_rate"]), _f(r["mean_acceptance_length"]), _f(r["v"]), _f(r["c"], ".3f"),
-                 _f(r["predicted_speedup"]), r.get("predicted_best_k") or "-"] for r in lb["rows"]]
+                 _f(r["predicted_speedup"]), _k(r.get("predicted_best_k"))] for r in lb["rows"]]
         out += ["## Prompt lookup on the copy-heavy tasks (SmolLM2-135M, `localspec bench`)", "",
                 _table(["task", "config", "tok/s", "spec ÷ plain", "α", "len", "v(γ)", "c", "predicted", "best γ (formula)"],
                        rows), ""]
         rows = [[t, x["best_fixed_k"], _f(x["best_fixed_speedup"]), _f(x["auto_speedup"]), _f(x["auto_mean_gamma"]),
-                 _f(x["auto_share_rounds_drafting"]), x.get("predicted_best_k") or "-"] for t, x in lb["adaptive"].items()]
+                 _f(x["auto_share_rounds_drafting"]), _k(x.get("predicted_best_k"))] for t, x in lb["adaptive"].items()]
         out += ["Adaptive controller (k=auto) against the best fixed γ:", "",
                 _table(["task", "best fixed γ", "its speedup", "auto speedup", "auto mean γ", "rounds drafting",
                         "formula's γ"], rows), "", f"Verdict: {lb.get('verdict')}", ""]

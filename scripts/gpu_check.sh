@@ -110,7 +110,7 @@ EOF
     else CUDA_ARGS="$CUDA_ARGS -DGGML_CUDA_NO_VMM=ON"; fi  # no driver library to link: the legacy memory pool
     echo "driver library: ${drv:-none (GGML_CUDA_NO_VMM=ON)}"
   fi
-  export LD_LIBRARY_PATH=$x/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  case ":${LD_LIBRARY_PATH:-}:" in *":$x/lib:"*) ;; *) export LD_LIBRARY_PATH=$x/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ;; esac
 }
 
 python_env() {  # the Python the checks run on, and $SITE (a --target dir) holding everything carried
@@ -125,6 +125,8 @@ python_env() {  # the Python the checks run on, and $SITE (a --target dir) holdi
     PYBASE=$(command -v python3)
   fi
   export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
+  # cuBLAS found in the Python packages (cuda_libs, phase 1): the loader needs it in every later call too
+  [ -d "$WORK/cuda-extra/lib" ] && export LD_LIBRARY_PATH=$WORK/cuda-extra/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   PY=$PYBASE
   if "$PY" -m pip --version >/dev/null 2>&1; then PIP=("$PY" -m pip)
   else PIP=("$PY" "$(ls "$W"/pip-*.whl | head -1)/pip"); fi  # a Python without pip: pip run from its wheel
