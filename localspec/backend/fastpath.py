@@ -247,17 +247,23 @@ def _died(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def test_load(path: Path, mode: str, counts: Sequence[int], timeout: float) -> str | None:
-    """Load and decode in a child process in `mode`: None if it worked, else how it died ("SIGILL", "timed
-    out after 30 s", "exit 134"). A child that could not load the file at all (rc 3) counts as working: the
-    fast path is not the problem, and the real load will say what is."""
+UNLOADABLE = "unloadable"  # trial_load: the file would not load at all (the real load says why; nothing cached)
+
+
+def trial_load(path: Path, mode: str, counts: Sequence[int], timeout: float) -> str | None:
+    """Load and decode in a child process in `mode`: None if it worked, UNLOADABLE if the file would not load
+    in any mode, else how it died ("SIGILL", "timed out after 30 s", "exit 1: <its last line>")."""
     code = "import sys; from localspec.backend.fastpath import _child; sys.exit(_child(*sys.argv[1:]))"
     cmd = [sys.executable, "-c", code, str(path), mode, ",".join(map(str, counts))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's localspec
     try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout:.0f} s"
-    return None if r.returncode in (0, 3) else _died(r.returncode)
+    if r.returncode in (0, 3):
+        return None if r.returncode == 0 else UNLOADABLE
+    last = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:80]
+    return _died(r.returncode) + (f": {last}" if r.returncode > 0 and last else "")
 
 
 def choose(path: Path, *, mode: str | None = None, n_threads: int | None = None,
@@ -280,7 +286,9 @@ def choose(path: Path, *, mode: str | None = None, n_threads: int | None = None,
     deaths: list[tuple[str, str]] = []
     chosen = NONE
     for m in _candidates(path, extras):
-        how = test_load(path, m, counts, _timeout(path))
+        how = trial_load(path, m, counts, _timeout(path))
+        if how == UNLOADABLE:
+            return FastPath(ALL, "default", extras=extras)
         if how is None:
             chosen = m
             break
