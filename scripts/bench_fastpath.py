@@ -3,7 +3,7 @@ that chooses them costs (docs/models.md, "CPU fast paths").
 
 For each model and each mode (all: llama.cpp's default; repack: CPU_REPACK alone, by tensor overrides; none:
 --no-repack) it times prompt evaluation (a chunk of --pp tokens) and decoding (--tg one-row steps), the modes
-in turn within each repeat, and prints medians. Then, with an empty verdict cache, the first start's test load per
+in turn within each repeat (each mode first in turn), and prints medians. Then, with an empty verdict cache, the first start's test load per
 model and a warm start's cost (reading the cached verdict).
 
 usage: python scripts/bench_fastpath.py [--models smollm2-135m,gemma3-270m] [--threads 2] [--repeats 5]
@@ -55,9 +55,10 @@ def speeds(paths: dict, threads: int, repeats: int, pp: int, tg: int) -> list[di
             m.set_threads(threads, threads)
             _time(m, pp, 4)  # warm-up
         got: dict[str, list[tuple[float, float]]] = {m: [] for m in models}
-        for _ in range(repeats):
-            for mode, m in models.items():
-                got[mode].append(_time(m, pp, tg))
+        order = list(models)
+        for i in range(repeats):
+            for mode in order[i % 3:] + order[:i % 3]:  # each mode first in turn: no order bias
+                got[mode].append(_time(models[mode], pp, tg))
         types = _params_by_type(read_header(path, tokens=False), min_dims=2)
         total = sum(types.values())
         mix = ", ".join(f"{t} {100 * n / total:.0f} %" for t, n in sorted(types.items(), key=lambda x: -x[1]))
@@ -69,22 +70,41 @@ def speeds(paths: dict, threads: int, repeats: int, pp: int, tg: int) -> list[di
     return rows
 
 
-def probe_costs(paths: dict) -> list[dict]:
-    """A first start's test load (empty cache) and a warm start's cached read, per model."""
+def _load_s(path) -> tuple[float, str]:
+    from localspec.backend import LoadOptions, Model
+
+    t0 = time.perf_counter()
+    m = Model.load(path, LoadOptions(n_ctx=512))
+    seconds, source = time.perf_counter() - t0, m.fast_path.source
+    m.close()
+    return seconds, source
+
+
+def probe_costs(paths: dict, repeats: int) -> list[dict]:
+    """Per model: the test load alone (empty cache), a warm start's cached read, and what a first start's
+    Model.load costs with an empty cache against one with the verdict cached (the test load overlaps the load)."""
     from localspec.backend import fastpath
 
     out = []
-    with tempfile.TemporaryDirectory() as d:
-        os.environ["LOCALSPEC_CALIBRATION"] = d
-        for name, path in paths.items():
-            t0 = time.perf_counter()
-            plan = fastpath.choose(path)
-            cold = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            again = fastpath.choose(path)
-            warm = time.perf_counter() - t0
-            out.append({"model": name, "mode": plan.mode, "cold_s": cold, "warm_ms": 1000 * warm,
-                        "warm_source": again.source})
+    for name, path in paths.items():
+        row: dict = {"model": name, "alone_s": [], "warm_ms": [], "first_load_s": [], "cached_load_s": []}
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as d:
+                os.environ["LOCALSPEC_CALIBRATION"] = d
+                t0 = time.perf_counter()
+                row["mode"] = fastpath.choose(path).mode
+                row["alone_s"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                fastpath.choose(path)
+                row["warm_ms"].append(1000 * (time.perf_counter() - t0))
+            with tempfile.TemporaryDirectory() as d:
+                os.environ["LOCALSPEC_CALIBRATION"] = d
+                first, src1 = _load_s(path)
+                cached, src2 = _load_s(path)
+                assert (src1, src2) == ("probe", "cache"), (src1, src2)
+                row["first_load_s"].append(first)
+                row["cached_load_s"].append(cached)
+        out.append({k: statistics.median(v) if isinstance(v, list) else v for k, v in row.items()})
     return out
 
 
@@ -102,16 +122,18 @@ def main() -> None:
     load = open("/proc/loadavg").read().split()[:3]
     paths = _paths(a.models.split(","))
     rows = speeds(paths, a.threads, a.repeats, a.pp, a.tg)
-    costs = probe_costs(paths)
+    costs = probe_costs(paths, max(1, a.repeats // 2))
     print(f"system: {system_info().strip()}\nload before: {' '.join(load)}")
     print(f"\n| model | matrix weights | mode | tensors repacked by override | pp{a.pp} tok/s | tg{a.tg} tok/s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['weights']} | {r['mode']} | {r['repacked'] if r['mode'] == 'repack' else '-'} "
               f"| {r['pp_tok_s']:.0f} | {r['tg_tok_s']:.1f} |")
-    print("\n| model | verdict | first start: test load (s) | warm start (ms) |\n|---|---|---|---|")
+    print("\n| model | verdict | test load alone (s) | warm start: cached verdict (ms) "
+          "| Model.load, empty cache (s) | Model.load, verdict cached (s) |\n|---|---|---|---|---|---|")
     for c in costs:
-        print(f"| {c['model']} | {c['mode']} | {c['cold_s']:.2f} | {c['warm_ms']:.1f} ({c['warm_source']}) |")
+        print(f"| {c['model']} | {c['mode']} | {c['alone_s']:.2f} | {c['warm_ms']:.1f} | {c['first_load_s']:.2f} "
+              f"| {c['cached_load_s']:.2f} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"speeds": rows, "probe": costs, "threads": a.threads, "repeats": a.repeats,

@@ -62,6 +62,18 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
     assert _greedy(gemma_path, "repack") == _greedy(gemma_path, "all") == _greedy(gemma_path, "none")
 
 
+def test_a_load_that_finds_a_crash_loads_again_without_it(verdicts, gemma_path, monkeypatch):
+    """The model loads while its test load runs; when the test load dies, the model is loaded again."""
+    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    m = Model.load(gemma_path, LoadOptions(n_ctx=64))
+    try:
+        assert (m.fast_path.mode, m.fast_path.source) == ("repack", "probe")
+        assert m.fast_path.deaths == (("all", "SIGILL"),)
+        assert m.decode(m.tokenize("Hello"), 1).shape == (1, m.n_vocab)
+    finally:
+        m.close()
+
+
 def test_sigsegv_in_every_mode_loads_without_extra_types(verdicts, gemma_path, monkeypatch):
     monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGSEGV,repack:SIGSEGV")
     plan = fastpath.choose(gemma_path)

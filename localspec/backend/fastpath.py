@@ -146,6 +146,7 @@ def _patterns(names: Sequence[str]) -> list[str]:
 def apply(mparams: llama_cpp.llama_model_params, plan: FastPath) -> object:
     """Set the load parameters for `plan`; returns what the C side points into (keep it alive with the model)."""
     mparams.use_extra_bufts = plan.mode == ALL
+    mparams.tensor_buft_overrides = None
     if plan.mode != REPACK or not plan.repacked:
         return None
     buft = extra_buffer_types().get("CPU_REPACK")
@@ -247,55 +248,94 @@ def _died(rc: int) -> str:
         return f"signal {-rc}"
 
 
-UNLOADABLE = "unloadable"  # trial_load: the file would not load at all (the real load says why; nothing cached)
+UNLOADABLE = "unloadable"  # a trial: the file would not load at all (the real load says why; nothing cached)
 
 
-def trial_load(path: Path, mode: str, counts: Sequence[int], timeout: float) -> str | None:
-    """Load and decode in a child process in `mode`: None if it worked, UNLOADABLE if the file would not load
-    in any mode, else how it died ("SIGILL", "timed out after 30 s", "exit 1: <its last line>")."""
-    code = "import sys; from localspec.backend.fastpath import _child; sys.exit(_child(*sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, str(path), mode, ",".join(map(str, counts))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's localspec
-    try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:.0f} s"
-    if r.returncode in (0, 3):
-        return None if r.returncode == 0 else UNLOADABLE
-    last = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:80]
-    return _died(r.returncode) + (f": {last}" if r.returncode > 0 and last else "")
+class Trial:
+    """A test load in a child process, running while the caller does other work (its own load of the model)."""
+
+    def __init__(self, path: Path, mode: str, counts: Sequence[int], timeout: float) -> None:
+        code = "import sys; from localspec.backend.fastpath import _child; sys.exit(_child(*sys.argv[1:]))"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's localspec
+        self.mode, self.timeout, self.t0 = mode, timeout, time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-c", code, str(path), mode, ",".join(map(str, counts))],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=env)
+
+    def verdict(self) -> str | None:
+        """None if it worked, UNLOADABLE if the file would not load, else how it died ("SIGILL", "timed out
+        after 30 s", "exit 1: <its last line>")."""
+        try:
+            _, err = self.proc.communicate(timeout=max(0.0, self.t0 + self.timeout - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return f"timed out after {self.timeout:.0f} s"
+        rc = self.proc.returncode
+        if rc in (0, 3):
+            return None if rc == 0 else UNLOADABLE
+        last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:80]
+        return _died(rc) + (f": {last}" if rc > 0 and last else "")
 
 
-def choose(path: Path, *, mode: str | None = None, n_threads: int | None = None,
-           n_gpu_layers: int = 0) -> FastPath:
-    """The placement to load `path` with: `mode` when the user chose one, else the cached verdict, else the
-    first mode whose test load survives (all, then repack, then none)."""
+@dataclass
+class Choice:
+    """What `begin` decided, or the first mode to load while its test load runs (`finish` says whether it held)."""
+
+    guess: FastPath
+    path: Path | None = None
+    key: dict | None = None
+    counts: Sequence[int] = ()
+    trial: Trial | None = None
+
+    def cancel(self) -> None:
+        """Stop a test load still running (the caller's own load failed)."""
+        if self.trial is not None and self.trial.proc.poll() is None:
+            self.trial.proc.kill()
+            self.trial.proc.communicate()
+
+    def finish(self) -> FastPath:
+        """The verdict: `guess` if it needed no test or its test load survived, else the next mode that does
+        (tested now, one after another), cached."""
+        if self.trial is None or self.path is None or self.key is None:
+            return self.guess
+        deaths: list[tuple[str, str]] = []
+        chosen, trial = NONE, self.trial
+        modes = _candidates(self.path, self.guess.extras)
+        for m in modes:
+            how = (trial if m == trial.mode else Trial(self.path, m, self.counts, _timeout(self.path))).verdict()
+            if how == UNLOADABLE:
+                return self.guess
+            if how is None:
+                chosen = m
+                break
+            deaths.append((m, how))
+        seconds = time.perf_counter() - trial.t0
+        _write(self.key, chosen, deaths, seconds)
+        return FastPath(chosen, "probe", tuple(deaths), self.guess.extras, seconds, _repacked(self.path, chosen))
+
+
+def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int = 0) -> Choice:
+    """The placement to load `path` with: `mode` when the user chose one, else the cached verdict, else mode
+    `all` with its test load started (call `finish`: all, then repack, then none, the first that survives)."""
     extras = tuple(extra_buffer_types())
     if mode is not None:
-        return FastPath(mode, "option", extras=extras, repacked=_repacked(path, mode))
+        return Choice(FastPath(mode, "option", extras=extras, repacked=_repacked(path, mode)))
     if not extras or (n_gpu_layers < 0 and supports_gpu_offload()):
-        return FastPath(ALL, "default", extras=extras)  # nothing optional on the CPU to test
+        return Choice(FastPath(ALL, "default", extras=extras))  # nothing optional on the CPU to test
     counts = thread_counts(n_threads)
     key = cache_key(path, counts)
     cached = _read(key)
     if cached is not None:
         m = cached["mode"]
-        return FastPath(m, "cache", tuple(tuple(d) for d in cached.get("deaths", ())), extras,
-                        repacked=_repacked(path, m))
-    t0 = time.perf_counter()
-    deaths: list[tuple[str, str]] = []
-    chosen = NONE
-    for m in _candidates(path, extras):
-        how = trial_load(path, m, counts, _timeout(path))
-        if how == UNLOADABLE:
-            return FastPath(ALL, "default", extras=extras)
-        if how is None:
-            chosen = m
-            break
-        deaths.append((m, how))
-    seconds = time.perf_counter() - t0
-    _write(key, chosen, deaths, seconds)
-    return FastPath(chosen, "probe", tuple(deaths), extras, seconds, _repacked(path, chosen))
+        return Choice(FastPath(m, "cache", tuple(tuple(d) for d in cached.get("deaths", ())), extras,
+                               repacked=_repacked(path, m)))
+    return Choice(FastPath(ALL, "probe", extras=extras), path, key, counts, Trial(path, ALL, counts, _timeout(path)))
+
+
+def choose(path: Path, **kw) -> FastPath:
+    """`begin` and `finish` in one call, for a caller with nothing to do meanwhile (`models show`)."""
+    return begin(path, **kw).finish()
 
 
 def _candidates(path: Path, extras: Sequence[str]) -> list[str]:

@@ -152,6 +152,15 @@ def _weights_placement(mparams: llama_cpp.llama_model_params, p: Path, options: 
     return "read", advisor
 
 
+def _load_weights(p: Path, mparams: llama_cpp.llama_model_params, options: LoadOptions) -> _internals.LlamaModel:
+    try:
+        return _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
+    except ValueError:
+        _check_not_truncated(p)  # a precise reason when the header or data is damaged
+        raise ModelLoadError(f"llama.cpp could not load {p}: unsupported architecture or damaged file "
+                             "(rerun with --verbose to see llama.cpp's log)") from None
+
+
 def _address_of(name: str) -> Callable[..., int]:
     """A private binding of a llama.cpp getter that returns a pointer as a plain int: the package's own binding
     returns a ctypes pointer object that must then be cast, two objects per call on the per-token path. A new
@@ -201,15 +210,20 @@ class Model:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
         weights, advisor = _weights_placement(mparams, p, options)
-        plan = fastpath.choose(p, mode=options.fast_path, n_threads=options.n_threads,
-                               n_gpu_layers=options.n_gpu_layers)
-        overrides = fastpath.apply(mparams, plan)
+        # the fast-path test load (a child process) runs while this process loads: crashes come at compute
+        choice = fastpath.begin(p, mode=options.fast_path, n_threads=options.n_threads,
+                                n_gpu_layers=options.n_gpu_layers)
+        overrides = fastpath.apply(mparams, choice.guess)
         try:
-            model = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
-        except ValueError:
-            _check_not_truncated(p)  # a precise reason when the header or data is damaged
-            raise ModelLoadError(f"llama.cpp could not load {p}: unsupported architecture or damaged file "
-                                 "(rerun with --verbose to see llama.cpp's log)") from None
+            model = _load_weights(p, mparams, options)
+        except BaseException:
+            choice.cancel()
+            raise
+        plan = choice.finish()
+        if plan.mode != choice.guess.mode:  # its test load died: load again without what failed
+            model.close()
+            overrides = fastpath.apply(mparams, plan)
+            model = _load_weights(p, mparams, options)
         ctx = _new_context(model, p, options)
         # llama.cpp may clamp n_batch to n_ctx (and pad n_ctx): chunk by what the context really accepts
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
