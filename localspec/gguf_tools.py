@@ -4,6 +4,8 @@ Used for test fixtures and CPU benchmarks, not for models to recommend:
 - `write_dequantized`: the same weights in F16 — a same-tokenizer target with a real cost gap over its Q4 original
   (which then serves as the drafter).
 - `write_with_metadata`: the same file with metadata keys added or replaced (e.g. FIM token ids).
+- `write_requantized`: the matrix weights in another type the `gguf` package can quantize (Q4_0, Q8_0, ...):
+  the same model in a weight type whose kernels differ (scripts/bench_fastpath.py, CPU_REPACK's Q4_0 layout).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _value_type(v: Any):
 
 
 def copy_gguf(src: str | Path, dst: str | Path, *, extra: dict[str, Any] | None = None,
-              dequantize: str | None = None) -> Path:
+              dequantize: str | None = None, requantize: str | None = None) -> Path:
     """Copy src to dst, replacing/adding `extra` metadata and optionally dequantizing weights to F16/F32.
 
     Written to dst + '.part' and renamed, so a crash never leaves a half file under the real name.
@@ -55,7 +57,8 @@ def copy_gguf(src: str | Path, dst: str | Path, *, extra: dict[str, Any] | None 
         writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
     for key, value in extra.items():
         writer.add_key_value(key, value, _value_type(value))
-    tensors = [(t.name, _converted(t, dequantize)) for t in reader.tensors]
+    tensors = [(t.name, _requantized(t, requantize) if requantize else _converted(t, dequantize))
+               for t in reader.tensors]
     for (name, (data, raw)), t in zip(tensors, reader.tensors):
         writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, raw)
     writer.write_header_to_file()
@@ -79,6 +82,23 @@ def _converted(t, dequantize: str | None):
     if dequantize == "F16":
         return values.astype(np.float16), T.F16
     return values.astype(np.float32), T.F32
+
+
+def _requantized(t, to: str):
+    """(array, raw_dtype): a 2-D weight (not the embeddings, read by row) quantized to `to`; others as they are."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    block = gguf.GGML_QUANT_SIZES[T[to]][0]
+    if len(t.shape) != 2 or "token_embd" in t.name or int(t.shape[0]) % block:
+        return t.data, t.tensor_type
+    values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+    return gguf.quants.quantize(values, T[to]), T[to]
+
+
+def write_requantized(src: str | Path, dst: str | Path, to: str = "Q4_0") -> Path:
+    """The same model with its matrix weights (embeddings excepted) quantized to `to`."""
+    return copy_gguf(src, dst, requantize=to)
 
 
 def write_dequantized(src: str | Path, dst: str | Path, to: str = "F16") -> Path:

@@ -6,7 +6,8 @@ For each model and each mode (all: llama.cpp's default; repack: CPU_REPACK alone
 in turn within each repeat (each mode first in turn), and prints medians. Then, with an empty verdict cache, the first start's test load per
 model and a warm start's cost (reading the cached verdict).
 
-usage: python scripts/bench_fastpath.py [--models smollm2-135m,gemma3-270m] [--threads 2] [--repeats 5]
+usage: python scripts/bench_fastpath.py [--models smollm2-135m,gemma3-270m,FILE.gguf] [--threads 2] [--repeats 5]
+A Q4_0 copy of SmolLM2 (a weight type CPU_REPACK takes): localspec.gguf_tools.write_requantized(src, dst, "Q4_0").
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ import numpy as np
 def _paths(names: list[str]):
     from localspec.registry import entry_path, load_registry
 
+    from pathlib import Path
+
     reg = load_registry()
-    return {n: entry_path(reg.models[n], log=lambda *a: None) for n in names}
+    return {Path(n).name if Path(n).is_file() else n:
+            Path(n) if Path(n).is_file() else entry_path(reg.models[n], log=lambda *a: None) for n in names}
 
 
 def _time(model, pp: int, tg: int) -> tuple[float, float]:

@@ -146,3 +146,16 @@ def test_models_show_reports_fast_paths_and_system_info(verdicts):
     assert d["fast_path"]["mode"] == "all" and "CPU :" in d["system_info"]
     text = _localspec("models", "show", "smollm2-135m").stdout
     assert "cpu fast paths: all" in text and "system: CPU :" in text
+
+
+def test_a_q4_0_copy_keeps_cpu_repack_by_override(verdicts, smollm2_path, tmp_path, monkeypatch):
+    """Q4_0, the type CPU_REPACK speeds up most: with AMX's crash simulated, its 2-D weights go to CPU_REPACK
+    by name and decode as llama.cpp's own placement does."""
+    from localspec.gguf_tools import write_requantized
+
+    q4_0 = write_requantized(smollm2_path, tmp_path / "smol-q4_0.gguf", "Q4_0")
+    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    plan = fastpath.choose(q4_0)
+    assert plan.mode == "repack" and len(plan.repacked) == len(fastpath.repack_tensors(q4_0)) > 100
+    monkeypatch.delenv(fastpath.FAULT_ENV)
+    assert _greedy(q4_0, "repack") == _greedy(q4_0, "all")
