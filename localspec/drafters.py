@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Draft:
     tokens: tuple[int, ...]
-    probs: Warped | None = None  # q, one row per token; None = point mass on each token
+    # q, one row per token, when the tokens were drawn from q with draws of the drafter's own (verified by
+    # rejection sampling); None when the draft is a function of the context and the request's RNG state
+    # (prompt lookup, a greedy draft, a model draft drawn with the target's next uniforms): verified by the
+    # same-seed rule, which emits plain decoding's own tokens (verify.py)
+    probs: Warped | None = None
     source: str = ""  # which drafter produced it ("lookup", "model"), for per-source stats
 
     def __len__(self) -> int:
@@ -239,9 +243,21 @@ class ModelDrafter:
     cost = {"model": None}  # measured at load (calibration) and refined online
     prior: Mapping[str, tuple[float, ...]] = {}  # a model pair's acceptance is anyone's guess: learnt online
 
-    def __init__(self, model: "Model", *, p_min: float = 0.0) -> None:
+    DRAWS = ("coupled", "greedy", "independent")
+
+    def __init__(self, model: "Model", *, p_min: float = 0.0, draw: str = "coupled") -> None:
+        if draw not in self.DRAWS:
+            raise ValueError(f"draw must be one of {self.DRAWS}, got {draw!r}")
         self.model = model
         self.p_min = p_min  # stop drafting once the drafter's own top probability falls below this (0 = never)
+        # how a sampled request's draft token i is chosen from q_i (docs/sampling.md, "Which rule runs when"):
+        # "coupled" (default): at the uniform the target will draw at that position (peeked, not consumed):
+        #   the target's sample matches it whenever q_i and p_i put that uniform on the same token; the draft
+        #   depends on the RNG state only, so the same-seed rule verifies it and the text is plain decoding's
+        # "greedy": the argmax of q_i (the same-seed rule too; accepted with probability p_i(argmax q_i))
+        # "independent": drawn from q_i with the RNG, verified by rejection sampling (same distribution, but a
+        #   seed no longer gives plain decoding's text)
+        self.draw = draw
 
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -258,11 +274,17 @@ class ModelDrafter:
         logits = m.decode(context[keep:], 1)[0]
         tokens: list[int] = []
         qs: list[Warped] = []
+        draw = "greedy" if params.greedy else self.draw
+        u = peek(rng, k) if draw == "coupled" else None
         for i in range(k):
             logits = constrain_row(params, logits, context, tokens)  # q constrained as p is (constrain.py)
             q = warp(logits, params, context, tokens)  # the history the target's verify row i will see
-            t = int(q.ids[0, 0]) if params.greedy else q.sample(rng)
-            if not params.greedy:
+            if draw == "coupled":
+                t = q.pick(0, u[i])
+            elif draw == "greedy":
+                t = int(q.ids[0, int(np.argmax(q.probs[0]))])
+            else:
+                t = q.sample(rng)
                 qs.append(q)
             tokens.append(t)
             if i < k - 1:
@@ -273,6 +295,17 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.model.close()
+
+
+def peek(rng: np.random.Generator, n: int) -> list[float]:
+    """The next n values of `rng.random()`, leaving the generator where it was: the uniforms the same-seed rule
+    will draw for the next n positions (verify.verify_same_seed)."""
+    bg = rng.bit_generator
+    state = bg.state
+    try:
+        return [rng.random() for _ in range(n)]
+    finally:
+        bg.state = state
 
 
 def _top_prob(logits: np.ndarray) -> float:

@@ -106,9 +106,20 @@ class Warped:
         return np.where(own[pos] == ids, self.probs[row][order][pos], 0.0)
 
     def sample(self, rng: np.random.Generator, row: int = 0) -> int:
-        """Draw one token from row `row` by inverse CDF over its candidates."""
-        c = np.cumsum(self.probs[row])
-        j = min(int(np.searchsorted(c, rng.random() * c[-1], side="right")), len(c) - 1)
+        """Draw one token from row `row`: one `rng.random()`, the inverse CDF at it (`pick`). Plain decoding and
+        every verify row draw this way, one call per emitted position, so a seed gives one text whatever the
+        drafts (docs/sampling.md, "One seed, one text")."""
+        return self.pick(row, rng.random())
+
+    def pick(self, row: int, u: float) -> int:
+        """The token at uniform `u` in [0, 1) of row `row`'s CDF, its candidates in ascending id order (`warp`
+        writes every row in that order, so the answer depends on the row's distribution only, not on the
+        rows or padding beside it, and a drafter's q and the target's p are walked in the same order)."""
+        probs = self.probs[row]
+        c = np.cumsum(probs)
+        j = int(np.searchsorted(c, u * c[-1], side="right"))
+        if j >= len(c) or probs[j] <= 0.0:  # u × total rounded up to the total: the last token with mass
+            j = int(np.flatnonzero(probs > 0.0)[-1])
         return int(self.ids[row, j])
 
     def dense(self, n_vocab: int) -> np.ndarray:
@@ -253,22 +264,35 @@ def _gather(logits: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return vals, ids, counts
 
 
+def _top_k_columns(vals: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the columns of its k largest values, in their own (ascending id) order; among values tied
+    with the k-th, the first columns. A function of the row alone: a verify row and the same row decoded on
+    its own keep the same tokens in the same order (argpartition's choice among ties depends on the width)."""
+    kth = -np.partition(-vals, k - 1, axis=1)[:, k - 1:k]
+    above = vals > kth
+    tied = vals == kth
+    sel = above | (tied & (np.cumsum(tied, axis=1) <= k - above.sum(axis=1, keepdims=True)))
+    return np.nonzero(sel)[1].reshape(len(vals), k)
+
+
 def _filter(vals: np.ndarray, ids: np.ndarray, z: np.ndarray | None, params: SamplingParams) -> Warped:
-    """Top-k, top-p, min-p on the untempered candidates, then the temperature over what is kept."""
+    """Top-k, top-p, min-p on the untempered candidates, then the temperature over what is kept. The candidates
+    come in ascending id order per row (`_gather`) and stay in it (`Warped.pick` walks them so)."""
     R, w = vals.shape
     r = np.arange(R)[:, None]
     if 0 < params.top_k < w:
-        top = np.argpartition(-vals, params.top_k - 1, axis=1)[:, : params.top_k]
+        top = _top_k_columns(vals, params.top_k)
         vals, ids = vals[r, top], ids[r, top]
     mx = vals.max(axis=1, keepdims=True)
     keep = ids >= 0
     if params.top_p < 1.0:  # the smallest prefix of the sorted candidates whose mass reaches top_p
-        order = np.argsort(-vals, axis=1, kind="stable")
-        vals, ids = vals[r, order], ids[r, order]
-        e = np.exp(vals.astype(np.float64) - mx)
+        order = np.argsort(-vals, axis=1, kind="stable")  # ties: the lower id first
+        e = np.exp(vals[r, order].astype(np.float64) - mx)
         norm = e.sum(axis=1) if z is None else z  # over top-k's survivors, else the whole vocabulary
         n = np.count_nonzero(np.cumsum(e, axis=1) < params.top_p * norm[:, None], axis=1) + 1
-        keep = (ids >= 0) & (np.arange(vals.shape[1]) < n[:, None])
+        in_prefix = np.empty_like(keep)
+        in_prefix[r, order] = np.arange(vals.shape[1]) < n[:, None]  # back in ascending id order
+        keep &= in_prefix
     if params.min_p > 0.0:  # llama.cpp compares logits: l >= l_max + log(min_p), in float32
         keep &= vals >= mx + np.float32(math.log(params.min_p))
     cols = keep.any(axis=0)

@@ -5,7 +5,9 @@ round is plain decoding: one target token per pass. Everything above this module
 
 KV invariant between rounds: the target's cache holds context[:-1]; the last context token is decoded at
 the start of the next round together with the drafts, so the first verify row scores draft position 0.
-After verification the target cache is rewound to drop rejected drafts (in `finally`, so an exception or
+The random stream is plain decoding's whatever is drafted (verify.verify_same_seed: one draw per emitted
+token from the target's own rows), unless a drafter hands its q with a draft it drew with draws of its own
+(rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an exception or
 a closed generator leaves it consistent). The drafter owns its cache and re-syncs by common prefix.
 """
 

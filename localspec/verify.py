@@ -1,14 +1,21 @@
-"""The verify rule, as pure functions of arrays and an RNG (docs/sampling.md, "Why output stays lossless").
+"""The verify rules, as pure functions of arrays and an RNG (docs/sampling.md, "Which rule runs when").
 
 Shapes: k draft tokens; p holds the target's final distributions for the k+1 verified positions (a `Warped`, k+1
-rows); q the drafter's for the k draft positions (k rows), or None for a deterministic drafter (prompt lookup,
-greedy draft), whose q is a point mass on the draft token.
+rows); q the drafter's for the k draft positions (k rows) when the drafter drew its tokens from q with draws of
+its own, or None when the draft is a function of the context and the request's RNG state (prompt lookup, a
+greedy draft, a model draft drawn with the target's own next uniforms: drafters.ModelDrafter).
+
+- q is None: `verify_same_seed`. Each position is sampled from p_i exactly as plain decoding samples it (one
+  `rng.random()` a position, `Warped.sample`); a draft token is kept when it equals that sample. The emitted
+  tokens are, draw for draw, plain decoding's with the same seed: the same text with speculation on or off.
+- q given: speculative sampling (`verify_rejection`): accept d_i with probability min(1, p_i(d_i)/q_i(d_i)),
+  else draw from max(0, p_i - q_i). Exact in distribution, but the random stream follows the drafts.
 
 The distributions are sparse (candidate ids and probabilities), and that is exact: acceptance needs p(d) and q(d)
 only, and the residual max(0, p − q) is zero wherever p is, so it lives on p's candidates.
 
 Each function returns (n_accepted, next_token): the first n_accepted drafts are kept, then next_token,
-which is either the correction drawn at the first rejection or the bonus token when all k pass.
+which is either the target's own token at the first mismatch or the bonus token when all k pass.
 """
 
 from __future__ import annotations
@@ -29,12 +36,36 @@ def verify_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[i
 
 
 def verify(p: Warped, draft: Sequence[int], q: Warped | None, rng: np.random.Generator) -> tuple[int, int]:
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the output is distributed exactly as p."""
+    """The rule the draft calls for: `verify_same_seed` when q is None, else `verify_rejection`."""
+    if q is None:
+        return verify_same_seed(p, draft, rng)
+    return verify_rejection(p, draft, q, rng)
+
+
+def verify_same_seed(p: Warped, draft: Sequence[int], rng: np.random.Generator) -> tuple[int, int]:
+    """Sample x_i from p_i with the request's RNG, one draw a position, in order; keep d_i while x_i == d_i; emit
+    the first x_i that differs, or the bonus x_{k+1} when every draft matched. k = 0 is plain decoding.
+
+    Exact when the draft does not depend on the draws it is compared with, and more: x_i is the token plain
+    decoding draws at that position from the same RNG state (row i has seen context + d_<i = x_<i), so the
+    output is plain decoding's own, token for token. For a point-mass draft the acceptance is p_i(d_i), as
+    speculative sampling's."""
+    k = len(draft)
+    for i in range(k):
+        x = p.sample(rng, i)
+        if x != draft[i]:
+            return i, x
+    return k, p.sample(rng, k)
+
+
+def verify_rejection(p: Warped, draft: Sequence[int], q: Warped, rng: np.random.Generator) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023), for drafts drawn from q with draws of
+    the drafter's own: the output is distributed exactly as p."""
     k = len(draft)
     if k == 0:  # plain decoding
         return 0, p.sample(rng, 0)
     p_d = p.prob(draft)
-    q_d = np.ones(k) if q is None else q.prob(draft)
+    q_d = q.prob(draft)
     u = rng.random(k)
     # q(d) <= p(d): always accept; else accept with probability p(d)/q(d)
     rejected = (q_d > p_d) & (u * q_d >= p_d)

@@ -54,12 +54,13 @@ PARAMS = [SamplingParams(temperature=0.9, top_k=4, top_p=0.95),
           SamplingParams(temperature=1.2, min_p=0.05, repeat_penalty=0.5, presence_penalty=0.3, repeat_last_n=2)]
 
 
-@pytest.mark.parametrize("drafter", ["lookup", "model"])
+@pytest.mark.parametrize("drafter", ["lookup", "model", "model-independent"])
 @pytest.mark.parametrize("params", PARAMS, ids=["plain", "penalty", "penalty-below-1"])
 def test_first_two_tokens_follow_plain_decoding(drafter: str, params: SamplingParams):
     table = _table(0)
     target = BigramModel(table)
-    d = PromptLookup() if drafter == "lookup" else ModelDrafter(BigramModel(_table(1)))
+    d = (PromptLookup() if drafter == "lookup" else  # the same-seed rule; coupled model drafts: the same rule;
+         ModelDrafter(BigramModel(_table(1)), draw="coupled" if drafter == "model" else "independent"))  # rejection
     rng = np.random.default_rng(42)
     counts = np.zeros((V, V))
     drafted = 0

@@ -1,6 +1,8 @@
 """verify() against exact synthetic distributions: the emitted token is distributed as p (χ² test).
 
-The first emitted token of a round is d_0 if accepted, else the residual draw; its marginal must be p_0.
+The first emitted token of a round is d_0 if accepted, else the residual draw (rejection sampling) or the target's
+own sample (the same-seed rule); its marginal must be p_0. The same-seed rule must also emit, draw for draw, what
+plain decoding emits from the same RNG state, whatever the draft.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import pytest
 from scipy import stats as sstats
 
 from localspec.sampling import SamplingParams, Warped, stack, warp
-from localspec.verify import residual, verify, verify_greedy
+from localspec.drafters import peek
+from localspec.verify import residual, verify, verify_greedy, verify_rejection, verify_same_seed
 
 V = 12
 N = 20_000
@@ -73,6 +76,7 @@ def test_model_drafter_distribution_matches_target():
 
 
 def test_point_mass_drafter_distribution_matches_target():
+    """The same-seed rule (q = None) on a point-mass draft: output ~ p, acceptance p(d)."""
     rng = np.random.default_rng(1)
     p = _dist(rng)
     q_point = np.zeros(V)
@@ -87,6 +91,90 @@ def test_point_mass_drafter_distribution_matches_target():
         acc += n_acc > 0
     _assert_matches(counts, p)
     assert acc / N == pytest.approx(np.minimum(p, q_point).sum(), abs=0.015)  # = p(3)
+
+
+def _plain(P: Warped, rng: np.random.Generator, n: int) -> list[int]:
+    """Plain decoding's n tokens: one row at a time, each warped on its own (a 1-row Warped), one draw each."""
+    return [Warped(P.ids[i:i + 1], P.probs[i:i + 1]).sample(rng, 0) for i in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_same_seed_rule_emits_plain_decodings_tokens(seed: int):
+    """Whatever the draft (right, wrong, partly right), the tokens emitted and the RNG state after them are
+    plain decoding's from the same state: one draw per emitted token, from the same rows."""
+    rng = np.random.default_rng(seed)
+    P = sparse(np.stack([_dist(rng, 0.4) for _ in range(5)]), rng)
+    want = _plain(P, np.random.default_rng(seed + 100), 5)
+    for draft in ([], want[:4], want[:2] + [(want[2] + 1) % V, want[3]], [(want[0] + 1) % V] * 3, want[:1]):
+        r = np.random.default_rng(seed + 100)
+        n, nxt = verify_same_seed(P, draft, r)
+        emitted = list(draft[:n]) + [nxt]
+        assert emitted == want[:n + 1]
+        after = np.random.default_rng(seed + 100)
+        for _ in range(n + 1):
+            after.random()
+        assert r.random() == after.random()  # the stream moved by exactly one draw per emitted token
+
+
+def test_same_seed_rule_is_the_exact_target_distribution():
+    """χ² on the joint of the first two emitted tokens: drafts from lookup-like point masses that are sometimes
+    right, against the exact p_0 × p_1 (row 1 is used only after d_0 was accepted)."""
+    rng = np.random.default_rng(11)
+    p0, p1 = _dist(rng), _dist(rng)
+    P = sparse(np.stack([p0, p1, _dist(rng)]), rng)
+    counts = np.zeros((V, V))
+    for _ in range(N):
+        d0, d1 = int(np.argmax(p0)), int(rng.integers(V))
+        out: list[int] = []
+        n, nxt = verify_same_seed(P, [d0, d1], rng)
+        out = [d0, d1][:n] + [nxt]
+        if len(out) == 1:  # a second round from the next position: plain draw from p1
+            out.append(Warped(P.ids[1:2], P.probs[1:2]).sample(rng, 0))
+        counts[out[0], out[1]] += 1
+    _assert_matches(counts.ravel(), np.outer(p0, p1).ravel())
+
+
+def test_coupled_model_draft_is_exact_and_plain_decodings_text():
+    """A model draft drawn at the uniforms the target will draw (drafters.peek; ModelDrafter's default):
+    verified by the same-seed rule its output is plain decoding's token for token, so exactly p (χ²), and it
+    is accepted about as often as rejection sampling's Σ min(p, q) when q is close to p."""
+    rng = np.random.default_rng(12)
+    p = _dist(rng)
+    q = 0.8 * p + 0.2 * _dist(rng)
+    P = sparse(np.stack([p] * 4))  # ascending ids, as warp writes them: the order q and p are walked in
+    Q = sparse(np.stack([q] * 3))
+    counts = np.zeros(V)
+    acc = 0
+    for _ in range(N):
+        u = peek(rng, 3)
+        draft = [Q.pick(i, u[i]) for i in range(3)]
+        state = rng.bit_generator.state
+        n, nxt = verify_same_seed(P, draft, rng)
+        plain = np.random.default_rng()
+        plain.bit_generator.state = state
+        assert list(draft[:n]) + [nxt] == _plain(P, plain, n + 1)
+        counts[draft[0] if n else nxt] += 1
+        acc += n > 0
+    _assert_matches(counts, p)
+    assert acc / N > 0.7 * np.minimum(p, q).sum()
+
+
+def test_rows_sample_alike_whatever_their_neighbours():
+    """A row warped inside a verify block and the same row warped alone hold the same candidates in the same
+    (ascending id) order, ties included, so one uniform picks the same token from both."""
+    rng = np.random.default_rng(13)
+    for params in (SamplingParams(temperature=0.8, top_k=5), SamplingParams(temperature=0.8, top_k=5, top_p=0.7),
+                   SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.7, min_p=0.05),
+                   SamplingParams(temperature=0.9)):
+        logits = np.round(rng.normal(size=(4, 300)) * 3, 1).astype(np.float32)  # rounded: ties at the cuts
+        block = warp(logits, params)
+        for i in range(4):
+            alone = warp(logits[i], params)
+            ids = block.ids[i][block.ids[i] >= 0]
+            assert ids.tolist() == alone.ids[0][alone.ids[0] >= 0].tolist()
+            assert (np.diff(ids) > 0).all()
+            for u in rng.random(50):
+                assert block.pick(i, u) == alone.pick(0, u)
 
 
 @pytest.mark.parametrize("params", [
@@ -123,6 +211,8 @@ def test_bonus_token_when_all_accepted():
     p = sparse(np.eye(V)[[1, 2, 7]])  # target certain of 1, 2, then 7
     n, nxt = verify(p, [1, 2], None, np.random.default_rng(0))
     assert (n, nxt) == (2, 7)
+    q = sparse(np.eye(V)[[1, 2]])
+    assert verify_rejection(p, [1, 2], q, np.random.default_rng(0)) == (2, 7)
 
 
 def test_residual_lives_on_p_support():
