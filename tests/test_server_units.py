@@ -125,7 +125,14 @@ async def test_cors_preflight_comes_before_the_api_key():
     start = sent[0]
     assert start["status"] == 200
     assert (b"access-control-allow-origin", b"http://localhost:8080") in start["headers"]
+    want = {(b"access-control-allow-credentials", b"true"), (b"access-control-allow-headers", b"*"),
+            (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS")}
+    assert want <= set(start["headers"])  # llama-server's preflight headers
     assert await _call(app, "/v1/models", [(b"origin", b"http://localhost:8080")]) == 401  # the key still rules
+    sent.clear()
+    await CorsMiddleware(ok_app)({"type": "http", "path": "/v1/models", "method": "GET",
+                                  "headers": [(b"origin", b"http://127.0.0.1:3000")]}, receive, send)
+    assert want | {(b"access-control-allow-origin", b"http://127.0.0.1:3000")} <= set(sent[0]["headers"])
 
 
 def test_cors_origin_rules():

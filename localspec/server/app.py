@@ -164,7 +164,7 @@ class CorsMiddleware:
     skips others; "*" allows every origin; else a comma-separated list of allowed origins. A preflight
     (OPTIONS) is answered here, 200 with no body, whatever the route and the API key."""
 
-    METHODS = "GET, POST, OPTIONS"
+    METHODS = "GET, POST, DELETE, OPTIONS"  # llama-server's
 
     def __init__(self, app, origins: str = "localhost") -> None:
         self.app = app
@@ -180,26 +180,30 @@ class CorsMiddleware:
             return origin if _is_local(origin) else None
         return origin if origin.rstrip("/") in self.allowed else None
 
+    def headers(self, allowed: str) -> list[tuple[bytes, bytes]]:
+        """What llama-server sends an allowed origin, on the preflight and on the answer alike."""
+        return [(b"access-control-allow-origin", allowed.encode("latin-1")), (b"vary", b"Origin"),
+                (b"access-control-allow-credentials", b"true"),
+                (b"access-control-allow-methods", self.METHODS.encode()),
+                (b"access-control-allow-headers", b"*")]
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", []))
         allowed = self.allow(headers.get(b"origin", b"").decode("latin-1"))
         if scope["method"] == "OPTIONS":
-            h = {"Access-Control-Allow-Methods": self.METHODS,
-                 "Access-Control-Allow-Headers": headers.get(b"access-control-request-headers", b"*").decode("latin-1"),
-                 "Access-Control-Allow-Credentials": "false", "Access-Control-Max-Age": "600"}
+            h = {"Access-Control-Max-Age": "600"}
             if allowed:
-                h["Access-Control-Allow-Origin"] = allowed
-                h["Vary"] = "Origin"
+                h.update({k.decode(): v.decode("latin-1") for k, v in self.headers(allowed)})
             return await Response(status_code=200, headers=h)(scope, receive, send)
         if not allowed:
             return await self.app(scope, receive, send)
+        extra = self.headers(allowed)
 
         async def send_cors(message) -> None:
             if message["type"] == "http.response.start":
-                message = dict(message, headers=list(message.get("headers", [])) +
-                               [(b"access-control-allow-origin", allowed.encode("latin-1")), (b"vary", b"Origin")])
+                message = dict(message, headers=list(message.get("headers", [])) + extra)
             await send(message)
 
         await self.app(scope, receive, send_cors)
