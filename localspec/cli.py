@@ -8,6 +8,7 @@ import sys
 import click
 
 from . import __version__
+from .commands.common import FullHelpGroup
 
 # name -> "module:function"; imported only when that command runs, so `--help` stays fast
 COMMANDS = {
@@ -20,18 +21,6 @@ COMMANDS = {
 
 
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
-
-
-class FullHelpGroup(click.Group):
-    """A group whose --help lists each command with its whole one-paragraph summary (click cuts it at 45
-    characters with "..."); lines wrap at the terminal width instead."""
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, cmd.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
-                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
 
 
 class LazyGroup(FullHelpGroup):
@@ -91,6 +80,6 @@ def main() -> None:
 def entry() -> None:
     """The `localspec` console script: the command group in a watched child (supervise.py), so a crash inside
     llama.cpp ends with one line that names its likely cause."""
-    from .supervise import run_watched
+    from .commands.supervise import run_watched
 
     run_watched(main)

@@ -20,14 +20,14 @@ from collections import Counter
 from typing import Callable
 
 from localspec.backend import LoadOptions, Model
-from localspec.calibration import Calibration, measure_calibration
-from localspec.controller import DEFAULT_K, Adaptive, Controller, FixedK
-from localspec.drafters import HybridDrafter, ModelDrafter, PromptLookup
-from localspec.loader import EngineSpec, make_controller
-from localspec.registry import resolve_model
-from localspec.session import Engine
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
-
+from localspec.engine.loader import EngineSpec, make_controller
+from localspec.engine.session import Engine
+from localspec.models.registry import resolve_model
+from localspec.spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.spec.types import Controller
+from localspec.tuning.calibration import Calibration, measure_calibration
+from localspec.tuning.controller import DEFAULT_K, Adaptive, FixedK
 
 
 def run_once(target: Model, drafter, controller: Controller | None, prompt: list[int], n: int) -> dict:

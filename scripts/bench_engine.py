@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 
 from localspec.backend import LoadOptions, Model
-from localspec.controller import FixedK
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.gguf_tools import write_dequantized
-from localspec.paths import cache_dir
-from localspec.registry import resolve_model
-from localspec.session import Engine
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
-
+from localspec.engine.session import Engine
+from localspec.models.gguf_tools import write_dequantized
+from localspec.models.paths import cache_dir
+from localspec.models.registry import resolve_model
+from localspec.spec.drafters import ModelDrafter, PromptLookup
+from localspec.tuning.controller import FixedK
 
 
 def chat(engine: Engine, text: str) -> list[int]:

@@ -23,9 +23,9 @@ import numpy as np
 
 
 def _paths(names: list[str]):
-    from localspec.registry import entry_path, load_registry
-
     from pathlib import Path
+
+    from localspec.models.registry import entry_path, load_registry
 
     reg = load_registry()
     return {Path(n).name if Path(n).is_file() else n:
@@ -48,8 +48,8 @@ def _time(model, pp: int, tg: int) -> tuple[float, float]:
 
 def speeds(paths: dict, threads: int, repeats: int, pp: int, tg: int) -> list[dict]:
     from localspec.backend import LoadOptions, Model
-    from localspec.gguf_header import read_header
-    from localspec.model_facts import _params_by_type
+    from localspec.models.gguf_header import read_header
+    from localspec.models.model_facts import _params_by_type
 
     rows = []
     for name, path in paths.items():

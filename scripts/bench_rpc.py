@@ -28,7 +28,7 @@ from pathlib import Path
 
 from localspec.bench.tasks import builtin_prompts, select
 from localspec.errors import ModelLoadError
-from localspec.rpc import Endpoint, probe
+from localspec.models.rpc import Endpoint, probe
 
 
 class DelayProxy:

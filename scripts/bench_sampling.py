@@ -28,9 +28,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.sampling import SamplingParams, stack, warp
-from localspec.verify import verify
-
+from localspec.sampling.params import SamplingParams
+from localspec.sampling.warp import stack, warp
+from localspec.spec.verify import verify
 
 # ---- the old dense implementation (before issue 15), kept here for the comparison ------------------------
 
@@ -119,12 +119,12 @@ def time_ms(fn: Callable[[], None], repeats: int) -> float:
 
 def real_share(model: str, k: int, tokens: int, threads: int, params: SamplingParams) -> None:
     """Share of each round spent in warp + verify, timed inside the real loop (lookup drafter, fixed k)."""
-    from localspec import speculative
     from localspec.backend import LoadOptions, Model
     from localspec.bench.tasks import builtin_prompts
-    from localspec.controller import FixedK
-    from localspec.drafters import PromptLookup
-    from localspec.registry import resolve_model
+    from localspec.models.registry import resolve_model
+    from localspec.spec import loop as speculative
+    from localspec.spec.drafters import PromptLookup
+    from localspec.tuning.controller import FixedK
 
     spent = [0.0]
 

@@ -99,9 +99,9 @@ def main() -> None:
     a = ap.parse_args()
     model = a.model
     if a.fim:
-        from localspec.gguf_tools import write_with_metadata
-        from localspec.paths import cache_dir
-        from localspec.registry import resolve_model
+        from localspec.models.gguf_tools import write_with_metadata
+        from localspec.models.paths import cache_dir
+        from localspec.models.registry import resolve_model
 
         src = model or str(resolve_model(None, log=lambda *x: None).path)
         out = cache_dir() / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf"

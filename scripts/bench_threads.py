@@ -37,11 +37,11 @@ import sys
 import time
 from pathlib import Path
 
+from localspec.backend.machine import cpu_count
 from localspec.bench.busy import Hogs, busy
-from localspec.paths import calibration_dir
-from localspec.registry import resolve_model
-from localspec.machine import cpu_count
-from localspec.threads import ThreadControl
+from localspec.models.paths import calibration_dir
+from localspec.models.registry import resolve_model
+from localspec.tuning.threads import ThreadControl
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")
 # the environment as the user gave it, for every command this script starts
@@ -146,7 +146,7 @@ def part_pairs(model: str, tokens: int, depth: int, hogs: list[int], pairs: int)
 
 def part_trace(model: str, total: float, start: float, duration: float, n_hogs: int) -> None:
     """One long generation; hogs from `start` to `start + duration` seconds."""
-    from localspec.loader import EngineSpec, load_engine
+    from localspec.engine.loader import EngineSpec, load_engine
 
     engine = load_engine(EngineSpec(model=model, draft="none"), log=lambda *a: None)
     prompt = engine.tokenize(PROMPT)

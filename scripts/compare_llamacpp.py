@@ -11,14 +11,14 @@ import statistics
 import subprocess
 import sys
 import time
-from localspec.backend import LoadOptions, Model
-from localspec.controller import FixedK
-from localspec.drafters import ModelDrafter
-from localspec.session import Engine
-from localspec.bench.samples import PROSE
 
-from localspec.paths import cache_dir
-from localspec.registry import resolve_model
+from localspec.backend import LoadOptions, Model
+from localspec.bench.samples import PROSE
+from localspec.engine.session import Engine
+from localspec.models.paths import cache_dir
+from localspec.models.registry import resolve_model
+from localspec.spec.drafters import ModelDrafter
+from localspec.tuning.controller import FixedK
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "build/bin")
 Q4 = str(resolve_model(None, log=lambda *a: None).path)

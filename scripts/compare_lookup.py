@@ -33,15 +33,24 @@ from pathlib import Path
 from typing import Callable
 
 from localspec.backend import LoadOptions, Model
-from localspec.bench.samples import (CHAT_TURNS, COMPLETION_PREFIX, EDITED_TURN, EDITOR_FILE, EDITOR_REQUESTS,
-                                     LOOKUP_PROSE, LOOKUP_TASKS, NEW_CHAT_TURNS, TEST_REQUESTS)
-from localspec.drafters import PromptLookup
-from localspec.loader import EngineSpec, load_calibration, make_controller
+from localspec.bench.samples import (
+    CHAT_TURNS,
+    COMPLETION_PREFIX,
+    EDITED_TURN,
+    EDITOR_FILE,
+    EDITOR_REQUESTS,
+    LOOKUP_PROSE,
+    LOOKUP_TASKS,
+    NEW_CHAT_TURNS,
+    TEST_REQUESTS,
+)
+from localspec.engine.loader import EngineSpec, load_calibration, make_controller
+from localspec.engine.session import Engine
 from localspec.errors import LocalspecError
-from localspec.registry import resolve_model
-from localspec.reindent import Indents
-from localspec.session import Engine
-from localspec.suffix import SuffixCache
+from localspec.models.registry import resolve_model
+from localspec.spec.drafters import PromptLookup
+from localspec.spec.reindent import Indents
+from localspec.spec.suffix import SuffixCache
 
 Request = list[dict] | str  # chat messages, or a completion prompt as text
 CPP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")  # llama.cpp's n-gram drafters, defaults

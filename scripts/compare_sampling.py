@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from localspec.bench.tasks import builtin_prompts
-from localspec.registry import resolve_model
+from localspec.models.registry import resolve_model
 
 CTX = 4096
 

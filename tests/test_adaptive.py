@@ -9,12 +9,14 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from localspec.calibration import measure_calibration
+from localspec.bench.samples import PROSE as PROSE_PROMPTS
+from localspec.bench.samples import REWRITE, REWRITE_START
 from localspec.cli import main
-from localspec.controller import Adaptive
-from localspec.drafters import LOOKUP_LONG, HybridDrafter, ModelDrafter, PromptLookup
-from localspec.session import Engine
-from localspec.bench.samples import PROSE as PROSE_PROMPTS, REWRITE, REWRITE_START
+from localspec.engine.session import Engine
+from localspec.spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.spec.types import LOOKUP_LONG
+from localspec.tuning.calibration import measure_calibration
+from localspec.tuning.controller import Adaptive
 
 PROSE = PROSE_PROMPTS[0]
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75)  # SmolLM2-135M Q4_1, 2 cores: v(3) ≈ 2.4 (docs/bench/report.md)

@@ -8,14 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from localspec.costs import Costs
 from localspec.bench.fromlog import read_log
 from localspec.bench.report import Report, text_table
 from localspec.bench.runner import PLAIN, Plan, Run, TargetResult
 from localspec.bench.summary import ALL, rows_for, verdict, winners
 from localspec.bench.tasks import TASKS, BenchInputError, builtin_prompts, parse_jsonl, select
 from localspec.bench.theory import best_gamma, expected_tokens, predicted_speedup
-
+from localspec.tuning.costs import Costs
 
 # -- theory ----------------------------------------------------------------------------------------------------
 

@@ -177,8 +177,8 @@ def test_readme_lists_every_exit_code():
 def test_mode_and_k_report_what_happened():
     """One rule for every front end (outcome.outcome): k is the γ chosen in most of THIS request's rounds,
     auto-off only when the controller chose γ = 0 in every round, plain when nothing was drafted."""
-    from localspec.controller import ControllerState
-    from localspec.outcome import outcome
+    from localspec.engine.outcome import outcome
+    from localspec.spec.types import ControllerState
 
     def st(k_chosen, off=None):
         return ControllerState(True, k_chosen, {}, (), {}, {}, {}, off)

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from scipy import stats as sstats
 
-from localspec.constrain import Constraint, ConstraintBroken
-from localspec.logprobs import log_softmax, token_logprobs
-from localspec.sampling import SamplingParams, stack, warp
-from localspec.verify import verify
+from localspec.sampling.constrain import Constraint, ConstraintBroken
+from localspec.sampling.logprobs import log_softmax, token_logprobs
+from localspec.sampling.params import SamplingParams
+from localspec.sampling.warp import stack, warp
+from localspec.spec.verify import verify
 
 V = 12
 N = 20_000

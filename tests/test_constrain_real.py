@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from localspec.backend import Grammar, GrammarError, json_schema_grammar
-from localspec.constrain import build_constraint
-from localspec.controller import FixedK
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.sampling import SamplingParams
-from localspec.speculative import generate
+from localspec.sampling.constrain import build_constraint
+from localspec.sampling.params import SamplingParams
+from localspec.spec.drafters import ModelDrafter, PromptLookup
+from localspec.spec.loop import generate
+from localspec.tuning.controller import FixedK
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
           "properties": {"name": {"enum": ["alpha", "beta", "gamma"]}, "ok": {"type": "boolean"}}}

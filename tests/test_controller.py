@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from localspec.controller import PROBE_SHARE, Adaptive, FixedK
-from localspec.rate import best_k, expected_tokens, round_rate, v_at
-from localspec.drafters import EMPTY, Draft, HybridDrafter
-from localspec.speculative import Step
+from localspec.spec.drafters import HybridDrafter
+from localspec.spec.types import EMPTY, Draft, Step
+from localspec.tuning.controller import PROBE_SHARE, Adaptive, FixedK
+from localspec.tuning.rate import best_k, expected_tokens, round_rate, v_at
 
 CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]  # SmolLM2 Q4_1 on 2 cores (an earlier quiet-machine measurement: v(3) ≈ 2.4)
 GPU_V = [1.0, 1.02, 1.04, 1.06, 1.08, 1.12, 1.16, 1.2, 1.25]  # 7B target on a GPU: verify ≈ free
@@ -293,7 +293,7 @@ def test_a_prior_by_position_lets_a_long_copy_draft_far():
     positions' prior rising towards 1 the controller drafts far on a curve whose rows get cheap past 8 (Gemma-3-270M
     on 2 cores), where one value for every later position stops short. Positions beyond the prior's values keep
     its last one."""
-    from localspec.estimate import SourceEstimate
+    from localspec.tuning.estimate import SourceEstimate
 
     e = SourceEstimate(alpha_prior=0.9, later=(0.8, 0.95))
     assert e.alphas(10) == pytest.approx([0.9] + [0.8] * 7 + [0.95] * 2)

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from localspec import calibration as cal_mod
-from localspec.calibration import Calibration, cache_key, calibrate, measure_calibration
-from localspec.costs import Costs, at_least_one, measure, merge, probe_tokens, thread_times
+from localspec.tuning import calibration as cal_mod
+from localspec.tuning.calibration import Calibration, cache_key, calibrate, measure_calibration
+from localspec.tuning.costs import Costs, at_least_one, measure, merge, probe_tokens, thread_times
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_cache_key_follows_the_file_and_the_machine(target, tmp_path):
 
 
 def test_a_hard_deadline_drops_the_measurement_and_restores_settings(target):
-    from localspec.costs import Deadline, OutOfTime, flash_attn_times
+    from localspec.tuning.costs import Deadline, OutOfTime, flash_attn_times
 
     past = Deadline(0.0, hard=True)
     with pytest.raises(OutOfTime):
@@ -176,7 +176,7 @@ def test_flash_attention_the_user_chose_is_neither_measured_nor_changed(target, 
 def test_v_is_timed_at_long_drafts_and_interpolated_between():
     """Long lookup drafts need v measured where they are, not extrapolated from γ ≤ 8 (Gemma-3-270M: v(32) 9.9
     measured, 15.7 extrapolated): every γ to 8, then where γ + 1 rows fill kernel tiles of 4, and k_max."""
-    from localspec.costs import interpolate, timed_gammas
+    from localspec.tuning.costs import interpolate, timed_gammas
 
     assert timed_gammas(8) == list(range(9)) and timed_gammas(3) == [0, 1, 2, 3]
     assert timed_gammas(32) == [*range(9), 11, 15, 19, 23, 27, 31, 32]
@@ -194,7 +194,7 @@ def test_measure_times_long_drafts_on_the_real_model(target):
 
 def test_v_past_the_measured_points_follows_the_upper_half():
     """Extrapolation uses the slope of the far end (batch kernels get cheaper per row as batches grow)."""
-    from localspec.rate import ROW_GUESS, v_at
+    from localspec.tuning.rate import ROW_GUESS, v_at
 
     v = [1.0, 2.0, 2.5, 3.0, 3.2, 3.4]  # upper half from index 3: slope 0.2
     assert v_at(v, 5) == 3.4 and v_at(v, 7) == pytest.approx(3.8)

@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 
 from localspec.backend import LoadOptions, Model
-from localspec.controller import FixedK
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.sampling import SamplingParams
-from localspec.session import Engine
-from localspec.speculative import generate
-from localspec.threads import ThreadControl
-
+from localspec.engine.session import Engine
+from localspec.sampling.params import SamplingParams
+from localspec.spec.drafters import ModelDrafter, PromptLookup
+from localspec.spec.loop import generate
+from localspec.tuning.controller import FixedK
+from localspec.tuning.threads import ThreadControl
 
 CODE = """def fib(n):
     a, b = 0, 1
@@ -159,8 +158,9 @@ def test_sampling_with_model_drafter_runs_and_is_seeded(target, self_drafter):
 
 def test_sampling_first_token_distribution_matches_plain(target, self_drafter):
     """On the real model: the first sampled token with speculation follows the target's own distribution."""
-    from localspec.sampling import warp
     from scipy import stats as sstats
+
+    from localspec.sampling.warp import warp
 
     params = SamplingParams(temperature=1.0, top_k=5)
     toks = target.tokenize("My favourite colour is")

@@ -153,7 +153,7 @@ def test_models_show_reports_fast_paths_and_system_info(verdicts):
 def test_a_q4_0_copy_keeps_cpu_repack_by_override(verdicts, smollm2_path, tmp_path, monkeypatch):
     """Q4_0, the type CPU_REPACK speeds up most: with AMX's crash simulated, its 2-D weights go to CPU_REPACK
     by name and decode as llama.cpp's own placement does."""
-    from localspec.gguf_tools import write_requantized
+    from localspec.models.gguf_tools import write_requantized
 
     q4_0 = write_requantized(smollm2_path, tmp_path / "smol-q4_0.gguf", "Q4_0")
     monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")

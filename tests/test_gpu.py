@@ -47,7 +47,7 @@ def tokenizer_gguf(tmp_path_factory) -> Path:
     env = os.environ.get("GPU_CHECK_TOKENIZER")
     if env:
         return Path(env)
-    from localspec.registry import resolve_model
+    from localspec.models.registry import resolve_model
 
     smol = resolve_model(None, log=lambda *a: None).path
     return gpu_model.write_tokenizer(smol, tmp_path_factory.mktemp("tok") / "tok.gguf")
@@ -119,8 +119,8 @@ def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokeni
 def test_random_model_pairs_with_smollm2(tiny_model):
     if os.environ.get("GPU_CHECK_TOKENIZER"):
         pytest.skip("the device has no whole SmolLM2 in phase 1")
-    from localspec.compat import check_pair
-    from localspec.registry import resolve_model
+    from localspec.models.pairing import check_pair
+    from localspec.models.registry import resolve_model
 
     assert check_pair(tiny_model, resolve_model(None, log=lambda *a: None).path) == []
 
@@ -163,8 +163,8 @@ def test_gpu_logits_match_the_cpu(tiny_model):
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_verify_rows_are_cheap(tiny_model):
-    from localspec import costs
     from localspec.backend import LoadOptions, Model
+    from localspec.tuning import costs
 
     m = Model.load(tiny_model, LoadOptions(n_ctx=512, n_gpu_layers=-1))
     try:

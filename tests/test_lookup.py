@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.controller import Adaptive, FixedK
-from localspec.drafters import (EMPTY, LOOKUP, LOOKUP_CACHE, LOOKUP_GAPPED, LOOKUP_LONG, LOOKUP_LOOP, LOOKUP_MID,
-                                LOOKUP_SHORT, LOOKUP_VERBATIM, PromptLookup)
-from localspec.sampling import SamplingParams
-from localspec.speculative import Step
-from localspec.suffix import SuffixCache
+from localspec.models import LOOKUP
+from localspec.sampling.params import SamplingParams
+from localspec.spec.drafters import PromptLookup
+from localspec.spec.suffix import SuffixCache
+from localspec.spec.types import (
+    EMPTY,
+    LOOKUP_CACHE,
+    LOOKUP_GAPPED,
+    LOOKUP_LONG,
+    LOOKUP_LOOP,
+    LOOKUP_MID,
+    LOOKUP_SHORT,
+    LOOKUP_VERBATIM,
+    Step,
+)
+from localspec.tuning.controller import Adaptive, FixedK
 
 CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]
 P, RNG = SamplingParams(), np.random.default_rng(0)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-
 from fakes import EOS, FakeModel, counting
-from localspec.controller import FixedK
-from localspec.drafters import Draft, ModelDrafter
-from localspec.sampling import SamplingParams
-from localspec.speculative import generate
+
+from localspec.sampling.params import SamplingParams
+from localspec.spec.drafters import ModelDrafter
+from localspec.spec.loop import generate
+from localspec.spec.types import Draft
+from localspec.tuning.controller import FixedK
 
 
 class Scripted:

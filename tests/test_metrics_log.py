@@ -12,9 +12,9 @@ import sys
 from click.testing import CliRunner
 
 from localspec.cli import main
-from localspec.controller import ControllerState
-from localspec.metrics import MetricsLog, add_stats, prometheus_text, read_log, repair_tail, request_record
-from localspec.stats import Stats
+from localspec.engine.metrics import MetricsLog, add_stats, prometheus_text, read_log, repair_tail, request_record
+from localspec.engine.stats import Stats
+from localspec.spec.types import ControllerState
 
 STATS = Stats(n_prompt=10, n_generated=20, gen_ms=100.0, rounds=8, draft_n=12, draft_n_accepted=9,
               drafted_at=(6, 4, 2), accepted_at=(5, 3, 1), by_source={"lookup": (12, 9)})

@@ -117,7 +117,7 @@ def test_pull_without_network_is_one_line_exit_3(home, monkeypatch):
 def test_hub_client_logs_only_with_verbose():
     import logging
 
-    from localspec.hub import hub_logs
+    from localspec.models.hub import hub_logs
 
     hub_log = logging.getLogger("huggingface_hub")
     with hub_logs(verbose=False):
@@ -167,7 +167,7 @@ def test_rpc_without_an_rpc_build_is_one_clear_line(home):
 
 
 def test_models_toml_offload_settings_reach_both_models(home, smollm2_f16_path):
-    from localspec.loader import EngineSpec, load_engine
+    from localspec.engine.loader import EngineSpec, load_engine
 
     home.mkdir()
     (home / "models.toml").write_text(

@@ -7,9 +7,10 @@ import random
 
 import numpy as np
 
-from localspec.drafters import LOOKUP_REINDENT, PromptLookup
-from localspec.reindent import Indents
-from localspec.sampling import SamplingParams
+from localspec.sampling.params import SamplingParams
+from localspec.spec.drafters import PromptLookup
+from localspec.spec.reindent import Indents
+from localspec.spec.types import LOOKUP_REINDENT
 
 # token ids: 100 + w is "\n" and w spaces (w = 1..12), 200 + w is w spaces alone, 300 is "\n\n  " (two newlines);
 # below 100, words

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec import backend, rpc
+from localspec import backend
 from localspec.cli import main
 from localspec.errors import ModelLoadError
+from localspec.models import rpc
 
 PROMPT = "The three primary colors are"
 needs_rpc = pytest.mark.skipif(not backend.supports_rpc(), reason="llama-cpp-python built without GGML_RPC")

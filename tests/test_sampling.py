@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.sampling import SamplingParams, Warped, stack, warp
+from localspec.sampling.params import SamplingParams
+from localspec.sampling.warp import Warped, stack, warp
 
 
 def reference(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

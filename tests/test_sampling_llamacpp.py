@@ -13,7 +13,8 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from localspec.sampling import SamplingParams, warp
+from localspec.sampling.params import SamplingParams
+from localspec.sampling.warp import warp
 
 
 def llama_probs(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()) -> np.ndarray:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import FakeModel
 from scipy import stats as sstats
 
-from fakes import FakeModel
-from localspec.controller import FixedK
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.sampling import SamplingParams, warp
-from localspec.speculative import generate
+from localspec.sampling.params import SamplingParams
+from localspec.sampling.warp import warp
+from localspec.spec.drafters import ModelDrafter, PromptLookup
+from localspec.spec.loop import generate
+from localspec.tuning.controller import FixedK
 
 V = 6  # token 0 is EOS: logit -inf, never emitted
 N = 3000

@@ -21,13 +21,14 @@ import httpx
 import numpy as np
 import pytest
 
-from localspec.constrain import Constraint
-from localspec.controller import FixedK
-from localspec.drafters import ModelDrafter, PromptLookup
-from localspec.sampling import SamplingParams
+from localspec.engine.session import Engine
+from localspec.sampling.constrain import Constraint
+from localspec.sampling.params import SamplingParams
 from localspec.server.testing import ServerProcess
-from localspec.session import Engine
-from localspec.speculative import Step, generate
+from localspec.spec.drafters import ModelDrafter, PromptLookup
+from localspec.spec.loop import generate
+from localspec.spec.types import Step
+from localspec.tuning.controller import FixedK
 
 PROMPT = "I believe the meaning of life is"
 COPY = ("<|im_start|>user\nRepeat this list exactly:\n- apples, pears and plums\n- bread, butter and jam\n"

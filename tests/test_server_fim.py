@@ -8,14 +8,12 @@ completions are not meaningful code; the protocol, layout, budgets and prompt ca
 
 from __future__ import annotations
 
-import pytest
-
 import httpx
-
-from localspec.paths import cache_dir
-from localspec.server.testing import ServerProcess
-
+import pytest
 from test_server_api import LLAMA_VIM_BODY
+
+from localspec.models.paths import cache_dir
+from localspec.server.testing import ServerProcess
 
 FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 4, "tokenizer.ggml.fim_suf_token_id": 6,
            "tokenizer.ggml.fim_mid_token_id": 7, "tokenizer.ggml.fim_rep_token_id": 3,
@@ -24,7 +22,7 @@ FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 4, "tokenizer.ggml.fim_suf_token_i
 
 @pytest.fixture(scope="module")
 def fim_model(smollm2_path):
-    from localspec.gguf_tools import write_with_metadata
+    from localspec.models.gguf_tools import write_with_metadata
 
     out = cache_dir() / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf"
     if not out.exists():

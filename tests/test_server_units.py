@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from localspec.fim import (CURRENT_FILE, REPO_NAME, SNIPPET_SEPARATOR, Extra, FimTokens, FimUnsupported,
-                           build_infill, indent_cut, require_fim)
 from localspec.server.app import ApiKeyMiddleware, CorsMiddleware
+from localspec.server.fim import (
+    CURRENT_FILE,
+    REPO_NAME,
+    SNIPPET_SEPARATOR,
+    Extra,
+    FimTokens,
+    FimUnsupported,
+    build_infill,
+    indent_cut,
+    require_fim,
+)
 from localspec.server.llamacpp import _project
 
 PRE, SUF, MID, REP, SEP, BOS = 901, 902, 903, 904, 905, 1

@@ -9,8 +9,17 @@ import tracemalloc
 
 import pytest
 
-from localspec.suffix import (CONSENSUS_MAX, GAP_MAX, GAP_MIN, MAX_MATCH, RUNGS, SEPARATOR, Match, MatchIndex,
-                              SuffixCache)
+from localspec.spec.suffix import (
+    CONSENSUS_MAX,
+    GAP_MAX,
+    GAP_MIN,
+    MAX_MATCH,
+    RUNGS,
+    SEPARATOR,
+    Match,
+    MatchIndex,
+    SuffixCache,
+)
 
 
 def brute_longest(tokens: list[int], query: list[int], before: int) -> Match | None:

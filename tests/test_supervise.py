@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from localspec.supervise import crash_line
+from localspec.commands.supervise import crash_line
 
 
 def _watched(body: str, **kw) -> subprocess.Popen:

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from localspec.speculative import Step
-from localspec.threads import TIE, ThreadChooser, ThreadControl, candidates, neighbours, preferred
+from localspec.spec.types import Step
+from localspec.tuning.threads import TIE, ThreadChooser, ThreadControl, candidates, neighbours, preferred
 
 # seconds per token by thread count: idle 2 cores, and the same with two CPU-bound neighbours (issue 12's numbers)
 IDLE = {1: 1 / 90, 2: 1 / 150}
@@ -173,7 +173,7 @@ def test_busy_at_the_start_means_fewer_threads_from_the_first_token():
 
 def test_cpu_meter_counts_other_processes_only():
     """A real reading: this process spinning for 0.3 s is not counted as someone else's load."""
-    from localspec.machine import CpuMeter
+    from localspec.backend.machine import CpuMeter
 
     meter = CpuMeter(every_s=0.1)
     if meter.last is None:
@@ -309,7 +309,7 @@ def test_noise_alone_rarely_moves_the_count():
 
 
 def test_verify_rounds_compare_per_row():
-    from localspec.threads import verify_rows_cost
+    from localspec.tuning.threads import verify_rows_cost
 
     assert verify_rows_cost((1.0, 1.5, 2.0), 2) == 2.0 and verify_rows_cost((1.0, 1.5, 2.0), 4) == pytest.approx(3.0)
     assert verify_rows_cost((), 0) == 1.0 and verify_rows_cost((), 2) == pytest.approx(1.9)

@@ -10,16 +10,16 @@ import time
 
 import pytest
 
-from localspec.controller import Adaptive, FixedK
-from localspec.loader import EngineSpec, load_engine
-from localspec.metrics import MetricsLog, read_log
-from localspec.session import ChatTemplateError
+from localspec.engine.loader import EngineSpec, load_engine
+from localspec.engine.metrics import MetricsLog, read_log
+from localspec.engine.session import ChatTemplateError
 from localspec.tui.app import ChatApp
 from localspec.tui.controls import K_STEPS
 from localspec.tui.screens.loading import LoadingScreen
 from localspec.tui.widgets.chat_message import AssistantMessage, UserMessage
 from localspec.tui.widgets.conversation_list import ConversationList
 from localspec.tui.widgets.stats_panel import StatsPanel
+from localspec.tuning.controller import Adaptive, FixedK
 
 REPEAT = "Write this line three times: the quick brown fox jumps over the lazy dog."
 SIZE = (140, 40)

@@ -11,12 +11,10 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Markdown, Sparkline
 
-from localspec.controller import Adaptive, ControllerState, FixedK
-from localspec.drafters import PromptLookup
-from localspec.session import Chunk
-from localspec.speculative import Step
-from localspec.stats import Stats
-from localspec.threads import ThreadChange, ThreadState
+from localspec.engine.session import Chunk
+from localspec.engine.stats import Stats
+from localspec.spec.drafters import PromptLookup
+from localspec.spec.types import ControllerState, Step
 from localspec.tui.answer import AnswerStats, cleared, ended, fold, reloaded
 from localspec.tui.controls import AUTO, K_STEPS, OFF, ON, SpecControls, SpecStatus
 from localspec.tui.palette import chat_commands
@@ -28,6 +26,8 @@ from localspec.tui.widgets.chat_message import ACCEPTED_STYLE, AssistantMessage
 from localspec.tui.widgets.conversation_list import ConversationList
 from localspec.tui.widgets.prompt_input import PromptInput
 from localspec.tui.widgets.stats_panel import StatsPanel, lines
+from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.threads import ThreadChange, ThreadState
 
 STATS = Stats(n_prompt=30, n_cached=10, prompt_ms=100.0, ttft_ms=42.0, n_generated=100, gen_ms=500.0, rounds=40,
               draft_n=80, draft_n_accepted=60, drafted_at=(40, 30), accepted_at=(35, 25),

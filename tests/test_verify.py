@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from scipy import stats as sstats
 
-from localspec.sampling import SamplingParams, Warped, stack, warp
-from localspec.drafters import peek
-from localspec.verify import residual, verify, verify_greedy, verify_rejection, verify_same_seed
+from localspec.sampling.params import SamplingParams
+from localspec.sampling.warp import Warped, stack, warp
+from localspec.spec.drafters import peek
+from localspec.spec.verify import residual, verify, verify_greedy, verify_rejection, verify_same_seed
 
 V = 12
 N = 20_000

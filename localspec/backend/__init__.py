@@ -4,29 +4,49 @@ Why one place: localspec calls llama-cpp-python's low-level (and partly private,
 between releases, and some llama.cpp calls abort the process on bad input (a token a grammar rejects, a dead RPC
 server). So every such call sits behind a small, checked interface here, and the rest of localspec (the loop,
 sampling, verify, drafters, controllers, front ends) is Python and numpy that tests drive with fake models.
-Importing this package loads llama.cpp: code that needs no model imports it lazily (`localspec models show`
-reads a GGUF header without it).
+Its public names load llama.cpp on first use (PEP 562 `__getattr__`), so `backend.machine` (the cores, the CPU,
+the load on them, read from /proc) serves the thread controller without loading it, and so does `models show`
+reading a GGUF header.
 
   model.py    Model (one GGUF + its llama context: decode, rewind, tokenize, threads, flash attention),
               LoadOptions, check_gguf_file, in_own_thread
   ggml.py     backend start-up and llama.cpp's log, system and build info, ggml devices, RPC servers and
               which devices a model's offloaded layers use
   grammar.py  Grammar (llama.cpp's GBNF sampler as allowed-token masks), json_schema_grammar, GrammarError
+  fastpath.py which extra CPU buffer types (AMX, CPU_REPACK) a model loads with, tested in a child process
+  memory.py   where the weights live: llama.cpp's map of the file, or read into memory that huge pages back
+  machine.py  the cores this process may use, the CPU's name, how busy the cores are, OpenMP's settings
 
 OpenMP's wait policy is read once, when llama.cpp loads its OpenMP runtime; localspec leaves it at libgomp's
-default (measured best idle and busy, see localspec/machine.py), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
+default (measured best idle and busy, see machine.py), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
 is part of the calibration cache key.
 """
 
 from __future__ import annotations
 
-import llama_cpp  # (also reachable as localspec.backend.llama_cpp)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .ggml import (add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload,
-                   supports_rpc, system_info)
-from .grammar import Grammar, GrammarError, json_schema_grammar
-from .model import LoadOptions, Model, check_gguf_file, in_own_thread
+if TYPE_CHECKING:
+    import llama_cpp
 
-__all__ = ["Grammar", "GrammarError", "LoadOptions", "Model", "add_rpc_servers", "build_info", "check_gguf_file",
-           "devices", "in_own_thread", "json_schema_grammar", "llama_cpp", "serve_rpc", "supports_gpu_offload",
-           "supports_rpc", "system_info"]
+    from .ggml import (add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload, supports_rpc,
+                       system_info)
+    from .grammar import Grammar, GrammarError, json_schema_grammar
+    from .model import LoadOptions, Model, check_gguf_file, in_own_thread
+
+_HOME = {"add_rpc_servers": ".ggml", "build_info": ".ggml", "devices": ".ggml", "serve_rpc": ".ggml",
+         "supports_gpu_offload": ".ggml", "supports_rpc": ".ggml", "system_info": ".ggml", "Grammar": ".grammar",
+         "GrammarError": ".grammar", "json_schema_grammar": ".grammar", "LoadOptions": ".model", "Model": ".model",
+         "check_gguf_file": ".model", "in_own_thread": ".model"}
+
+__all__ = sorted([*_HOME, "llama_cpp"])
+
+
+def __getattr__(name: str) -> Any:
+    """Load llama.cpp when one of its names is first asked for, not when a submodule without it is imported."""
+    if name == "llama_cpp":
+        return importlib.import_module("llama_cpp")
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name], __name__), name)

@@ -33,10 +33,10 @@ from typing import Mapping, Sequence
 
 import llama_cpp
 
-from ..gguf_header import read_header
-from ..machine import cpu_count, cpu_model
-from ..paths import calibration_dir
+from ..models.gguf_header import read_header
+from ..models.paths import calibration_dir
 from .ggml import build_info, extra_buffer_types, supports_gpu_offload, system_info
+from .machine import cpu_count, cpu_model
 
 ALL, REPACK, NONE = "all", "repack", "none"
 MODES = (ALL, REPACK, NONE)

@@ -17,8 +17,8 @@ from typing import Sequence
 import llama_cpp
 from llama_cpp import _logger
 
-from .. import rpc
 from ..errors import ModelLoadError
+from ..models import rpc
 
 _backend_ready = False
 _verbose = False  # llama.cpp's log on stderr (--verbose); the last load's choice

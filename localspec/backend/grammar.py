@@ -10,9 +10,8 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 import llama_cpp
+import numpy as np
 
 from ..errors import LocalspecError
 

@@ -23,16 +23,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-import numpy as np
-
 import llama_cpp
+import numpy as np
 from llama_cpp import _internals
 
 from ..errors import ContextOverflow, ModelLoadError
-from ..machine import cpu_count
 from . import fastpath
 from .fastpath import FastPath
 from .ggml import _devices_param, _init_backend, add_rpc_servers, supports_gpu_offload
+from .machine import cpu_count
 from .memory import huge_page_advisor, read_into_huge_pages
 
 _GGUF_MAGIC = b"GGUF"

@@ -8,16 +8,16 @@ JSON carries everything (rows, raw runs without token ids, costs, agreement, win
 from __future__ import annotations
 
 import json
-from collections import Counter
 import os
 import platform
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from ..model_facts import verify_hint
+from ..models.model_facts import verify_hint
 from .runner import PLAIN, Plan, TargetResult
 from .summary import ALL, Row, rows_for, verdict, winners
 

@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..backend import LoadOptions, Model
-from ..compat import check_pair
-from ..controller import DEFAULT_K, Adaptive, Controller, FixedK
-from ..costs import Costs, measure, merge, with_c
-from ..drafters import LOOKUP, NO_DRAFTER, ModelDrafter, PromptLookup
+from ..engine.session import Engine
 from ..errors import IncompatibleDrafter
-from ..reindent import Indents
-from ..sampling import SamplingParams
-from ..session import Engine
-from ..threads import ThreadControl
+from ..models import LOOKUP
+from ..models.pairing import check_pair
+from ..sampling.params import SamplingParams
+from ..spec.drafters import ModelDrafter, PromptLookup
+from ..spec.reindent import Indents
+from ..spec.types import NO_DRAFTER, Controller
+from ..tuning.controller import DEFAULT_K, Adaptive, FixedK
+from ..tuning.costs import Costs, measure, merge, with_c
+from ..tuning.threads import ThreadControl
 from .agreement import Agreement, compare
 from .tasks import Prompt
 

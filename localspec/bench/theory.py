@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .. import rate
+from ..tuning import rate
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

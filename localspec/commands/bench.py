@@ -178,8 +178,8 @@ def _progress(bar, total: int):
 
 def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
     from ..bench.runner import TargetSpec
-    from ..compat import check_pair
-    from ..registry import load_registry, resolve_model
+    from ..models.pairing import check_pair
+    from ..models.registry import load_registry, resolve_model
 
     quiet = log_err
     want_lookup = lookup or all_drafters or not (drafts or pairs)

@@ -1,4 +1,4 @@
-"""The one way commands show errors (the option blocks they share are in options.py)."""
+"""The one way commands show errors and their help (the option blocks they share are in options.py)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,15 @@ def error_line(msg: str) -> None:
 
 def log_err(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+class FullHelpGroup(click.Group):
+    """A group whose --help lists each command with its whole one-paragraph summary (click cuts it at 45
+    characters with "..."); lines wrap at the terminal width instead."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, cmd.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
+                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)

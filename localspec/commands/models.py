@@ -12,8 +12,7 @@ import sys
 
 import click
 
-from ..cli import FullHelpGroup
-from .common import friendly_errors, log_err
+from .common import FullHelpGroup, friendly_errors, log_err
 
 
 def _human(n: int | None) -> str:
@@ -30,7 +29,7 @@ def _local_path(spec: str):
     """A registry name, pulled hub id or file -> (display name, path, entry); never downloads."""
     from pathlib import Path
 
-    from ..registry import ResolvedModel, entry_path, load_registry, resolve_model
+    from ..models.registry import ResolvedModel, entry_path, load_registry, resolve_model
 
     reg = load_registry()
     entry = reg.models.get(spec)
@@ -51,10 +50,10 @@ def models() -> None:
 @friendly_errors
 def list_(as_json: bool) -> None:
     """Every registry model: source, size, quant, arch, whether it is on disk, and its pairs."""
-    from ..model_facts import quick_facts
     from ..errors import LocalspecError
-    from ..hub import quant_of
-    from ..registry import entry_path, load_registry
+    from ..models.hub import quant_of
+    from ..models.model_facts import quick_facts
+    from ..models.registry import entry_path, load_registry
 
     reg = load_registry()
     rows = []
@@ -90,9 +89,9 @@ def list_(as_json: bool) -> None:
 @friendly_errors
 def pull(spec: str, verbose: bool) -> None:
     """Download a model (or both models of a pair) into the Hugging Face cache; resumes, verifies sha256."""
-    from .. import hub
     from ..errors import ModelNotFound
-    from ..registry import LOOKUP, entry_path, load_registry
+    from ..models import LOOKUP, hub
+    from ..models.registry import entry_path, load_registry
 
     reg = load_registry()
     if spec in reg.pairs:
@@ -125,7 +124,7 @@ def pull(spec: str, verbose: bool) -> None:
 @friendly_errors
 def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None:
     """GGUF facts from the file header (weights are not loaded): arch, params, quant, context, vocab, tokens."""
-    from ..model_facts import describe
+    from ..models.model_facts import describe
 
     if spec is None and not device:
         raise click.UsageError("give a model NAME or PATH (or --device)")
@@ -207,7 +206,7 @@ def _print_device(d: dict) -> None:
 @friendly_errors
 def check(target: str, drafter: str, as_json: bool) -> None:
     """Can DRAFTER draft for TARGET? llama.cpp's tokenizer rule; prints every failing rule (exit 2 if any)."""
-    from ..compat import check_pair
+    from ..models.pairing import check_pair
 
     t, d = _local_path(target), _local_path(drafter)
     reasons = check_pair(t.path, d.path)
@@ -228,9 +227,9 @@ def check(target: str, drafter: str, as_json: bool) -> None:
 @friendly_errors
 def rm(spec: str) -> None:
     """Delete a downloaded model from the cache (never a file that models.toml points to with path =)."""
-    from .. import hub
     from ..errors import LocalspecError, ModelNotFound
-    from ..registry import entry_path, load_registry
+    from ..models import hub
+    from ..models.registry import entry_path, load_registry
 
     reg = load_registry()
     e = reg.models.get(spec)
@@ -243,7 +242,7 @@ def rm(spec: str) -> None:
         ref = hub.parse_hub_spec(spec) if e is None else hub.HubRef(e.hf, e.file, e.quant, e.revision)
         removed = hub.remove(ref)
     else:
-        from ..paths import cache_dir
+        from ..models.paths import cache_dir
 
         try:
             p = entry_path(e, fetch=False)

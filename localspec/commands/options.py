@@ -155,7 +155,7 @@ def _load_options(v: dict):
 def pair_models(name: str):
     """A models.toml pair by name (the one lookup every command uses); unknown -> one line listing the pairs."""
     from ..errors import ModelNotFound
-    from ..registry import load_registry
+    from ..models.registry import load_registry
 
     pairs = load_registry().pairs
     p = pairs.get(name)
@@ -167,7 +167,8 @@ def pair_models(name: str):
 
 def _drafter_choice(v: dict) -> tuple[str | None, str | None, bool]:
     """(model, draft, hybrid) from --model/--pair/--draft/--lookup/--no-spec/--hybrid, with the pair resolved."""
-    from ..drafters import LOOKUP, NO_DRAFTER
+    from ..models import LOOKUP
+    from ..spec.types import NO_DRAFTER
 
     model, draft, lookup, no_spec = v["model"], v["draft"], v["lookup"], v["no_spec"]
     if v["pair"]:
@@ -187,7 +188,7 @@ def _drafter_choice(v: dict) -> tuple[str | None, str | None, bool]:
 
 def engine_spec_from(v: dict):
     """The values of the engine options -> one EngineSpec (raises click usage errors for contradictions)."""
-    from ..loader import EngineSpec
+    from ..engine.loader import EngineSpec
 
     if v["k_min"] > v["k_max"]:
         raise click.UsageError(f"--k-min {v['k_min']} is above --k-max {v['k_max']}")
@@ -242,7 +243,7 @@ def sampling_options(*, chat: bool = False, chat_flag: str | None = None) -> Cal
     d = SamplingDefaults(chat=chat, chat_flag=chat_flag)
 
     def build(v: dict, rest: dict) -> dict:
-        from ..sampling import SamplingParams
+        from ..sampling.params import SamplingParams
 
         chatty = chat or bool(chat_flag and rest.get(chat_flag))
         given = {_PARAM_OF.get(k, k): x for k, x in v.items() if x is not None}
@@ -261,7 +262,7 @@ _METRICS = [
 
 
 def _metrics(v: dict, _rest: dict) -> dict:
-    from ..metrics import MetricsLog
+    from ..engine.metrics import MetricsLog
 
     try:
         log = MetricsLog(v["metrics_log"]) if v["metrics_log"] else None

@@ -36,8 +36,8 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     repeat penalty 1.1 over the last 64 tokens). With no --model this runs the embedded SmolLM2-135M-Instruct
     (a demo-sized model, fetched once from PyPI; `localspec models pull` gets real ones).
     """
-    from ..loader import load_engine
-    from ..metrics import request_record
+    from ..engine.loader import load_engine
+    from ..engine.metrics import request_record
 
     text = read_prompt(prompt, prompt_opt, prompt_file)
     if system is not None and not chat:

@@ -30,7 +30,7 @@ def serve(host, port, api_key, spec_max_queue, max_predict, alias, spec):
     Metrics:   GET /metrics (Prometheus)
     Sampling options come with each request (llama.cpp/OpenAI/Ollama field names).
     """
-    from ..loader import load_engine
+    from ..engine.loader import load_engine
     from ..server import ServerConfig, bind
     from ..server import serve as run_server
 

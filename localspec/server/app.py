@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..engine.session import Engine
 from ..errors import LocalspecError, ModelNotFound
-from ..session import Engine
 from . import llamacpp, ollama, openai
 from .common import ApiError, ClientGone, ServerConfig, State
 from .worker import ExceedContext

@@ -11,10 +11,10 @@ from typing import Any, AsyncIterator, Sequence
 
 from fastapi import Request
 
+from ..engine.session import Chunk, Engine
+from ..engine.stats import Stats
 from ..errors import LocalspecError
-from ..sampling import SamplingParams
-from ..session import Chunk, Engine
-from ..stats import Stats
+from ..sampling.params import SamplingParams
 from .metrics import Metrics
 from .worker import Done, Failed, Job, Started, Worker
 
@@ -243,7 +243,7 @@ def chat_text(content: str | list[dict[str, Any]] | None) -> str:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, str]]) -> tuple[str, bool]:
-    from ..session import ChatTemplateError
+    from ..engine.session import ChatTemplateError
 
     try:
         return engine.chat_prompt(messages), False

@@ -16,10 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..fim import Extra, FimTokens, build_infill, indent_cut, require_fim
-from ..session import Chunk, Engine
-from .common import (ApiError, Run, State, chat_prompt, chat_text, sampling, spec_policy, speculative,
-                     stops, timings)
+from ..engine.session import Chunk, Engine
+from .common import ApiError, Run, State, chat_prompt, chat_text, sampling, spec_policy, speculative, stops, timings
+from .fim import Extra, FimTokens, build_infill, indent_cut, require_fim
 from .probs import llama_probs
 from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
 from .structured import request_extras

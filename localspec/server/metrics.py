@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from ..session import Chunk
+from ..engine.session import Chunk
 from .worker import Job, Started
 
 # tokens/s histogram buckets (upper bounds)

@@ -13,9 +13,9 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..fim import build_infill, require_fim
-from ..session import Engine
+from ..engine.session import Engine
 from .common import Run, State, chat_prompt, sampling, speculative, stops
+from .fim import build_infill, require_fim
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
 from .structured import request_extras
 from .worker import Job

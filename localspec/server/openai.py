@@ -18,10 +18,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..fim import build_infill, require_fim
-from ..session import Engine
-from .common import (ApiError, Run, State, chat_prompt, chat_text, sampling, speculative, stops,
-                     timings)
+from ..engine.session import Engine
+from .common import ApiError, Run, State, chat_prompt, chat_text, sampling, speculative, stops, timings
+from .fim import build_infill, require_fim
 from .probs import openai_chat, openai_completion
 from .schemas import OAIChatRequest, OAICompletionRequest
 from .structured import request_extras

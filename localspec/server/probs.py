@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..logprobs import TokenLogprob
-from ..session import Engine
+from ..engine.session import Engine
+from ..sampling.logprobs import TokenLogprob
 
 
 def _tok(engine: Engine, t: int) -> tuple[str, list[int]]:

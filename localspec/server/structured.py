@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 from ..backend import json_schema_grammar
-from ..constrain import build_constraint
-from ..session import Engine
+from ..engine.session import Engine
+from ..sampling.constrain import build_constraint
 from .common import ApiError
 
 JSON_OBJECT = {"type": "object"}  # what llama-server constrains `json_object` to

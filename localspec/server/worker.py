@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..engine.session import Chunk, Engine
 from ..errors import LocalspecError
-from ..sampling import SamplingParams
-from ..session import Chunk, Engine
+from ..sampling.params import SamplingParams
 
 log = logging.getLogger("localspec.server")
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..outcome import AUTO_OFF, PLAIN, SPEC, request_mode
-from ..stats import Stats
+from ..engine.outcome import PLAIN, SPEC, request_mode
+from ..engine.stats import Stats
 
 if TYPE_CHECKING:
-    from ..controller import ControllerState
-    from ..threads import ThreadState
+    from ..spec.types import ControllerState
+    from ..tuning.threads import ThreadState
     from .stream import Update
 
 HISTORY = 60  # points kept in each sparkline

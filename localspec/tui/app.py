@@ -28,11 +28,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from ..controller import ControllerState
+from ..engine.session import Engine
 from ..errors import LocalspecError
-from ..sampling import SamplingParams
-from ..session import Engine
-from ..threads import ThreadState
+from ..sampling.params import SamplingParams
+from ..spec.types import ControllerState
+from ..tuning.threads import ThreadState
 from .controls import AUTO, OFF, ON, SpecControls, SpecStatus
 from .messages import EngineFailed, EngineReady, LoadProgress
 from .palette import chat_commands
@@ -105,7 +105,7 @@ class ChatApp(App):
 
     @work(thread=True, exclusive=True, group="load")
     def load(self) -> None:
-        from ..loader import EngineSpec, load_engine
+        from ..engine.loader import EngineSpec, load_engine
 
         try:
             engine = load_engine(self.spec or EngineSpec(), log=lambda m: self.post_message(LoadProgress(str(m))))

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..controller import DEFAULT_K, ControllerState, FixedK
-from ..drafters import NO_DRAFTER
+from ..spec.types import NO_DRAFTER, ControllerState
+from ..tuning.controller import DEFAULT_K, FixedK
 
 if TYPE_CHECKING:
-    from ..session import Engine
+    from ..engine.session import Engine
 
 AUTO, ON, OFF = "auto", "on", "off"
 K_STEPS = (1, 2, 3, 4, 6, 8)  # what ctrl+k cycles through (then back to auto, where the session has it)

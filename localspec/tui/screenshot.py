@@ -18,7 +18,7 @@ PROMPTS = ("Write a haiku about the sea.", None,  # None: ctrl+n, a new chat
 
 
 async def capture(out_dir: str, *, after_tokens: int = 60) -> str:
-    from ..loader import EngineSpec, load_engine
+    from ..engine.loader import EngineSpec, load_engine
     from .app import ChatApp
 
     engine = load_engine(EngineSpec(threads=1, n_ctx=2048, adaptive=False), log=print)

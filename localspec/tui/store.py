@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..paths import home
+from ..models.paths import home
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (

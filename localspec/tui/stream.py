@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from ..drafters import NO_DRAFTER
-from ..sampling import SamplingParams
-from ..stats import Stats
-from ..outcome import request_mode
+from ..engine.outcome import request_mode
+from ..engine.stats import Stats
+from ..sampling.params import SamplingParams
+from ..spec.types import NO_DRAFTER
 
 if TYPE_CHECKING:
-    from ..controller import ControllerState
-    from ..metrics import MetricsLog
-    from ..session import Chunk, Engine
-    from ..threads import ThreadState
+    from ..engine.metrics import MetricsLog
+    from ..engine.session import Chunk, Engine
+    from ..spec.types import ControllerState
+    from ..tuning.threads import ThreadState
 
 INTERVAL = 0.05  # seconds between UI updates: <= 20 repaints per second
 
@@ -159,7 +159,7 @@ def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = Sa
                                threads=threads.state() if threads else None)
             yield upd
     if metrics_log is not None and upd is not None:
-        from ..metrics import request_record
+        from ..engine.metrics import request_record
 
         metrics_log.write(request_record(
             model=engine.name, drafter=engine.drafter_name if drafting else NO_DRAFTER,

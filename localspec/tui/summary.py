@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Mapping
 
-from ..drafters import NO_DRAFTER
-from ..stats import Stats
+from ..engine.stats import Stats
+from ..spec.types import NO_DRAFTER
 from .answer import AUTO_OFF, PLAIN, SPEC, AnswerStats
 
 

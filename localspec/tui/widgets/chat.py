@@ -21,10 +21,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.worker import get_current_worker
 
+from ...engine.session import ChatTemplateError, Engine
+from ...engine.stats import Stats
 from ...errors import LocalspecError
-from ...sampling import SamplingParams
-from ...session import ChatTemplateError, Engine
-from ...stats import Stats
+from ...sampling.params import SamplingParams
 from ..answer import AnswerStats, cleared, ended, fold, reloaded
 from ..messages import Generated, GenerationEnded, GenerationFailed
 from ..saved import saved_widgets

@@ -21,7 +21,7 @@ from ..answer import HISTORY, AnswerStats
 from ..controls import AUTO, OFF, SpecStatus
 
 if TYPE_CHECKING:
-    from ...threads import ThreadState
+    from ...tuning.threads import ThreadState
 
 
 def pct(accepted: int, drafted: int) -> str:

@@ -30,32 +30,18 @@ plain against 0.97×) and gained nothing elsewhere.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Mapping, Protocol, Sequence, TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Mapping, Sequence
 
+from ..spec.types import ControllerState
 from .estimate import SourceEstimate
 from .rate import best_k, v_at
 
 if TYPE_CHECKING:
-    from .speculative import Step
+    from ..spec.types import Step
 
 
 DEFAULT_K = 4  # the draft length when nothing else decides it (no pair, no -k, adaptive off)
-
-
-class Controller(Protocol):
-    """The one owner of "how much to draft, from which source". Each round the loop calls `choose_k()`
-    (the longest draft any source may make now; 0 = decode plainly), the drafter asks `k_for(source)` for
-    the source it is about to use, and the loop reports the round to `observe(step)`. Reports read
-    `state()`; nothing else stores a draft length."""
-
-    def choose_k(self) -> int: ...
-
-    def k_for(self, source: str) -> int: ...
-
-    def observe(self, step: "Step") -> None: ...
-
-    def state(self) -> "ControllerState": ...
 
 
 class FixedK:
@@ -83,42 +69,6 @@ class FixedK:
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
-
-
-@dataclass(frozen=True)
-class ControllerState:
-    """A snapshot for stats, `run --json` and the acceptance log."""
-
-    adaptive: bool
-    k_chosen: dict[int, int]  # choose_k() result -> rounds
-    c: dict[str, float]  # per source
-    v: tuple[float, ...]  # v(0..k_max)
-    alpha: dict[str, tuple[float, ...]]  # per source, α_1..α_k_max
-    k: dict[str, int]  # per source: the γ it would use now (0 = off)
-    rate: dict[str, float]  # per source: predicted speed vs plain at that γ
-    spec_disabled_reason: str | None
-    off: dict[str, str] = field(default_factory=dict)  # per source that is off now: why
-    label: str = "auto"  # how the draft length is chosen: "auto" or the pinned γ ("4")
-    k_now: int = 0  # the longest draft any source would make now (0 = speculation off)
-
-    @property
-    def k_mode(self) -> int:
-        """The draft length chosen in most rounds so far (0 when no round drafted): what "k" means in a report."""
-        drafted = {k: n for k, n in self.k_chosen.items() if k > 0}
-        return max(drafted, key=lambda k: (drafted[k], k)) if drafted else 0
-
-    def since(self, before: "ControllerState | None") -> "ControllerState":
-        """This state with `k_chosen` counting only the rounds after `before` (a controller lives across
-        requests; a report of one request wants that request's rounds)."""
-        prev = before.k_chosen if before else {}
-        return replace(self, k_chosen={k: n - prev.get(k, 0) for k, n in sorted(self.k_chosen.items())
-                                       if n > prev.get(k, 0)})
-
-    def to_dict(self) -> dict:
-        return {"adaptive": self.adaptive, "k_chosen": {str(k): n for k, n in sorted(self.k_chosen.items())},
-                "c": self.c, "v": list(self.v), "alpha": {s: list(a) for s, a in self.alpha.items()},
-                "k": self.k, "rate": self.rate, "spec_disabled_reason": self.spec_disabled_reason, "off": self.off,
-                "label": self.label, "k_now": self.k_now}
 
 
 class Adaptive:

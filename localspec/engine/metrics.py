@@ -19,9 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .controller import ControllerState
+from ..spec.types import ControllerState
+from ..tuning.threads import ThreadState
 from .stats import Stats
-from .threads import ThreadState
 
 SCHEMA = 1
 

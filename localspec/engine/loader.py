@@ -7,19 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .backend import LoadOptions, Model, add_rpc_servers, in_own_thread
-from .calibration import Calibration
-from .compat import check_pair
-from .controller import DEFAULT_K, Adaptive, Controller, FixedK, family
-from .drafters import LOOKUP, NO_DRAFTER, Drafter, HybridDrafter, ModelDrafter, PromptLookup
-from .errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
-from .model_facts import kv_cache_bytes, trained_context
-from .registry import load_registry, resolve_model
+from ..backend import LoadOptions, Model, add_rpc_servers, in_own_thread
+from ..backend.machine import CpuMeter
+from ..errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
+from ..models import LOOKUP
+from ..models.model_facts import kv_cache_bytes, trained_context
+from ..models.pairing import check_pair
+from ..models.registry import load_registry, resolve_model
+from ..spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from ..spec.reindent import Indents
+from ..spec.suffix import SuffixCache
+from ..spec.types import NO_DRAFTER, Controller, Drafter
+from ..tuning.calibration import Calibration
+from ..tuning.controller import DEFAULT_K, Adaptive, FixedK, family
+from ..tuning.threads import ThreadControl
 from .session import Engine
-from .reindent import Indents
-from .suffix import SuffixCache
-from .machine import CpuMeter
-from .threads import ThreadControl
 
 DEFAULT_CTX = 4096
 
@@ -174,7 +176,7 @@ def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
     adaptive = drafter is not None and spec.adaptive
     if spec.threads and not adaptive:
         return None
-    from .calibration import calibrate
+    from ..tuning.calibration import calibrate
 
     # off this thread: a server loads on its main thread and decodes on a worker (backend/model.py, "Threads")
     k_max = _k_range(spec, drafter)[1] if adaptive else 0

@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import ModelNotFound
+from ..errors import ModelNotFound
 from .paths import cache_dir
 
 

@@ -14,39 +14,22 @@ a closed generator leaves it consistent). The drafter owns its cache and re-sync
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import Model
-from .constrain import constrain_rows
-from .controller import Controller, FixedK
-from .drafters import EMPTY, Draft, Drafter, common_prefix
-from .errors import ContextOverflow
-from .logprobs import TokenLogprob, token_logprobs
-from .sampling import SamplingParams, Warped, greedy, warp
+from ..errors import ContextOverflow
+from ..sampling.constrain import constrain_rows
+from ..sampling.logprobs import token_logprobs
+from ..sampling.params import SamplingParams
+from ..sampling.warp import Warped, greedy, warp
+from .drafters import common_prefix
+from .types import EMPTY, Controller, Draft, Drafter, Step, Target
 from .verify import verify, verify_greedy
 
 
-@dataclass(frozen=True)
-class Step:
-    """One verify round."""
-
-    tokens: tuple[int, ...]  # emitted this round: accepted drafts + the target's own token (EOG excluded)
-    drafted: int  # draft tokens proposed (0 = plain decoding round)
-    accepted: int  # drafts the target accepted
-    t_draft: float  # seconds spent drafting
-    t_verify: float  # seconds in the target pass + verify
-    source: str = ""  # drafter that proposed ("lookup", "model"; "" = none)
-    finish: str | None = None  # "stop" (end-of-generation token), "length" (max_tokens), "context" (n_ctx)
-    n_prompt: int = 0  # first round only: prompt tokens evaluated ...
-    n_cached: int = 0  # ... and reused from the cache
-    t_prompt: float = 0.0  # ... and prefill seconds
-    logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when `params.logprobs` asks (logprobs.py)
-
-
-def prefill(target: Model, prompt: Sequence[int]) -> tuple[int, int]:
+def prefill(target: Target, prompt: Sequence[int]) -> tuple[int, int]:
     """Bring the target cache to prompt[:-1], reusing the longest common prefix. Returns (evaluated, cached)."""
     if not prompt:
         raise ValueError("empty prompt: nothing to condition on (models add BOS; pass at least one token)")
@@ -61,12 +44,12 @@ def prefill(target: Model, prompt: Sequence[int]) -> tuple[int, int]:
     return len(rest) + 1, keep
 
 
-def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = None,
+def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None = None,
              controller: Controller | None = None, params: SamplingParams = SamplingParams(),
              max_tokens: int = 256, rng: np.random.Generator | None = None) -> Iterator[Step]:
     """Yield one `Step` per round until end-of-generation, `max_tokens`, or a full context.
-    The controller decides how much to draft (default: `FixedK()`); the loop only caps it by what is left."""
-    controller = controller or FixedK()
+    The controller decides how much to draft (none given: nothing is drafted); the loop only caps it by what
+    is left."""
     rng = rng if rng is not None else params.rng()
     t0 = time.perf_counter()
     n_prompt, n_cached = prefill(target, prompt)
@@ -77,10 +60,11 @@ def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = 
         while True:
             room = target.n_ctx - target.n_past  # positions left for [last, drafts...]
             budget = max_tokens - emitted
-            k_r = min(controller.choose_k() if drafter else 0, budget - 1, room - 1)
+            k_r = min(controller.choose_k() if drafter and controller is not None else 0, budget - 1, room - 1)
             t1 = time.perf_counter()
-            draft = _through_eog(target, drafter.propose(context, _capped(controller, k_r), params, rng)
-                                 if k_r > 0 else EMPTY)
+            draft = EMPTY
+            if drafter and controller is not None and k_r > 0:
+                draft = _through_eog(target, drafter.propose(context, _capped(controller, k_r), params, rng))
             t2 = time.perf_counter()
             n_acc, nxt, rows = _verify_round(target, context, draft, params, rng)
             new, finish = _truncate(target, list(draft.tokens[:n_acc]) + [nxt], budget)
@@ -89,11 +73,13 @@ def generate(target: Model, prompt: Sequence[int], *, drafter: Drafter | None = 
             emitted += len(new)
             if finish is None and target.n_past >= target.n_ctx:  # no position left for the pending token
                 finish = "context"
-            step = Step(tuple(new), len(draft), n_acc, t2 - t1, time.perf_counter() - t2, draft.source, finish,
-                        n_prompt, n_cached, t_prompt, logprobs)
+            step = Step(tokens=tuple(new), drafted=len(draft), accepted=n_acc, t_draft=t2 - t1,
+                        t_verify=time.perf_counter() - t2, source=draft.source, finish=finish, n_prompt=n_prompt,
+                        n_cached=n_cached, t_prompt=t_prompt, logprobs=logprobs)
             n_prompt = n_cached = 0
             t_prompt = 0.0
-            controller.observe(step)
+            if controller is not None:
+                controller.observe(step)
             yield step
             if finish:
                 return
@@ -106,7 +92,7 @@ def _capped(controller: Controller, cap: int) -> Callable[[str], int]:
     return lambda source: min(controller.k_for(source), cap)
 
 
-def _through_eog(target: Model, draft: Draft) -> Draft:
+def _through_eog(target: Target, draft: Draft) -> Draft:
     """The draft up to and including its first end-of-generation token. Nothing after it can ever be emitted
     (accepted, it ends the answer; rejected, the round ends there), so those verify rows would be computed for
     nothing, and dropping them changes no output, sampled or greedy. A copy from the prompt runs into the chat
@@ -122,7 +108,7 @@ def _through_eog(target: Model, draft: Draft) -> Draft:
     return draft
 
 
-def _verify_round(target: Model, context: Sequence[int], draft: Draft, params: SamplingParams,
+def _verify_round(target: Target, context: Sequence[int], draft: Draft, params: SamplingParams,
                   rng: np.random.Generator) -> tuple[int, int, np.ndarray]:
     """One target pass over [context[-1], d_1..d_k]; logits for exactly those k+1 rows (row i has seen the
     context and d_1..d_i), returned raw for logprobs. Rejected drafts are dropped from the cache before
@@ -141,7 +127,7 @@ def _verify_round(target: Model, context: Sequence[int], draft: Draft, params: S
         target.rewind(n_past + 1 + n_acc)
 
 
-def _truncate(target: Model, new: list[int], budget: int) -> tuple[list[int], str | None]:
+def _truncate(target: Target, new: list[int], budget: int) -> tuple[list[int], str | None]:
     """Cut the round's tokens at the first end-of-generation token and at the token budget."""
     for i, t in enumerate(new):
         if target.is_eog(t):

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 PROBE_TIMEOUT_S = 3.0
 RPC_CMD_HELLO = 14

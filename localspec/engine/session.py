@@ -11,21 +11,21 @@ Threading: one thread owns an Engine at a time (llama contexts are not thread-sa
 from __future__ import annotations
 
 import codecs
-from contextlib import closing
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterator, Sequence
 
-from .backend import Model
-from .controller import DEFAULT_K, Controller, FixedK
+from ..backend import Model
+from ..errors import LocalspecError
+from ..sampling.params import SamplingParams
+from ..spec.loop import generate
+from ..spec.types import NO_DRAFTER, Controller, Drafter, Step
+from ..tuning.controller import DEFAULT_K, FixedK
+from ..tuning.threads import ThreadControl
 from .outcome import Outcome, outcome
-from .drafters import NO_DRAFTER, Drafter
-from .errors import LocalspecError
-from .sampling import SamplingParams
-from .speculative import Step, generate
 from .stats import Stats, StatsCounter
-from .threads import ThreadControl
 
 
 @dataclass(frozen=True)

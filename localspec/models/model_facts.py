@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_header import GGUFHeader, read_header
 
 _SPECIAL = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "mask",

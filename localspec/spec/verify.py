@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import Warped
+from ..sampling.warp import Warped
 
 
 def verify_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[int, int]:

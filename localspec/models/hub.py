@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import LocalspecError
+from ..errors import LocalspecError
 
 DEFAULT_QUANT = "Q4_K_M"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .speculative import Step
+from ..spec.types import Step
 
 
 @dataclass(frozen=True)

@@ -10,42 +10,34 @@ A new drafter is a new class, not a new branch in the loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
-from .constrain import constrain_row
+from ..models import LOOKUP
+from ..sampling.constrain import constrain_row
+from ..sampling.params import SamplingParams
+from ..sampling.warp import Warped, stack, warp
 from .reindent import Indents
-from .sampling import SamplingParams, Warped, stack, warp
 from .suffix import MAX_MATCH, Match, MatchIndex, SuffixCache
+from .types import (
+    EMPTY,
+    LOOKUP_CACHE,
+    LOOKUP_GAPPED,
+    LOOKUP_LONG,
+    LOOKUP_LOOP,
+    LOOKUP_MID,
+    LOOKUP_REINDENT,
+    LOOKUP_SHORT,
+    LOOKUP_VERBATIM,
+    Draft,
+    KFor,
+)
 
 if TYPE_CHECKING:
-    from .backend import Model
+    from ..backend import Model
 
 
-@dataclass(frozen=True)
-class Draft:
-    tokens: tuple[int, ...]
-    # q, one row per token, when the tokens were drawn from q with draws of the drafter's own (verified by
-    # rejection sampling); None when the draft is a function of the context and the request's RNG state
-    # (prompt lookup, a greedy draft, a model draft drawn with the target's next uniforms): verified by the
-    # same-seed rule, which emits plain decoding's own tokens (verify.py)
-    probs: Warped | None = None
-    source: str = ""  # which drafter produced it ("lookup", "model"), for per-source stats
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-EMPTY = Draft(())
-LOOKUP = "lookup"  # the name of prompt lookup, as a drafter choice and as the family of its draft sources
-LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG = "lookup:short", "lookup:mid", "lookup:long"  # by match length ...
-LOOKUP_VERBATIM = "lookup:verbatim"  # ... and the longest: the answer is copying the context word for word
-LOOKUP_CACHE = "lookup:cache"  # a match in earlier requests (the engine's SuffixCache)
-LOOKUP_LOOP = "lookup:loop"  # a long match whose occurrence overlaps the context's own ending: the text repeats
-LOOKUP_REINDENT = "lookup:reindented"  # a match across lines at another depth: copied with the indentation moved
-LOOKUP_GAPPED = "lookup:gapped"  # a match across one changed token (a template's slot): the copy resumes after it
 # How often a match of each strength is copied on: (α of the first drafted token, α of the later ones), the
 # controller's prior until this session's own rounds speak. Measured with scripts/replay_lookup.py on the
 # recorded greedy answers of SmolLM2-135M and Gemma-3-270M to the copy-heavy and prose prompts of
@@ -78,23 +70,6 @@ LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG:
                 LOOKUP_VERBATIM: (0.97, 0.95, 0.97, 0.99, 0.995), LOOKUP_CACHE: (0.9, 0.95),
                 LOOKUP_LOOP: (0.97, 0.97, 0.99, 0.995, 0.998), LOOKUP_GAPPED: (0.9, 0.93),
                 LOOKUP_REINDENT: (0.9, 0.93)}  # a reindented copy: taken as a long match, its own rounds correct it
-NO_DRAFTER = "none"  # "no speculation", as a drafter choice and in reports
-
-KFor = Callable[[str], int]  # source -> draft length allowed this round (the controller's decision)
-
-
-class Drafter(Protocol):
-    name: str
-    sources: tuple[str, ...]  # the `Draft.source` values it produces
-    cost: Mapping[str, float | None]  # c per source (drafter time per token ÷ target step); None = measure
-    prior: Mapping[str, tuple[float, ...]]  # per source, the acceptance it expects (first, later); {} = no idea
-
-    def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
-                rng: np.random.Generator) -> Draft: ...
-
-    def close(self) -> None: ...
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix (vectorised: contexts are thousands of tokens)."""
     n = min(len(a), len(b))

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
-from .backend import Model, build_info
+from ..backend import Model, build_info
+from ..backend.machine import cpu_count, cpu_model, free_cores, openmp_settings
+from ..models.paths import calibration_dir
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
-from .paths import calibration_dir
-from .machine import cpu_count, cpu_model, free_cores, openmp_settings
 from .threads import ThreadControl, candidates, preferred
 
 SCHEMA = 5  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;

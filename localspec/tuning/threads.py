@@ -33,13 +33,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Protocol, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol, Sequence
 
+from ..backend.machine import CpuMeter, cpu_count, free_cores
 from .rate import v_at
-from .machine import CpuMeter, cpu_count, free_cores
 
 if TYPE_CHECKING:
-    from .speculative import Step
+    from ..spec.types import Step
 
 PHASES = ("target", "draft", "prompt")
 def candidates(cores: int) -> list[int]:

@@ -18,7 +18,7 @@ import re
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
-    from .backend import Model
+    from ..backend import Model
 
 Width = tuple[int, int]  # (newlines, spaces) of an indentation token
 _INDENT = re.compile(rb"(\n*)( +)")

@@ -24,9 +24,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .backend import Model
-from .drafters import PromptLookup
-from .sampling import SamplingParams
+from ..backend import Model
+from ..sampling.params import SamplingParams
+from ..spec.drafters import PromptLookup
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the calibration loop times a few decodes."
 

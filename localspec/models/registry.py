@@ -23,12 +23,14 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from . import hub
+from ..errors import LocalspecError, ModelNotFound
+from . import (
+    LOOKUP,  # noqa: E402  (one spelling of "prompt lookup" everywhere)
+    hub,
+)
 from .embedded import package_file
-from .errors import LocalspecError, ModelNotFound
 from .paths import cache_dir, home
 
-from .drafters import LOOKUP  # noqa: E402  (one spelling of "prompt lookup" everywhere)
 SOURCES = ("hf", "path", "package")
 
 

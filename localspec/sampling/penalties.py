@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .sampling import SamplingParams
+    from .params import SamplingParams
 
 
 def penalty_patch(logits: np.ndarray, params: "SamplingParams", history: Sequence[int],

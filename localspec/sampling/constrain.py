@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .backend import Model
-    from .sampling import SamplingParams
+    from ..backend import Model
+    from .params import SamplingParams
 
 
 class GrammarState(Protocol):
@@ -196,7 +196,7 @@ def build_constraint(model: "Model", *, logit_bias: Mapping[int, float] | None =
     Raises backend.GrammarError (a 400 for the server) when llama.cpp cannot parse the grammar."""
     if not logit_bias and not grammar:
         return None
-    from .backend import Grammar
+    from ..backend import Grammar
 
     bad = [t for t in (logit_bias or {}) if not 0 <= t < model.n_vocab]
     if bad:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from .controller import ControllerState
+from ..spec.types import ControllerState
 
 SPEC, PLAIN, AUTO_OFF = "spec", "plain", "auto-off"
 
