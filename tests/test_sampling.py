@@ -150,3 +150,21 @@ def test_the_warped_rows_are_as_small_as_what_survives():
     w = warp(logits, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), list(range(64)), [1, 2, 3, 4])
     assert len(w) == 5 and w.ids.shape[1] <= 40
     assert np.allclose(w.probs.sum(axis=1), 1.0)
+
+
+@pytest.mark.parametrize("kw", [dict(frequency_penalty=-1e308), dict(repeat_penalty=1e-300),
+                                dict(repeat_penalty=1e300), dict(presence_penalty=1e308),
+                                dict(presence_penalty=-3e38, frequency_penalty=3e38)])
+def test_extreme_penalties_keep_every_logit_finite_and_sampling_works(kw):
+    """A penalty that overflows float32 must not turn softmax into NaN (a server found one with a fuzzer)."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 500)).astype(np.float32)
+    w = warp(logits, SamplingParams(temperature=0.8, **kw), history=[1, 2, 3], drafts=[4])
+    assert np.isfinite(w.probs).all() and np.allclose(w.probs.sum(axis=1), 1.0)
+    assert 0 <= w.sample(rng, 0) < 500 and 0 <= w.sample(rng, 1) < 500
+
+
+@pytest.mark.parametrize("t", [float("nan"), float("inf")])
+def test_a_temperature_that_is_not_a_finite_number_is_refused(t):
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=t)

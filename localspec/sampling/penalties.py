@@ -40,8 +40,12 @@ def penalty_patch(logits: np.ndarray, params: "SamplingParams", history: Sequenc
     rows, ids = starts // n, s[starts]
     lg = logits[rows, ids]
     f = logits.dtype.type
-    out = np.where(lg <= 0, lg * f(params.repeat_penalty), lg / f(params.repeat_penalty))
-    out -= counts * f(params.frequency_penalty) + f(params.presence_penalty)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        out = np.where(lg <= 0, lg * f(params.repeat_penalty), lg / f(params.repeat_penalty))
+        out -= counts * f(params.frequency_penalty) + f(params.presence_penalty)
+    # extreme penalties overflow float32: keep every logit finite, or softmax's max - max would be NaN
+    big = np.finfo(logits.dtype).max
+    out = np.clip(np.where(np.isnan(out), lg, out), -big, big)
     return rows, ids, out.astype(logits.dtype)
 
 

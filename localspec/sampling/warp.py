@@ -72,8 +72,11 @@ class Warped:
         probs = self.probs[row]
         c = np.cumsum(probs)
         j = int(np.searchsorted(c, u * c[-1], side="right"))
-        if j >= len(c) or probs[j] <= 0.0:  # u × total rounded up to the total: the last token with mass
-            j = int(np.flatnonzero(probs > 0.0)[-1])
+        if j >= len(c) or not probs[j] > 0.0:  # u × total rounded up to the total: the last token with mass
+            live = np.flatnonzero(probs > 0.0)
+            if live.size == 0:
+                raise ValueError("the sampling parameters leave no token with a probability above 0")
+            j = int(live[-1])
         return int(self.ids[row, j])
 
     def dense(self, n_vocab: int) -> np.ndarray:
