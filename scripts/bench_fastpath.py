@@ -3,8 +3,8 @@ that chooses them costs (docs/models.md, "CPU fast paths").
 
 For each model and each mode (all: llama.cpp's default; repack: CPU_REPACK alone, by tensor overrides; none:
 --no-repack) it times prompt evaluation (a chunk of --pp tokens) and decoding (--tg one-row steps), the modes
-in turn within each repeat (each mode first in turn), and prints medians. Then, with an empty verdict cache, the first start's test load per
-model and a warm start's cost (reading the cached verdict).
+in turn within each repeat (each mode first in turn), and prints medians. Then, with an empty verdict cache, the
+first start's test load per model and a warm start's cost (reading the cached verdict).
 
 usage: python scripts/bench_fastpath.py [--models smollm2-135m,gemma3-270m,FILE.gguf] [--threads 2] [--repeats 5]
 A Q4_0 copy of SmolLM2 (a weight type CPU_REPACK takes): localspec.gguf_tools.write_requantized(src, dst, "Q4_0").

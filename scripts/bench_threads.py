@@ -128,7 +128,8 @@ def part_pairs(model: str, tokens: int, depth: int, hogs: list[int], pairs: int)
     default, and per rotation default ÷ each other config; the median of those ratios holds when the machine's
     speed drifts between rotations (the decode table's medians of a few repeats move ±5-10 %)."""
     cfgs = decode_configs(model, tokens, depth, cpu_count())
-    names = ["localspec default", "localspec --mmap", *(n for n in cfgs if n.startswith("localspec -t") and "," not in n)]
+    names = ["localspec default", "localspec --mmap",
+             *(n for n in cfgs if n.startswith("localspec -t") and "," not in n)]
     names += ["llama-bench default"] if "llama-bench default" in cfgs else []
     for h in hogs:
         res: dict[str, list[float]] = {n: [] for n in names}

@@ -39,7 +39,7 @@ def cpp_spec(prompt):
 def cpp_plain(path):
     r = subprocess.run([f"{BIN}/llama-bench", "-m", path, "-p", "0", "-n", str(N), "-t", "2", "-r", "3", "-o", "csv"],
                        capture_output=True, text=True)
-    line = [l for l in r.stdout.splitlines() if l.strip()][-1]
+    line = [row for row in r.stdout.splitlines() if row.strip()][-1]
     return float(line.split(",")[-2].strip('"'))
 
 

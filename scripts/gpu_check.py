@@ -168,7 +168,8 @@ def cmd_env(a) -> int:
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
                             "--format=csv,noheader"], capture_output=True, text=True)
         d["nvidia_smi"] = q.stdout.strip()
-    show = _run([_bin("localspec"), "models", "show", "--device", str(Path(a.results).parents[1] / "bundle1" / "tok.gguf")])
+    tok = Path(a.results).parents[1] / "bundle1" / "tok.gguf"
+    show = _run([_bin("localspec"), "models", "show", "--device", str(tok)])
     d["models_show_device"] = show.stdout if show.returncode == 0 else show.stderr
     cuda_devs = [x for x in d["devices"] if "CUDA" in json.dumps(x)]
     d["checks"] = {"offload support as built": d["supports_gpu_offload"] == gpu,
@@ -187,7 +188,8 @@ def cmd_join(a) -> int:
         parts = [bundles / "bundle1" / m["parts"][0], bundles / "bundle2" / m["parts"][1]]
         missing = [str(p) for p in parts if not p.exists()]
         if missing:
-            sys.exit(f"missing {', '.join(missing)} (bundle 1 is gone if the machine was handed back: run phase 1 again)")
+            sys.exit(f"missing {', '.join(missing)} "
+                     "(bundle 1 is gone if the machine was handed back: run phase 1 again)")
         tmp = out.with_suffix(".part")
         with tmp.open("wb") as f:
             for p in parts:
@@ -312,8 +314,10 @@ def cmd_costs(a) -> int:
         pred[src] = {str(al): dict(zip(("gamma", "speedup"), best_gamma(al, c, v))) for al in ALPHAS}
     out = {"target": a.target, "draft": a.draft, "ngl": a.ngl, "t1_ms": full.t_target_ms, "v": v,
            "c": full.c, "position": full.position, "seconds": round(t_full, 2),
-           "calibration": {"v": cal.costs.v_by_gamma if cal.costs else None, "timed": list(cal.costs.timed) if cal.costs else None,
-                           "t1_ms": cal.costs.t_target_ms if cal.costs else None, "c": cal.costs.c if cal.costs else None,
+           "calibration": {"v": cal.costs.v_by_gamma if cal.costs else None,
+                           "timed": list(cal.costs.timed) if cal.costs else None,
+                           "t1_ms": cal.costs.t_target_ms if cal.costs else None,
+                           "c": cal.costs.c if cal.costs else None,
                            "flash_attn": cal.flash_attn, "threads": cal.threads, "seconds": round(t_cal, 2)},
            "best_gamma": pred}
     for m in (draft, target):
@@ -361,7 +365,8 @@ _BENCH = ("import functools, sys; import localspec.bench.runner as r; from local
 def lookup_bench(smol: str, gpu: bool, results: Path, quick: bool) -> dict:
     js, md = results / "bench.json", results / "bench.md"
     args = ["bench", "--model", smol, "--lookup", "--tasks", COPY_TASKS, "--k", BENCH_KS, "--json", str(js),
-            "--markdown", str(md), "--note", f"scripts/gpu_check.py on {'the GPU (all layers offloaded)' if gpu else 'the CPU'}"]
+            "--markdown", str(md),
+            "--note", f"scripts/gpu_check.py on {'the GPU (all layers offloaded)' if gpu else 'the CPU'}"]
     if quick:
         args += ["--per-task", "1", "-n", "64"]
     p = _run([sys.executable, "-c", _BENCH, "-1" if gpu else "0", *args], timeout=900)
@@ -436,7 +441,8 @@ def cmd_measure(a) -> int:
         args = [sys.executable, __file__, "costs", "--target", path, "--out", str(f), "--ngl", "-1" if gpu else "0",
                 "--k-max", str(K_MAX)] + (["--draft", draft] if draft else [])
         p = stage(f"costs {label}", lambda: _run(args, timeout=900))
-        costs[label] = _load(f) if isinstance(p, subprocess.CompletedProcess) and p.returncode == 0 else {"error": "see log"}
+        ok = isinstance(p, subprocess.CompletedProcess) and p.returncode == 0
+        costs[label] = _load(f) if ok else {"error": "see log"}
     _save(results / "costs.json", costs)
     all_models = {"smollm2": smol, **{Path(t).stem: t for t in targets}}
     pvb = stage("plain vs llama-bench", lambda: plain_vs_bench(all_models, a.llama_bench, gpu))
@@ -518,7 +524,8 @@ def markdown(doc: dict) -> str:
                                                           for k, v in doc["checks"].items()]), ""]
     if env:
         out += ["## Build and devices", "",
-                f"- llama-cpp-python {env.get('llama_cpp_python')} ({env.get('build_info')}), Python {env.get('python')}, "
+                f"- llama-cpp-python {env.get('llama_cpp_python')} ({env.get('build_info')}), "
+                f"Python {env.get('python')}, "
                 f"{env.get('cpu_count')} CPUs; GPU offload: {env.get('supports_gpu_offload')}",
                 f"- build: {steps.get('build_seconds', '?')} s at -j{steps.get('build_jobs', '?')}, "
                 f"CMAKE_ARGS `{steps.get('cmake_args', '?')}`",
@@ -545,8 +552,9 @@ def markdown(doc: dict) -> str:
         out.append("")
         for ngl_d, d in off.get("draft", {}).items():
             r = d.get("run", {})
-            out.append(f"- `--draft SmolLM2 --ngl -1 --ngl-draft {ngl_d}`: drafter {'PASS' if d.get('drafter_ok') else 'FAIL'}"
-                       f" ({d.get('drafter')}); target {d.get('target')}; {_f(r.get('tokens_per_second'), '.1f')} tok/s, "
+            out.append(f"- `--draft SmolLM2 --ngl -1 --ngl-draft {ngl_d}`: "
+                       f"drafter {'PASS' if d.get('drafter_ok') else 'FAIL'} ({d.get('drafter')}); "
+                       f"target {d.get('target')}; {_f(r.get('tokens_per_second'), '.1f')} tok/s, "
                        f"acceptance {_f(r.get('acceptance_rate'))}; same text as plain: {d.get('same_text_as_plain')}")
         out.append("")
     costs = doc.get("costs", {})
@@ -576,18 +584,20 @@ def markdown(doc: dict) -> str:
     pvb = doc.get("plain_vs_llama_bench", {})
     if pvb and "error" not in pvb:
         rows = [[label, _f(x.get("localspec_tok_s"), ".1f"), _f(x.get("llama_bench", {}).get("tg128_tok_s"), ".1f"),
-                 _f(x.get("ratio")), x.get("llama_bench", {}).get("backends", x.get("llama_bench", {}).get("error", "")[:80])]
+                 _f(x.get("ratio")),
+                 x.get("llama_bench", {}).get("backends", x.get("llama_bench", {}).get("error", "")[:80])]
                 for label, x in pvb.items()]
         out += ["## Plain decoding: localspec vs llama-bench (same file, same build)", "",
-                _table(["model", "localspec run --no-spec tok/s", "llama-bench tg128 tok/s", "ratio", "backend"], rows), ""]
+                _table(["model", "localspec run --no-spec tok/s", "llama-bench tg128 tok/s", "ratio", "backend"],
+                       rows), ""]
     lb = doc.get("lookup_bench", {})
     if lb.get("rows"):
         rows = [[r["task"], r["config"], _f(r["tokens_per_second"], ".1f"), _f(r["speedup"]),
                  _f(r["acceptance_rate"]), _f(r["mean_acceptance_length"]), _f(r["v"]), _f(r["c"], ".3f"),
                  _f(r["predicted_speedup"]), _k(r.get("predicted_best_k"))] for r in lb["rows"]]
         out += ["## Prompt lookup on the copy-heavy tasks (SmolLM2-135M, `localspec bench`)", "",
-                _table(["task", "config", "tok/s", "spec ÷ plain", "α", "len", "v(γ)", "c", "predicted", "best γ (formula)"],
-                       rows), ""]
+                _table(["task", "config", "tok/s", "spec ÷ plain", "α", "len", "v(γ)", "c", "predicted",
+                        "best γ (formula)"], rows), ""]
         rows = [[t, x["best_fixed_k"], _f(x["best_fixed_speedup"]), _f(x["auto_speedup"]), _f(x["auto_mean_gamma"]),
                  _f(x["auto_share_rounds_drafting"]), _k(x.get("predicted_best_k"))] for t, x in lb["adaptive"].items()]
         out += ["Adaptive controller (k=auto) against the best fixed γ:", "",

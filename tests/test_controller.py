@@ -12,7 +12,8 @@ from localspec.spec.types import EMPTY, Draft, Step
 from localspec.tuning.controller import PROBE_SHARE, Adaptive, FixedK
 from localspec.tuning.rate import best_k, expected_tokens, round_rate, v_at
 
-CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]  # SmolLM2 Q4_1 on 2 cores (an earlier quiet-machine measurement: v(3) ≈ 2.4)
+# SmolLM2 Q4_1 on 2 cores (an earlier quiet-machine measurement: v(3) ≈ 2.4)
+CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]
 GPU_V = [1.0, 1.02, 1.04, 1.06, 1.08, 1.12, 1.16, 1.2, 1.25]  # 7B target on a GPU: verify ≈ free
 
 
@@ -146,7 +147,8 @@ def test_low_acceptance_switches_off_with_a_reason_and_reprobes_with_backoff():
     assert probes and gaps == sorted(gaps) and gaps[-1] >= 16  # the interval doubles up to probe_max (or more:
     # a probe that costs more waits longer, see the next test)
     reason = ctl.spec_disabled_reason
-    assert reason and reason.startswith("lookup: it would be") and "slower here" in reason and "drafts accepted" in reason
+    assert (reason and reason.startswith("lookup: it would be") and "slower here" in reason
+            and "drafts accepted" in reason)
     assert ctl.state().k == {"lookup": 0} and ctl.state().off["lookup"] == reason
 
 

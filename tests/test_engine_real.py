@@ -172,7 +172,8 @@ def test_sampling_first_token_distribution_matches_plain(target, self_drafter):
     rng = np.random.default_rng(11)
     n = 300
     for _ in range(n):
-        step = next(iter(generate(target, toks, drafter=self_drafter, params=params, controller=FixedK(2), max_tokens=1, rng=rng)))
+        steps = generate(target, toks, drafter=self_drafter, params=params, controller=FixedK(2), max_tokens=1, rng=rng)
+        step = next(iter(steps))
         counts[step.tokens[0]] += 1
     chi2 = sstats.chisquare([counts[t] for t in support], p[support] * n)
     assert chi2.pvalue > 0.01

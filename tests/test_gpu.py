@@ -77,7 +77,7 @@ load_tensors: layer   1 assigned to device CUDA0, is_swa = 0
 load_tensors: offloaded 1/2 layers to GPU
 load_tensors:          CPU model buffer size =    92.10 MiB
 llama_kv_cache:        CPU KV buffer size =    90.00 MiB
-"""
+"""  # noqa: E501 -- llama.cpp's log lines as it writes them
 
 
 def test_load_log_parser_reads_placement_per_load():
@@ -104,7 +104,8 @@ def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokeni
     r = gguf.GGUFReader(str(tiny_model))
     assert r.get_field("llama.block_count").contents() == gpu_model.SHAPES["tiny"].n_layer
     tok = gguf.GGUFReader(str(tokenizer_gguf))
-    assert r.get_field("tokenizer.ggml.tokens").contents()[:50] == tok.get_field("tokenizer.ggml.tokens").contents()[:50]
+    tokens = "tokenizer.ggml.tokens"
+    assert r.get_field(tokens).contents()[:50] == tok.get_field(tokens).contents()[:50]
     m = Model.load(tiny_model, LoadOptions(n_ctx=256, verbose=True))
     try:
         assert m.n_vocab == 49152

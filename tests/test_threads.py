@@ -113,6 +113,8 @@ def test_the_cpu_meter_brings_the_count_back_when_step_times_cannot_tell(stop):
 
 
 class QuietMeter:
+    """A machine nobody else is using."""
+
     def others(self) -> float:
         return 0.0
 
@@ -313,13 +315,6 @@ def test_verify_rounds_compare_per_row():
 
     assert verify_rows_cost((1.0, 1.5, 2.0), 2) == 2.0 and verify_rows_cost((1.0, 1.5, 2.0), 4) == pytest.approx(3.0)
     assert verify_rows_cost((), 0) == 1.0 and verify_rows_cost((), 2) == pytest.approx(1.9)
-
-
-class QuietMeter:
-    """A machine nobody else is using."""
-
-    def others(self) -> float:
-        return 0.0
 
 
 def test_a_quiet_start_corrects_a_prior_measured_on_a_busy_machine():

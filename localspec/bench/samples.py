@@ -110,13 +110,16 @@ _DESCALE = ("To descale the coffee machine, fill the water tank with one part vi
             "large cup under the spout and press the hot water button until the tank is half empty. Wait twenty "
             "minutes, then run the rest of the mixture through. Rinse the tank and run two full tanks of clean water "
             "to remove the taste of vinegar. Descale every three months, or every month if your water is hard.")
-_CODE_ORDERS = ("```python\ndef load_orders(path):\n    orders = []\n    with open(path) as f:\n        for line in f:\n"
+_CODE_ORDERS = ("```python\ndef load_orders(path):\n    orders = []\n    with open(path) as f:\n"
+                "        for line in f:\n"
                 "            order_id, customer, amount = line.strip().split(\",\")\n"
-                "            orders.append({\"id\": order_id, \"customer\": customer, \"amount\": float(amount)})\n"
+                "            orders.append({\"id\": order_id, \"customer\": customer, "
+                "\"amount\": float(amount)})\n"
                 "    return orders\n\n\ndef total_by_customer(orders):\n    totals = {}\n    for order in orders:\n"
                 "        totals[order[\"customer\"]] = totals.get(order[\"customer\"], 0) + order[\"amount\"]\n"
                 "    return totals\n```")
-_CODE_CONFIG = ("```js\nfunction parseConfig(text) {\n  const config = {};\n  for (const line of text.split(\"\\n\")) {\n"
+_CODE_CONFIG = ("```js\nfunction parseConfig(text) {\n  const config = {};\n"
+                "  for (const line of text.split(\"\\n\")) {\n"
                 "    const [key, value] = line.split(\"=\");\n    if (key && value) {\n"
                 "      config[key.trim()] = value.trim();\n    }\n  }\n  return config;\n}\n\n"
                 "function getPort(config) {\n  return Number(config.port || 8080);\n}\n```")

@@ -38,34 +38,9 @@ if TYPE_CHECKING:
     from ..backend import Model
 
 
-# How often a match of each strength is copied on: (α of the first drafted token, α of the later ones), the
-# controller's prior until this session's own rounds speak. Measured with scripts/replay_lookup.py on the
-# recorded greedy answers of SmolLM2-135M and Gemma-3-270M to the copy-heavy and prose prompts of
-# localspec/bench/samples.py: the first token of a 1-2-token match is accepted 24-51 % of the time, of a 3-7-token
-# match 60-90 %, 8-15 tokens ~90 %, 16 or more 93-100 %; once the first is accepted, a copy runs on for 10-20
-# tokens (later positions ~0.93). A loop (a match of 8 or more whose occurrence overlaps the ending, drafted as an
-# overlapping copy: suffix.MatchIndex.continuation) was copied on at nearly every position: first token 1.00,
-# later ones 0.98 (both models, 1,900 positions of the same answers): a greedy model caught in a loop stays in it.
-# A cache match (16 or more in earlier requests, the request sequences of scripts/compare_lookup.py): first token
-# 0.97-0.98, later 0.98-0.99 replayed, where a request sent again is answered the same; timed, it is not always
-# (batch numerics), so taken lower. The prior it had, (0.8, 0.92), left the bucket off on SmolLM2-135M (its
-# verify costs ~0.5 steps a row) until a curve below the calibration turned it on: a request sent again drafted
-# nothing in one engine (164 tok/s) and its whole answer in the next (249-259).
-# A verbatim copy and a loop that have run on run further (estimate.PRIOR_FROM: the later values by draft position
-# 1-7, 8-15, 16-31, 32 on). Every position of the same answers (and of the request sequences'), the longest match's
-# continuation against what followed: a verbatim match's tokens 1-7 were accepted 98 % of the time, 8-15 99.1 %,
-# 16-31 99.8 %, later ones every time (both models, 18,600 positions reached); a loop's every time (32,000).
-# Taken lower: the positions a round drafts from are those just after the last round failed, where copies break.
-# Replayed (scripts/replay_lookup.py, the same answers): Gemma-3-270M's JSON 2.46 -> 2.53x plain, rewrite 2.31 ->
-# 2.43, prose 2.78 -> 2.82, SmolLM2-135M unchanged; timed in one process against the constant later values, prompt
-# by prompt in turn (9-12 pairs a task): JSON 1.00x, rewrite 1.00-1.03x, prose 1.03x, RAG 0.99x, within the noise.
-# Rising values on the shorter buckets too cost SmolLM2-135M (verify ~0.5 steps a row) up to 10 % replayed (RAG
-# 1.04 -> 0.94): its mid-length copies break.
-# A gapped match (suffix.MatchIndex.gapped: 6 or more tokens before a changed one, 1-3 after it that agree): its
-# first token was accepted 88 % of the time, positions 1-7 95 % (125 and 613 positions: both models' recorded
-# answers to the benchmark prompts, to 16 held-out copy-heavy prompts and to the request sequences; 96 % at the
-# first token in Gemma-3-270M's RAG answers, lists numbered "1. Press the button ... 2. Press the button ...",
-# 71-73 % in SmolLM2-135M's JSON and Gemma's chats); taken as a long match.
+# How often a match of each strength is copied on (α of the first drafted token, α of the later ones; by draft
+# position for verbatim copies and loops): the controller's prior until this session's own rounds speak.
+# Replayed on recorded answers, then taken lower (docs/bench/lookup.md, "Priors: why these numbers").
 LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG: (0.9, 0.93),
                 LOOKUP_VERBATIM: (0.97, 0.95, 0.97, 0.99, 0.995), LOOKUP_CACHE: (0.9, 0.95),
                 LOOKUP_LOOP: (0.97, 0.97, 0.99, 0.995, 0.998), LOOKUP_GAPPED: (0.9, 0.93),
@@ -81,7 +56,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class PromptLookup:
     """Prompt lookup decoding (Saxena 2023), match-aware: find the longest earlier occurrence of the context's
-    ending (most recent first, from an index kept as tokens arrive: localspec/suffix.py) and propose the tokens
+    ending (most recent first, from an index kept as tokens arrive: spec/suffix.py) and propose the tokens
     that followed it. Free, and strong on edits, RAG and extraction.
 
     The match length names the draft's source, a bucket the controller keeps its own acceptance for
@@ -90,16 +65,12 @@ class PromptLookup:
     `k_for(bucket)` from that bucket's estimate, which starts from the bucket's measured `LOOKUP_PRIOR`.
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
     searched too, every round; a cache match is used when it is longer than the context's own
-    (`LOOKUP_CACHE`), at least `cache_min` long, and its earlier requests agree on what follows. (Replayed on
-    editor requests over one file, where the prompt holds the file: 8-15-token cache matches were accepted 5-50 %
-    of the time and cost 1-3 % against prompt-only lookup; from 16 on they cost nothing there. Searched only
-    while the context's own match is short, the cache lost where the prompt holds the text being edited: the
-    prompt's copy goes on with the old text, the longer cache match with the edit.) A long match whose
+    (`LOOKUP_CACHE`), at least `cache_min` long, and its earlier requests agree on what follows (shorter cache
+    matches cost more than they gained: docs/bench/lookup.md, "Match buckets and the cache"). A long match whose
     occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
     end of the context. With the target's `Indents`, a match at least `verbatim_at` long and `reindent_margin`
-    longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, localspec/reindent.py;
-    replayed on SmolLM2-135M's JSON answers, which nest deeper at every level: 1.00 → 1.30× plain; from 8 tokens
-    on, matches still learning the nesting's period failed and switched the bucket off: 1.17). The context is
+    longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, spec/reindent.py;
+    not shorter: such matches are still learning the nesting's period, fail, and switch the bucket off). The context is
     handed to the cache when a request rewinds past it. Where a template's slot broke the match (a list number, a
     name), a match across that one token at least `gap_margin` longer than the plain one is `LOOKUP_GAPPED`
     (suffix.MatchIndex.gapped). Drafts are point masses: the verify rule stays lossless."""
@@ -126,9 +97,8 @@ class PromptLookup:
 
     def bucket(self, m: Match) -> str | None:
         """The match's strength: its length, one level down when the text continued it in more than one way
-        (measured: the first token of a split 1-2-token match is accepted 8-24 % of the time, of a split
-        3-7-token match ~45 %, against 50-60 % and 65-80 % for one seen once). None: too weak to draft (a split
-        1-2-token match). Raising unanimous matches a level measured worse (replay_lookup.py): left out."""
+        (such a match is copied on far less often: docs/bench/lookup.md, "Match buckets and the cache").
+        None: too weak to draft (a split 1-2-token match)."""
         level = sum(m.length >= n for n in (self.mid_at, self.long_at, self.verbatim_at)) - m.split
         return None if level < 0 else self.LEVELS[level]
 

@@ -7,8 +7,8 @@ KV invariant between rounds: the target's cache holds context[:-1]; the last con
 the start of the next round together with the drafts, so the first verify row scores draft position 0.
 The random stream is plain decoding's whatever is drafted (verify.verify_same_seed: one draw per emitted
 token from the target's own rows), unless a drafter hands its q with a draft it drew with draws of its own
-(rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an exception or
-a closed generator leaves it consistent). The drafter owns its cache and re-syncs by common prefix.
+(rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an
+exception or a closed generator leaves it consistent). The drafter owns its cache and re-syncs by common prefix.
 """
 
 from __future__ import annotations

@@ -12,19 +12,14 @@ corrected at every γ within a few rounds).
 Estimates are kept per draft source ("lookup", "model"), so a hybrid drafter can keep the free lookup
 on while the model drafter is off; each source's cost c starts from what its drafter declares
 (`Drafter.cost`: 0 for a free one, None = measured at load) and is refined online; its acceptance starts
-from the prior its drafter declares (`Drafter.prior`: how often a lookup match of this strength is copied on,
-measured), else from `alpha_prior`. A source switches off when its best rate falls below `off_below`,
-back on above `on_above` (hysteresis), and one that has not drafted yet starts on only above `on_above` too: a
-prior is an average over tasks, and on a 2-core CPU a failed first draft of 7 costs ~4 steps (SmolLM2-135M's
-3-7-token matches, 1.08 by the prior, failed first on JSON and prose: replayed, JSON 0.98 -> 0.99x plain, at
-its worst prompt 0.96 -> 0.99, prose's worst 0.94 -> 0.96, Gemma-3-270M unchanged). While off, a source is
-re-probed with a short draft now and then, the interval doubling while the probes keep failing (a source that has
-not drafted yet only if one fully accepted probe would turn it on: else no probe's outcome changes anything). The first
-probe waits 64 rounds, and longer where a failed probe is dear: probes of a source that is off take at most
-`PROBE_SHARE` of the time (a failed probe of γ costs v(γ) - 1 steps; on a 2-core CPU v(1) ≈ 2.3, so
-SmolLM2-135M probes one token every ~90 rounds).
-Replayed on recorded answers (scripts/replay_lookup.py), probing after 16 rounds cost open prose 3 % (0.94×
-plain against 0.97×) and gained nothing elsewhere.
+from the prior its drafter declares (`Drafter.prior`), else from `alpha_prior`.
+
+A source switches off when its best rate falls below `off_below` and back on above `on_above` (hysteresis).
+One that has not drafted yet starts only above `on_above` too: a prior is an average over tasks, and a failed
+first draft costs several steps. While off, a source is re-probed with a short draft, the interval doubling
+while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed probe of γ costs
+v(γ) - 1 steps. A source that has not drafted is probed only if one fully accepted probe would turn it on.
+The measurements behind these rules: docs/bench/lookup.md, "When a source starts, stops and is probed".
 """
 
 from __future__ import annotations
@@ -147,10 +142,8 @@ class Adaptive:
 
     def _learn_v(self, d: int, r: float) -> bool:
         """Learn from a verify round of d drafts that cost r plain rounds. The calibration is one moment's
-        measurement at one depth: taken while something else ran, it is off at every γ alike (measured: a
-        cached Gemma-3-270M curve timed 15-25 % low, its t1 at 14 ms against 9.5-10, and the controller
-        drafted mid-length matches that did not pay; rag prompts 0.99-1.03x plain against 1.05-1.10x with a
-        fresh one). So every round moves a shared factor (v_scale) and, slowly, its own γ's point; True when
+        measurement at one depth: taken while something else ran, it is off at every γ alike (a stale curve made
+        drafts that did not pay: docs/bench/lookup.md, "When a source starts, stops and is probed"). So every round moves a shared factor (v_scale) and, slowly, its own γ's point; True when
         the curve moved enough that every source's decision is due again."""
         r = min(max(r, 1.0), 2 * self._v[d])  # one noisy round moves v(d) by at most a factor of 2; never < 1 row
         f = min(max(r / self._v[d], 1 / self.SCALE_STEP), self.SCALE_STEP)
@@ -269,9 +262,8 @@ class Adaptive:
     def _probe_could_turn_on(self, est: SourceEstimate) -> bool:
         """Whether one probe (`_probe_k`), every token accepted, would turn this source on. For a source that has not
         drafted, all the controller knows is its prior (an average over tasks); a probe pays only by changing the
-        decision, so one that could not, even at its best outcome, is not made. (SmolLM2-135M's 1-2-token
-        matches, prior α 0.35, rate 0.58 at their best γ: a fully accepted probe of 2 leaves them at 0.72, and the
-        probes that failed on open prose cost it ~1 % a request.) A source that has drafted keeps being re-probed
+        decision, so one that could not, even at its best outcome, is not made (docs/bench/lookup.md, "When a
+        source starts, stops and is probed"). A source that has drafted keeps being re-probed
         with backoff: its rounds say more than the prior, and what it drafts on may have changed since."""
         k = self._probe_k(est)
         after = replace(est, n=list(est.n), a=list(est.a))
@@ -311,4 +303,5 @@ def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: floa
     cost = f"verifying {k + 1} tokens costs {v:.1f}× a normal step"
     if c >= 0.05:
         cost += f", each drafted token {c:.2f}×"
-    return f"{source}: {verdict} — drafts accepted {100 * alpha:.0f} %, {cost} (α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})"
+    return (f"{source}: {verdict} — drafts accepted {100 * alpha:.0f} %, {cost} "
+            f"(α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})")
