@@ -30,18 +30,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-# OpenMP: ggml's barrier between graph nodes is `#pragma omp barrier`; a waiting thread spins GOMP_SPINCOUNT times
-# (libgomp's default 300000, about a millisecond), then sleeps. Measured on this project's 2 cores, SmolLM2-135M,
-# `localspec run --no-spec -n 128` (scripts/bench_threads.py, 3 interleaved repeats, tok/s medians):
-#                        libgomp default   GOMP_SPINCOUNT=3000   active   passive (llama-bench)
-#   idle, controller           192.4              186.5           192.2      53 (vs 206 default)
-#   2 hogs, controller         117.8              106.5           102.6
-#   2 hogs, -t 2 pinned         17.7               48.7
-# Passive (sleep at once) makes every barrier a futex wake-up. The long default spin is ruinous only when the
-# threads of a decode outnumber the free cores (-t 2 among two hogs): the thread controller never runs so once
-# the CPU meter says busy, so localspec sets nothing and libgomp's default, the fastest idle and busy, stays.
-# An earlier localspec set GOMP_SPINCOUNT=3000, measured before the meter existed, when busy rounds still ran
-# at 2 threads.
+# OpenMP: libgomp's long default spin hurts only when a decode's threads outnumber the free cores, which the thread
+# controller avoids once the CPU meter says busy, so localspec sets nothing (docs/bench/threads.md, "OpenMP").
 
 
 def openmp_settings() -> dict[str, str | None]:

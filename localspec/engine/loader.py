@@ -46,8 +46,7 @@ class EngineSpec:
     p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
     lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
     k_max_lookup: int = 32  # with lookup and k_max left at its default: a strong match may draft this far
-    # (calibration times v(γ) that far too: costs.timed_gammas). 63 measured no faster: Gemma-3-270M's 64-row
-    # verify rounds took 244-386 ms in the loop against 110-183 for 32 rows, and a 128-token answer drafts in ~8 rounds
+    # (calibration times v(γ) that far too); 63 was no faster (docs/bench/lookup.md, "How far a strong match ...")
 
 
 def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:

@@ -1,24 +1,23 @@
 """Load-time calibration: what this model costs on this machine, measured within a hard time budget and cached.
 
 At load the engine needs priors for its two controllers: the γ controller's v(γ), t1 and c, and the thread
-controller's step time per thread count and phase. Measuring them takes a few hundred decodes; on a busy
-machine that took 24–30 s per start, so:
+controller's step time per thread count and phase. Measuring them takes a few hundred decodes, tens of
+seconds on a busy machine (docs/bench/calibration.md), so:
 
 - measurement (all of it in localspec/costs.py) is done most useful first: the target's step per thread count,
   the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention on/off; a stage
   that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode), except v(γ)
-  when the controller drafts adaptively: it is timed in full however long that takes (1.5-3.5 s at k_max 32 on
-  a 2-core CPU, once: the entry is cached), because every decision rests on it;
+  when the controller drafts adaptively: it is timed in full however long that takes (once: the
+  entry is cached), because every decision rests on it;
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
   version and CPU features, OpenMP settings) + the load options that change costs, so the next start measures
   nothing;
 - a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
 - an entry remembers how busy the machine was while it measured (`others`: cores other programs used, from
   the CPU meter). Step times per thread count measured on a busy machine say "1 thread" and would keep an
-  idle machine at half speed, and v(γ) was timed at that start's thread count (a busy start's free cores:
-  Gemma-3-270M's v(7) is 7.0 at 1 thread against 4.0 at 2, and 13-21 when pinned to 2 threads beside a busy
-  neighbour), so a quiet start measures both again; a busier start keeps the entry (the thread controller
-  drops to the free cores at its first meter reading). Anything else stale is corrected online by the
+  idle machine at half speed, and v(γ) was timed at that start's thread count (a busy start's free cores), so
+  a quiet start measures both again; a busier start keeps the entry (the thread controller drops to the free
+  cores at its first meter reading). Anything else stale is corrected online by the
   controllers, which start from these priors and follow what the rounds measure.
 """
 
@@ -40,10 +39,8 @@ from .threads import ThreadControl, candidates, preferred
 SCHEMA = 5  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
 # 4: v(γ) timed at V_DEPTH; 5: v(γ) the smallest ratio to the plain rounds beside each round (costs._verify_ratios)
 CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
-# v(γ) is timed this deep: the prompts speculation pays on (a pasted document, a file to edit) are hundreds of
-# tokens, and a verify batch's attention grows with them. Timed at 16, the real verify rounds of the benchmark
-# prompts (150-700 tokens) cost 1.04-1.11x what v predicted (both shipped models), at 256 1.00x (SmolLM2-135M).
-# 128: the prefill before it is paid at a first start, and on a busy machine 256 tokens took ~2.5 s of it
+# v(γ) is timed this deep: the prompts speculation pays on are hundreds of tokens, and a verify batch's attention
+# grows with them; not deeper, because a first start pays the prefill (docs/bench/calibration.md, "128 tokens deep")
 V_DEPTH = 128
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 MIN_LEFT = 0.1  # a later stage starts only with this share of the budget left

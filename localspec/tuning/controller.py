@@ -143,8 +143,9 @@ class Adaptive:
     def _learn_v(self, d: int, r: float) -> bool:
         """Learn from a verify round of d drafts that cost r plain rounds. The calibration is one moment's
         measurement at one depth: taken while something else ran, it is off at every γ alike (a stale curve made
-        drafts that did not pay: docs/bench/lookup.md, "When a source starts, stops and is probed"). So every round moves a shared factor (v_scale) and, slowly, its own γ's point; True when
-        the curve moved enough that every source's decision is due again."""
+        drafts that did not pay: docs/bench/lookup.md, "When a source starts, stops and is probed"). So every
+        round moves a shared factor (v_scale) and, slowly, its own γ's point; True when the curve moved
+        enough that every source's decision is due again."""
         r = min(max(r, 1.0), 2 * self._v[d])  # one noisy round moves v(d) by at most a factor of 2; never < 1 row
         f = min(max(r / self._v[d], 1 / self.SCALE_STEP), self.SCALE_STEP)
         self.v_scale = min(max(self.v_scale * f ** self.SCALE_WEIGHT, 0.5), 2.0)

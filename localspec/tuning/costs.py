@@ -95,11 +95,10 @@ def timed_decode(model: Model, tokens: Sequence[int], rows: int) -> float:
 def timed_round(model: Model, tokens: Sequence[int]) -> float:
     """Seconds of a verify round of len(tokens) rows as the loop runs it among plain rounds, and of the plain
     round after it. llama.cpp keeps the compute graph of the last decode and reuses it for a batch of the same
-    shape, so a one-row decode after a one-row decode skips building its graph (measured: SmolLM2-135M 5.1 ms
-    against 5.7 after a batch of another size, Gemma-3-270M 9.7 against 9.9), while a verify round builds its own
-    and makes the next plain round build one again. One row (γ = 0) is a plain round. Every call ends on a
-    one-row decode, so in a sequence of them (`measure`'s interleaved timers) each starts from a one-row graph,
-    as a round of the loop does. Everything is rewound."""
+    shape, so a one-row decode after a one-row decode skips building its graph (docs/bench/calibration.md),
+    while a verify round builds its own and makes the next plain round build one again. One row (γ = 0) is a
+    plain round. Every call ends on a one-row decode, so in a sequence of them (`measure`'s interleaved timers)
+    each starts from a one-row graph, as a round of the loop does. Everything is rewound."""
     base = model.n_past
     t0 = time.perf_counter()
     try:
@@ -152,12 +151,9 @@ COARSE_FROM, COARSE_TILE = 32, 16  # past 32 rows, only where γ + 1 fills a til
 def timed_gammas(k_max: int) -> list[int]:
     """The γ whose verify pass `measure` times. Past DENSE_TO only those whose γ + 1 rows are a multiple of TILE,
     and k_max: llama.cpp's CPU matrix kernels take rows in tiles of 4, and a batch that fills its last tile costs
-    less than one row fewer (measured, v(γ) on 2 cores: Gemma-3-270M Q4_K_M v(7) 3.7 against v(6) 5.2 and v(8)
-    5.0, v(15) 5.1 against v(16) 6.6, v(31) 9.2 against v(32) 10.5; SmolLM2-135M Q4_1 v(7) = v(6) 4.7, v(15) 8.0
-    against v(16) 8.8). The controller drafts only timed lengths (`Costs.timed`), so it lands on those dips and
-    never on an interpolated γ. Long drafts need v measured where they are: extrapolated from γ ≤ 8, Gemma-3-270M
-    was taken for 1.6x dearer than it is at γ = 32 and the controller cut its copies short. Past 32 rows (a copy
-    that has run on, a loop) coarser, every 16: each such round costs 10-20 target steps to time."""
+    less than one row fewer. The controller drafts only timed lengths (`Costs.timed`), so it lands on those dips and
+    never on an interpolated γ; long drafts need v measured where they are, not extrapolated. Past 32 rows (a copy
+    that has run on, a loop) coarser, every 16: such rounds are dear to time (docs/bench/calibration.md)."""
     dense = set(range(min(k_max, DENSE_TO) + 1))
     tiles = {g for g in range(DENSE_TO + 1, k_max + 1)
              if (g + 1) % (TILE if g < COARSE_FROM else COARSE_TILE) == 0}
@@ -215,11 +211,9 @@ def _verify_ratios(target: Model, follow: Sequence[int], gammas: Sequence[int], 
                    deadline: Deadline | None) -> tuple[float, dict[int, float]]:
     """t1 (the fastest plain round) and, per γ, the smallest over `repeats` of a verify round's time (`timed_round`:
     with the plain round after it) over the faster of the plain rounds timed just before and just after it. The
-    machine's speed drifts by 10-25 % over seconds (a VM's neighbours, clock changes): a minimum of t1 and one of
-    each t(γ), taken a second apart, divide one moment by another (SmolLM2-135M's v(7) came out 4.7-6.4 over
-    back-to-back calibrations), while a round and the plain rounds beside it see one moment (Gemma-3-270M's v(7)
-    4.13-4.34 over four, smallest of two). The smallest, because a stall lands in one round and inflates its
-    ratio (single ratios of 9.6 and 12.4 where the others said 2.3 and 5.6). Stops at the deadline once every γ
+    machine's speed drifts over seconds: a minimum of t1 and one of each t(γ), taken a second apart, divide one
+    moment by another, while a round and the plain rounds beside it see one moment. The smallest, because a stall
+    lands in one round and inflates its ratio (docs/bench/calibration.md). Stops at the deadline once every γ
     has a ratio; a hard one raises `OutOfTime` before that."""
     ratios: dict[int, list[float]] = {g: [] for g in gammas}
     t1 = before = timed_round(target, follow[:1])
