@@ -188,7 +188,7 @@ phase1() {
     # .tcss and .jsonl files go in); localspec cannot start without it: put it in and say so in the report
     cp localspec/*.toml "$SITE/localspec/"; note wheel_lacks_models_toml=1
   fi
-  (cd "$WORK" && "$PY" -c "import localspec.registry as r; assert r.__file__.startswith('$SITE'); r.load_registry()") \
+  (cd "$WORK" && "$PY" -c "import localspec.models.registry as r; assert r.__file__.startswith('$SITE'); r.load_registry()") \
     || fail "the installed localspec cannot read its registry"
   localspec --version
   [ "$(command -v localspec)" = "$SITE/bin/localspec" ] || fail "localspec on PATH is not the installed one"

@@ -14,7 +14,7 @@ numerics). A round that drafts d tokens costs v(d) single-token steps (the model
 
 `--replay` runs localspec's own `PromptLookup` with the default adaptive controller (fed the rounds it would see),
 a re-implementation of llama.cpp's ngram-cache drafting rule, and the rules named in `RULES` ("localspec-verbatim":
-without reindented copies); it loads each recorded model again for its indentation tokens (localspec/reindent.py).
+without reindented copies); it loads each recorded model again for its indentation tokens (localspec/spec/reindent.py).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ EP="127.0.0.1:$PORT"
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
-  python -c "from localspec.rpc import probe, parse_endpoint; probe(parse_endpoint('$EP'), 1.0)" 2>/dev/null && break
+  python -c "from localspec.models.rpc import probe, parse_endpoint; probe(parse_endpoint('$EP'), 1.0)" 2>/dev/null && break
   sleep 0.1
 done
 

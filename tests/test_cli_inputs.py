@@ -145,12 +145,12 @@ def run_argv(draw):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=run_argv(), stdin=st.binary(max_size=8))
 def test_no_option_or_prompt_source_reaches_a_traceback(argv, stdin, monkeypatch):
-    import localspec.loader
+    import localspec.engine.loader
 
     def refuse_to_load(*a, **k):
         raise Loaded()
 
-    monkeypatch.setattr(localspec.loader, "load_engine", refuse_to_load)
+    monkeypatch.setattr(localspec.engine.loader, "load_engine", refuse_to_load)
     r = CliRunner().invoke(main, ["run", *argv], input=stdin)
     if isinstance(r.exception, Loaded):
         return  # valid input: it reached the loader

@@ -1,4 +1,4 @@
-"""Cost measurement (localspec/costs.py) and load-time calibration (localspec/calibration.py) on the real
+"""Cost measurement (localspec/tuning/costs.py) and load-time calibration (localspec/tuning/calibration.py) on the real
 SmolLM2-135M: caches are left as found, thread counts are restored, the budget cuts measurement short, and the
 cache makes the second start measure nothing. Behaviour only; speed is measured by scripts/bench_threads.py."""
 

@@ -43,8 +43,8 @@ def test_run_writes_one_line_per_request(tmp_path, smollm2_path):
 CRASHER = r"""
 import sys, time
 from localspec.backend import LoadOptions
-from localspec.loader import EngineSpec, load_engine
-from localspec.metrics import MetricsLog, request_record
+from localspec.engine.loader import EngineSpec, load_engine
+from localspec.engine.metrics import MetricsLog, request_record
 log = MetricsLog(sys.argv[2])
 engine = load_engine(EngineSpec(model=sys.argv[1], draft="lookup", n_ctx=512), log=lambda *a: None)
 last = None

@@ -1,4 +1,4 @@
-"""Reindented copies (localspec/reindent.py) on a made-up vocabulary: which tokens are indentation, the flat
+"""Reindented copies (localspec/spec/reindent.py) on a made-up vocabulary: which tokens are indentation, the flat
 index kept beside the context's, and drafts that carry a copy on at its own depth."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`localspec bench --from-log FILE`: acceptance on real traffic, from the metrics JSONL log of real sessions.
 
-The log (localspec/metrics.py) holds one JSON object per request. It is read defensively: lines that are not
+The log (localspec/engine/metrics.py) holds one JSON object per request. It is read defensively: lines that are not
 JSON objects, and fields that are missing or of the wrong type, are skipped and counted, never fatal.
 Rows pool draft_n / draft_n_accepted per (model, drafter, mode, k, task), and give the expected tokens per
 verify round E(α, k) the theory predicts from that α.

@@ -2,7 +2,7 @@
 (`response_format`, llama.cpp's `grammar` / `json_schema`, Ollama's `format`), and log-probabilities.
 
 They become `SamplingParams(logprobs=..., constraint=...)`; the constraint masks the target's and the drafter's
-rows alike (localspec/constrain.py), so speculation stays on and the output is exactly the constrained target
+rows alike (localspec/sampling/constrain.py), so speculation stays on and the output is exactly the constrained target
 distribution. Grammars run on llama.cpp's own engine; a schema or grammar it cannot use is a 400.
 """
 

@@ -4,7 +4,7 @@ At load the engine needs priors for its two controllers: the γ controller's v(�
 controller's step time per thread count and phase. Measuring them takes a few hundred decodes, tens of
 seconds on a busy machine (docs/bench/calibration.md), so:
 
-- measurement (all of it in localspec/costs.py) is done most useful first: the target's step per thread count,
+- measurement (all of it in localspec/tuning/costs.py) is done most useful first: the target's step per thread count,
   the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention on/off; a stage
   that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode), except v(γ)
   when the controller drafts adaptively: it is timed in full however long that takes (once: the

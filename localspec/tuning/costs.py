@@ -6,7 +6,7 @@
   than one (idle compute): a property of the model, quantization and hardware, so measured.
 - c: a drafter's step ÷ the target's step (per drafted token; prompt lookup's is tiny, not zero).
 - step time per thread count, per phase (a verify row, a drafter step, a prompt token): the prior of the thread
-  controller (localspec/threads.py).
+  controller (localspec/tuning/threads.py).
 
 Every timing appends a few tokens at the end of the cache and rewinds them, so the caches are left exactly as
 they were found. Repeats are interleaved across the things compared (thread counts, models) so a noisy
