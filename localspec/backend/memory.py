@@ -6,12 +6,8 @@ so every token pays a page walk per page. Transparent huge pages (2 MiB) cut tha
 no huge pages (the page cache is 4 KiB); memory llama.cpp allocates and reads the file into can, when the
 kernel's transparent huge pages are `madvise` or `always` (most distributions: `madvise`).
 
-Measured (2-core AMD EPYC VM, `localspec run --no-spec`, 128 tokens, separate processes in rotation; the table
-in docs/bench/threads.md): SmolLM2-135M Q4_1 +2-7 %, Gemma-3-270M Q4_K_M +2-7 % (its 262k-row embedding, the
-output layer, is the largest tensor and stays in the file mapping under mmap even though llama.cpp repacks the
-other weights into its own buffers). Reading instead of mapping costs load time: the file is read (page cache:
-~0.1 s per 250 MB) and, on a VM whose host takes back freed guest memory, every fresh 2 MiB page is a host
-fault (~2 ms each here: +0.02-0.2 s a load for SmolLM2, +0.5 s for Gemma); on a desktop it is the read alone.
+It gains a few per cent a token on both shipped models; reading instead of mapping costs load time (the file is
+read, and on a VM each fresh 2 MiB page may fault in slowly): docs/bench/threads.md, "Latest round".
 
 So where the weights run on the CPU, the kernel offers huge pages and the file is small next to the memory
 available (a quarter, so a page-cache copy and the model fit twice over), localspec asks llama.cpp to read

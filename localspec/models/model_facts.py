@@ -53,10 +53,7 @@ def _quant(h: GGUFHeader) -> str | None:
 # Q5_0, IQ4_NL) takes them, in the llama.cpp that llama-cpp-python 0.3.36 vendors; only an Intel AMX build
 # (ggml-cpu/amx) and SpacemiT's RISC-V kernels have a batched one, so on x86 desktops and ARM none. A verify round of
 # n rows then costs about n times a row's compute, where a batched kernel shares the work of loading and unpacking
-# each block of weights. Measured (scripts/verify_rows.py with several files, 2 cores, depth 512, fastest of 15
-# in turn): SmolLM2-135M's shipped Q4_1 file, each row after the first of a 4-32-row round 5.7-6.6 ms, against
-# 3.3-3.7 ms for a Q4_0, 4.1-4.6 for a Q4_K_M and 3.8-4.6 for a Q8_0 file requantized from it (its one-row step
-# 13.1 ms against 10.7, 13.1 and 13.0).
+# each block of weights (timed: docs/bench/lookup.md, "What a verify row costs").
 ROW_BY_ROW = ("Q4_1", "Q5_1")
 
 

@@ -97,9 +97,7 @@ def _through_eog(target: Target, draft: Draft) -> Draft:
     (accepted, it ends the answer; rejected, the round ends there), so those verify rows would be computed for
     nothing, and dropping them changes no output, sampled or greedy. A copy from the prompt runs into the chat
     template where a pasted document or code block ends the user's message (`<|im_end|>`, `<|im_start|>assistant`,
-    the answer's start): in SmolLM2-135M's greedy answers to the benchmark's copy-heavy prompts (three a task), 9
-    rows in 2 drafts (rename) and 12 in 2 (rewrite), ~3 % of their verify rows; none in Gemma-3-270M's (no
-    template)."""
+    the answer's start; counted in docs/bench/lookup.md, "Latest round")."""
     for i, t in enumerate(draft.tokens[:-1]):
         if target.is_eog(t):
             q = draft.probs

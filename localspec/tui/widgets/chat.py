@@ -96,8 +96,8 @@ class Chat(Vertical):
     async def regenerate(self, *, spec: bool) -> bool:
         """Answer the last message again (LM Studio's and Open WebUI's "regenerate"): its answer leaves the log,
         the history and the saved chat. The engine's cross-request cache keeps it, but at the chat's sampling a
-        new answer soon goes its own way (measured, regenerating a summary 8 times at temp 0.8: 1-3 % of its
-        tokens came from drafts, with the cache or without). False: no answer to replace (none yet, one being
+        new answer soon goes its own way (docs/bench/lookup.md, "Match buckets and the cache").
+        False: no answer to replace (none yet, one being
         written, one that failed)."""
         log = self.query_one("#log", VerticalScroll)
         last = log.children[-1] if log.children else None
