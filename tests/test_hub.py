@@ -136,6 +136,7 @@ def fake_hub(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # the client reads it at import
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # the client writes whole DOWNLOAD_CHUNK_SIZE chunks (10 MB) and drops a partial one when the connection
     # breaks; small chunks put the resume point exactly at a cut in these small files
@@ -277,6 +278,7 @@ def test_offline_run_uses_the_pulled_file_and_opens_no_socket(fake_hub, smollm2_
     assert len(fake_hub.ranges(name)) == 2 and "sha256 verified" in r.output
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # as the client read it at import
     block_sockets(monkeypatch)
     run = CliRunner().invoke(main, ["run", "Hello", "-m", f"{repo}:Q4_1", "-n", "4", "--ctx", "256", "--json"])
     assert run.exit_code == 0, run.output

@@ -1,25 +1,30 @@
 """Hugging Face hub models: pick GGUF files by quant tag, pull them into the hub cache, find them offline.
 
-Pulling uses the real huggingface-hub client (HEAD for etag/size/commit, ranged GET, its progress bar) but keeps
-the partial download under our own name, `blobs/<etag>.localspec.part`, so an interrupted pull - a dropped
-connection or a killed process - resumes where it stopped (huggingface-hub >= 1.x deletes its own partial
-files). The finished blob is checked against the hub's sha256 (LFS) or git sha1 before it enters the cache;
-then `hf_hub_download` links it into `snapshots/` exactly as if it had downloaded it.
+The cache is huggingface-hub's, read and written through its public API only: `scan_cache_dir` lists what a
+revision holds, `try_to_load_from_cache` finds one file, `hf_hub_download` places files and writes the ref, its
+`dry_run` names where a file goes. Finding a pulled file never opens a socket, so `run`, `chat` and `serve` work
+offline; HF_HUB_OFFLINE is the client's own switch (`is_offline_mode`, read when it is imported).
 
-Finding a pulled file reads only the cache (`refs/`, `snapshots/`): it never opens a socket, so `run`, `chat`
-and `serve` work offline. Settings are read from the environment at call time (HF_ENDPOINT, HF_HUB_CACHE,
-HF_HOME, HF_HUB_OFFLINE), not at import time as huggingface-hub does.
+One thing the client does not do: since 1.x it deletes its partial file when a download fails, and a GGUF is
+gigabytes. So a pull fetches the bytes itself, on the client's HTTP session with its headers and progress bar,
+into `<hub cache>/.localspec-downloads/<etag>.localspec.part`, resumes there after a dropped connection or a
+killed process, checks sha256 (LFS) or git sha1 against the etag, and only then moves the file to the place
+`hf_hub_download(dry_run=True)` names. Xet-stored files go to `hf_hub_download` whole (hf_xet keeps its chunks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import re
+import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import LocalspecError
 
@@ -52,30 +57,6 @@ def parse_hub_spec(spec: str) -> HubRef:
     """'owner/repo' or 'owner/repo:Q4_K_M' -> HubRef."""
     repo, _, quant = spec.partition(":")
     return HubRef(repo, quant=quant or None)
-
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
-def is_offline() -> bool:
-    return _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
-
-
-def endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-
-
-def cache_root() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface" / "hub"
-
-
-def storage_folder(repo: str) -> Path:
-    return cache_root() / ("models--" + repo.replace("/", "--"))
 
 
 # -- choosing files (pure) ------------------------------------------------------------------------------------
@@ -121,32 +102,71 @@ def select_files(names: list[str], ref: HubRef) -> list[str]:
     return chosen
 
 
+# -- settings -------------------------------------------------------------------------------------------------
+
+def is_offline() -> bool:
+    """The client's offline switch, so that we refuse exactly when its own session would."""
+    from huggingface_hub import is_offline_mode
+
+    return is_offline_mode()
+
+
+def endpoint() -> str:
+    """HF_ENDPOINT as set now (it is passed to every call), else the client's default."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
+
+
+def cache_dir() -> str:
+    """HF_HUB_CACHE as set now (it is passed to every call), else the client's default."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
+
+
 # -- the cache (no network) -----------------------------------------------------------------------------------
 
-def cached_commit(repo: str, revision: str = "main") -> str | None:
-    if re.fullmatch(r"[0-9a-f]{40}", revision):
-        return revision
-    ref = storage_folder(repo) / "refs" / revision
-    return ref.read_text().strip() if ref.is_file() else None
+def _revisions(repo: str) -> list:
+    """The client's records (CachedRevisionInfo) of every cached revision of model repo `repo`."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        repos = scan_cache_dir(cache_dir()).repos
+    except CacheNotFound:
+        return []
+    return [v for r in repos if r.repo_id == repo and r.repo_type == "model" for v in r.revisions]
+
+
+def _files(rev) -> dict:
+    """Relative file name -> CachedFileInfo for one cached revision."""
+    return {f.file_path.relative_to(rev.snapshot_path).as_posix(): f for f in rev.files}
+
+
+def _cached(repo: str, revision: str) -> dict:
+    """Relative file name -> CachedFileInfo for every file of `repo` at a branch, tag or commit."""
+    rev = next((v for v in _revisions(repo) if revision in v.refs or v.commit_hash == revision), None)
+    return _files(rev) if rev is not None else {}
 
 
 def cached_files(repo: str, revision: str = "main") -> list[str]:
-    commit = cached_commit(repo, revision)
-    snap = storage_folder(repo) / "snapshots" / (commit or "-")
-    if not snap.is_dir():
-        return []
-    return sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file())
+    return sorted(_cached(repo, revision))
 
 
 def cached_path(ref: HubRef) -> Path | None:
     """The first (or only) file of `ref` in the hub cache, or None; reads only the disk."""
-    names = cached_files(ref.repo, ref.revision)
+    from huggingface_hub import try_to_load_from_cache
+
+    if ref.file:  # one name: no need to list the cache
+        found = try_to_load_from_cache(ref.repo, ref.file, cache_dir=cache_dir(), revision=ref.revision)
+        return Path(found) if isinstance(found, str) else None
+    files = _cached(ref.repo, ref.revision)
     try:
-        chosen = select_files(names, ref)
+        chosen = select_files(list(files), ref)
     except HubError:
         return None
-    snap = storage_folder(ref.repo) / "snapshots" / cached_commit(ref.repo, ref.revision)
-    return snap / chosen[0]
+    return files[chosen[0]].file_path
 
 
 # -- pulling --------------------------------------------------------------------------------------------------
@@ -187,32 +207,103 @@ def list_repo_files(repo: str, revision: str = "main") -> list[str]:
     return HfApi(endpoint=endpoint()).list_repo_files(repo, revision=revision)
 
 
-def _download(repo: str, filename: str, revision: str, log) -> Path:
-    """One file into the hub cache, resuming a previous partial download; returns the snapshot path."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
-    from huggingface_hub.file_download import http_get
+def _partial(etag: str) -> Path:
+    """Our resumable partial download: in the hub cache's folder (same disk as the file's final place)."""
+    return Path(cache_dir()) / ".localspec-downloads" / f"{etag}.localspec.part"
 
-    ep, cache = endpoint(), cache_root()
-    meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision, endpoint=ep), endpoint=ep)
-    blob = storage_folder(repo) / "blobs" / meta.etag
-    if not blob.exists() and meta.xet_file_data is None:
-        part = blob.with_name(meta.etag + ".localspec.part")
-        part.parent.mkdir(parents=True, exist_ok=True)
-        have = part.stat().st_size if part.exists() else 0
-        if have:
-            log(f"localspec: resuming {filename} at {have:,} of {meta.size or 0:,} bytes")
-        with part.open("r+b" if have else "wb") as f:
+
+def _is_transport_error(e: BaseException) -> bool:
+    """The client's transport errors (httpx/requests) have no common base we can import across versions."""
+    return type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2", "requests")
+
+
+def _get_range(url: str, part: Path, headers: dict, size: int | None, filename: str) -> None:
+    """One GET from the end of `part` to the end of the file, appended as the bytes arrive."""
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import hf_raise_for_status, tqdm
+
+    have = part.stat().st_size if part.exists() else 0
+    if size is not None and have >= size:
+        return
+    with get_session().stream("GET", url, headers={**headers, **({"Range": f"bytes={have}-"} if have else {})},
+                              follow_redirects=True) as r:
+        hf_raise_for_status(r)
+        if have and r.status_code == 200:  # the server ignored the range: start over
+            have = 0
+        with part.open("r+b" if have else "wb") as f, tqdm(total=size, initial=have, unit="B", unit_scale=True,
+                                                            desc=filename) as bar:
             f.seek(have)
-            http_get(meta.location, f, resume_size=have, expected_size=meta.size, displayed_filename=filename)
+            for chunk in r.iter_bytes():
+                f.write(chunk)
+                bar.update(len(chunk))
+
+
+def _fetch(meta, filename: str, log, *, tries: int = 5) -> Path:
+    """The file behind `meta` (HfFileMetadata) in our partial file, resumed across drops and runs, verified."""
+    from huggingface_hub.utils import build_hf_headers
+
+    part = _partial(meta.etag)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    if part.exists():
+        log(f"localspec: resuming {filename} at {part.stat().st_size:,} of {meta.size or 0:,} bytes")
+    headers = build_hf_headers()
+    if urlsplit(meta.location).netloc != urlsplit(endpoint()).netloc:
+        headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub, as the client does
+    for attempt in range(tries):
+        before = part.stat().st_size if part.exists() else 0
         try:
-            kind = verify_blob(part, meta.etag)
+            _get_range(meta.location, part, headers, meta.size, filename)
+            break
+        except Exception as e:
+            if not _is_transport_error(e) or attempt == tries - 1:
+                raise
+            if part.exists() and part.stat().st_size > before:
+                continue  # it moved: resume at once
+            time.sleep(min(2**attempt, 8))
+    try:
+        kind = verify_blob(part, meta.etag)
+    except HubError:
+        part.unlink(missing_ok=True)
+        raise
+    log(f"localspec: {filename}: {kind} verified")
+    return part
+
+
+def _reuse(repo: str, filename: str, meta, dst: Path, log) -> bool:
+    """Link the same file from another cached revision (a repo whose README changed) instead of fetching it."""
+    same = [f for rev in _revisions(repo) if (f := _files(rev).get(filename)) and f.size_on_disk == meta.size]
+    for f in same:
+        try:
+            kind = verify_blob(f.blob_path, meta.etag)
         except HubError:
-            part.unlink(missing_ok=True)
-            raise
-        log(f"localspec: {filename}: {kind} verified")
-        part.replace(blob)
-    # xet-stored files (hf_xet resumes by chunk) and the snapshot link: the client's own path
-    return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=str(cache), endpoint=ep))
+            continue
+        log(f"localspec: {filename}: the same file is cached for another revision ({kind} verified); linked")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f.blob_path, dst)
+        except OSError:
+            shutil.copyfile(f.blob_path, dst)
+        return True
+    return False
+
+
+def _download(repo: str, filename: str, revision: str, log) -> Path:
+    """One file into the hub cache; returns its path there (the client's own, with the revision's ref)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+
+    ep, cache = endpoint(), cache_dir()
+    where = dict(revision=revision, cache_dir=cache, endpoint=ep)
+    meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision, endpoint=ep), endpoint=ep)
+    cached = try_to_load_from_cache(repo, filename, cache_dir=cache, revision=meta.commit_hash)
+    if not isinstance(cached, str) and meta.xet_file_data is None:
+        dst = Path(hf_hub_download(repo, filename, dry_run=True, **where).local_path)
+        if not _reuse(repo, filename, meta, dst, log):
+            part = _fetch(meta, filename, log)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(part, dst)
+            with contextlib.suppress(OSError):
+                part.parent.rmdir()  # only when no other partial download waits there
+    return Path(hf_hub_download(repo, filename, **where))
 
 
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -273,8 +364,8 @@ def _pull(ref: HubRef, log) -> Path:
         raise HubError(f"{ref.repo}: {str(e).splitlines()[0]}; run the pull again (it resumes)") from None
     except OSError as e:
         raise HubError(f"{ref.repo}: download failed ({e}); run the pull again to resume") from None
-    except Exception as e:  # the client's transport errors (httpx/requests) carry no common base we can import
-        if type(e).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore", "httpcore2", "requests"):
+    except Exception as e:
+        if not _is_transport_error(e):
             raise
         raise HubError(f"cannot reach {endpoint()} ({e}); check the network or HF_ENDPOINT, then run the pull "
                        "again (it resumes)") from None
@@ -282,20 +373,16 @@ def _pull(ref: HubRef, log) -> Path:
 
 
 def remove(ref: HubRef) -> list[Path]:
-    """Delete the cached files of `ref` (snapshot links and their blobs); returns what was removed."""
-    names = cached_files(ref.repo, ref.revision)
+    """Delete the cached files of `ref` and their blobs (a blob another cached file still uses stays)."""
+    files = _cached(ref.repo, ref.revision)
     try:
-        chosen = select_files(names, ref)
+        chosen = select_files(list(files), ref)
     except HubError:
         return []
-    snap = storage_folder(ref.repo) / "snapshots" / cached_commit(ref.repo, ref.revision)
-    removed = []
-    for name in chosen:
-        link = snap / name
-        target = link.resolve()
-        link.unlink()
-        removed.append(link)
-        if target != link and target.exists():
-            target.unlink()
-    return removed
-
+    gone = [files[name] for name in chosen]
+    kept = {f.blob_path for rev in _revisions(ref.repo) for f in rev.files} - {f.blob_path for f in gone}
+    for f in gone:
+        f.file_path.unlink()
+        if f.blob_path != f.file_path and f.blob_path not in kept:
+            f.blob_path.unlink(missing_ok=True)
+    return [f.file_path for f in gone]
