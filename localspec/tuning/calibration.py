@@ -226,9 +226,9 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
 def _counts_now(cores: int, others: float | None) -> list[int] | None:
     """The thread counts to time: all candidates (None), but on a busy machine none above its free cores. A
     decode at 2 threads among two CPU-bound neighbours on 2 cores waits at every barrier for a preempted thread
-    (one such decode took up to a second), so timing it made a busy first start take 2.4-5.3 s on its thread
-    stage alone; the thread controller never uses more than the free cores there either, and a quiet start
-    times the rest (`measured_busier`)."""
+    (docs/bench/calibration.md, "A busy start"), so timing it would make a busy first start slow; the thread
+    controller never uses more than the free cores there either, and a quiet start times the rest
+    (`measured_busier`)."""
     if others is None or others < ThreadControl.BUSY_AT:
         return None
     return [n for n in candidates(cores) if n <= free_cores(cores, others)]
