@@ -62,7 +62,7 @@ class Warped:
     def sample(self, rng: np.random.Generator, row: int = 0) -> int:
         """Draw one token from row `row`: one `rng.random()`, the inverse CDF at it (`pick`). Plain decoding and
         every verify row draw this way, one call per emitted position, so a seed gives one text whatever the
-        drafts (docs/sampling.md, "One seed, one text")."""
+        drafts (docs/sampling.md, "Which rule runs when")."""
         return self.pick(row, rng.random())
 
     def pick(self, row: int, u: float) -> int:

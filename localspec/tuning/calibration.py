@@ -226,7 +226,7 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
 def _counts_now(cores: int, others: float | None) -> list[int] | None:
     """The thread counts to time: all candidates (None), but on a busy machine none above its free cores. A
     decode at 2 threads among two CPU-bound neighbours on 2 cores waits at every barrier for a preempted thread
-    (docs/bench/calibration.md, "A busy start"), so timing it would make a busy first start slow; the thread
+    (docs/bench/calibration.md, "a busy start"), so timing it would make a busy first start slow; the thread
     controller never uses more than the free cores there either, and a quiet start times the rest
     (`measured_busier`)."""
     if others is None or others < ThreadControl.BUSY_AT:
