@@ -88,8 +88,8 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
               help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
 @friendly_errors
 def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeat_penalty,
-          repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, repack, seed, busy, json_file, md_file, plot_file, note,
-          log_file):
+          repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, repack, seed, busy, json_file, md_file, plot_file,
+          note, log_file):
     """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
 
     \b
@@ -178,7 +178,7 @@ def _progress(bar, total: int):
 
 def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
     from ..bench.runner import TargetSpec
-    from ..models.pairing import check_pair
+    from ..engine.loader import pair_problems
     from ..models.registry import load_registry, resolve_model
 
     quiet = log_err
@@ -214,7 +214,7 @@ def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
         for name, s in specs.items():
             if drf.path == s["path"]:
                 continue
-            reasons = check_pair(s["path"], drf.path)
+            reasons = pair_problems(s["path"], drf.path)
             if reasons:
                 log_err(f"bench: {drf.name} cannot draft for {name} ({reasons[0]}); skipped for that target")
                 continue

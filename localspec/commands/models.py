@@ -206,10 +206,10 @@ def _print_device(d: dict) -> None:
 @friendly_errors
 def check(target: str, drafter: str, as_json: bool) -> None:
     """Can DRAFTER draft for TARGET? llama.cpp's tokenizer rule; prints every failing rule (exit 2 if any)."""
-    from ..models.pairing import check_pair
+    from ..engine.loader import pair_problems
 
     t, d = _local_path(target), _local_path(drafter)
-    reasons = check_pair(t.path, d.path)
+    reasons = pair_problems(t.path, d.path)
     if as_json:
         click.echo(json.dumps({"target": t.name, "drafter": d.name, "compatible": not reasons, "reasons": reasons}))
     elif reasons:

@@ -1,11 +1,14 @@
-"""From command-line choices to a ready `Engine`: resolve names, check the pair, load both models.
+"""From command-line choices to a ready `Engine`: resolve names, check the pair, load both models, assemble.
 
-Shared by `run`, `chat`, `serve` and `bench`, so every front end refuses a bad pair the same way.
+The one way to build an engine: `run`, `chat` and `serve` call `load_engine`; `bench` loads each target once and
+builds every row's Engine with `assemble`, so its "auto" row is the shipped default. Every front end refuses a
+bad pair with `check_drafter`'s words.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..backend import LoadOptions, Model, add_rpc_servers, in_own_thread
 from ..backend.machine import CpuMeter
@@ -104,36 +107,63 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
     n_ctx = context_length(spec, target_ref)
     ngl = spec.ngl if spec.ngl is not None else _entry_ngl(target_ref.entry, 0)
     opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=ngl, verbose=spec.verbose)
-    drafter: Drafter | None = None
     draft_model: Model | None = None
     if draft not in (LOOKUP, NO_DRAFTER):
         draft_ref = resolve_model(draft, log=log)
-        reasons = check_pair(target_ref.path, draft_ref.path)
-        if reasons:
-            raise IncompatibleDrafter(f"drafter {draft_ref.name} cannot draft for {target_ref.name}: "
-                                      + "; ".join(reasons) + " (pick a drafter with the same tokenizer, or --lookup)")
+        check_drafter(target_ref.path, draft_ref.path, target_name=target_ref.name, drafter_name=draft_ref.name)
         if spec.n_ctx:
             check_context(draft_ref.path, draft_ref.name, n_ctx, spec.load)
         ngl_d = spec.ngl_draft if spec.ngl_draft is not None else _draft_ngl(spec, target_ref.name, draft_ref, ngl)
         draft_model = Model.load(draft_ref.path, replace(opts.local(), n_gpu_layers=ngl_d))  # stays local
-        drafter = ModelDrafter(draft_model, p_min=spec.p_min)
         draft = draft_ref.name
     target = Model.load(target_ref.path, opts)
     for m in (target, draft_model):
         if m is not None:
             tell_fast_path(m, log)
+    template = target_ref.entry.chat_template if target_ref.entry else None
+    return assemble(replace(spec, draft=draft), target, draft_model, name=target_ref.name, template=template, k=k,
+                    meter=meter, controller=controller)
+
+
+def assemble(spec: EngineSpec, target: Model, draft_model: Model | None = None, *, name: str = "",
+             template: str | None = None, k: int = DEFAULT_K, meter: CpuMeter | None = None,
+             controller: Controller | None = None) -> Engine:
+    """The Engine over models already loaded: drafter, calibration, γ controller and thread control, built the
+    one way every front end gets them (`load_engine`, and the bench, which loads a target once for all its
+    rows). `spec.draft` is resolved here: LOOKUP, NO_DRAFTER, or the name of `draft_model`. FixedK's γ is
+    `spec.k`, else `k` (the registry pair's)."""
+    k = spec.k if spec.k is not None else k
+    draft = spec.draft or NO_DRAFTER
+    drafter: Drafter | None = None
     if draft == LOOKUP:
         drafter = make_lookup(spec, target)
-    elif drafter is not None and spec.hybrid:
-        drafter = HybridDrafter(make_lookup(spec, target), drafter)
-        draft = f"{LOOKUP}+{draft}"
+    elif draft != NO_DRAFTER:
+        if draft_model is None:
+            raise ValueError(f"drafter {draft} needs its loaded model")
+        model = ModelDrafter(draft_model, p_min=spec.p_min)
+        drafter = HybridDrafter(make_lookup(spec, target), model) if spec.hybrid else model
+        draft = f"{LOOKUP}+{draft}" if spec.hybrid else draft
     cal = load_calibration(spec, target, drafter, draft_model, meter)
     if controller is None and drafter is not None:
         controller = make_controller(spec, k, drafter, cal)
-    template = target_ref.entry.chat_template if target_ref.entry else None
-    return Engine(target, drafter, controller=controller, name=target_ref.name,
+    return Engine(target, drafter, controller=controller, name=name,
                   drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
                   threads=make_threads(spec, target, draft_model, cal, meter))
+
+
+def pair_problems(target: str | Path, drafter: str | Path) -> list[str]:
+    """Every rule of llama.cpp's drafter/target compatibility the pair breaks (empty: it can draft)."""
+    return check_pair(target, drafter)
+
+
+def check_drafter(target: str | Path, drafter: str | Path, *, target_name: str = "",
+                  drafter_name: str = "") -> None:
+    """Refuse a drafter that cannot draft for the target, in the one wording every front end uses."""
+    reasons = pair_problems(target, drafter)
+    if reasons:
+        raise IncompatibleDrafter(f"drafter {drafter_name or Path(drafter).name} cannot draft for "
+                                  f"{target_name or Path(target).name}: " + "; ".join(reasons)
+                                  + " (pick a drafter with the same tokenizer, or --lookup)")
 
 
 _told: set[str] = set()
