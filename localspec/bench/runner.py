@@ -1,7 +1,10 @@
 """Run the bench: plain decoding and every speculative configuration on the same prompts, interleaved.
 
 One loaded target per model is shared by all its configurations (plain, prompt lookup, each model drafter,
-each k), so they differ only in the drafter and k. Configurations are interleaved prompt by prompt, in an order
+each k), so they differ only in the drafter and k. Every configuration's Engine comes from the loader's
+`assemble`, the way `run`, `chat` and `serve` build theirs: a k row is that engine with γ pinned (FixedK), and
+the "auto" row is the shipped default (adaptive, the default k range, the drafter's priors, the lookup's
+SuffixCache, the load-time calibration). Configurations are interleaved prompt by prompt, in an order
 rotated per prompt, to cancel machine drift; every run starts from an empty KV cache so TTFT includes the
 prompt. A short warm-up runs every configuration once before anything is timed. Costs (c, v(γ)) are measured
 after the warm-up and again at the end, and averaged.
@@ -14,22 +17,22 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..backend import LoadOptions, Model
+from ..backend.machine import CpuMeter
+from ..engine.loader import EngineSpec, assemble, check_drafter
 from ..engine.session import Engine
-from ..errors import IncompatibleDrafter
 from ..models import LOOKUP
-from ..models.pairing import check_pair
 from ..sampling.params import SamplingParams
-from ..spec.drafters import ModelDrafter, PromptLookup
-from ..spec.reindent import Indents
-from ..spec.types import NO_DRAFTER, Controller
-from ..tuning.controller import DEFAULT_K, Adaptive, FixedK
-from ..tuning.costs import Costs, measure, merge, with_c
-from ..tuning.threads import ThreadControl
+from ..spec.drafters import PromptLookup
+from ..spec.suffix import SuffixCache
+from ..spec.types import NO_DRAFTER, Drafter
+from ..tuning.costs import Costs, measure, merge
 from .agreement import Agreement, compare
 from .tasks import Prompt
 
 AUTO = "auto"
-AUTO_K_MAX = 8
+# the report's v(γ) reaches the default adaptive range (a model drafter's auto row; lookup's may draft longer, on
+# its own calibration): the table's predicted best k is chosen from it
+REPORT_K_MAX = EngineSpec.k_max
 PLAIN = NO_DRAFTER  # the plain-decoding configuration
 
 
@@ -114,16 +117,20 @@ class TargetResult:
     chat_template: bool
 
 
-def make_adaptive(source: str, costs: Costs, k_max: int = AUTO_K_MAX) -> Controller:
-    """An adaptive controller seeded with this run's measured v(γ), t1 and c (instead of its own calibration)."""
-    return Adaptive(sources=(source,), k_max=k_max, t1=costs.t1, c={source: costs.c.get(source, 0.0)}, v=costs.v,
-                    gammas=costs.timed)
-
-
 def configs_for(spec: TargetSpec, plan: Plan) -> list[Config]:
     ks: list[int | str] = list(plan.ks) + ([AUTO] if plan.auto else [])
     drafters = ([LOOKUP] if spec.lookup else []) + [label for label, _ in spec.drafters]
     return [Config(PLAIN, 0)] + [Config(d, k) for d in drafters for k in ks]
+
+
+def row_spec(cfg: Config, plan: Plan) -> EngineSpec:
+    """What a row runs, said as `run` would be told it: no drafter, a drafter with γ pinned (`--k N
+    --no-adaptive`), or AUTO: the drafter with every other option at the default `run` ships."""
+    if cfg.drafter == PLAIN:
+        return EngineSpec(draft=NO_DRAFTER, threads=plan.threads)
+    if cfg.k == AUTO:
+        return EngineSpec(draft=cfg.drafter, threads=plan.threads)
+    return EngineSpec(draft=cfg.drafter, k=int(cfg.k), adaptive=False, threads=plan.threads)
 
 
 def count_runs(plan: Plan) -> int:
@@ -139,28 +146,30 @@ def render_prompt(engine: Engine, p: Prompt) -> list[int]:
 
 
 class _Family:
-    """One loaded target and its drafters: an Engine per drafter, all sharing the target Model."""
+    """One loaded target and its drafter models, and an Engine per configuration over them, all sharing the
+    target Model (no file is loaded twice)."""
 
     def __init__(self, spec: TargetSpec, plan: Plan) -> None:
-        opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads, fast_path=plan.fast_path)
         for label, path in spec.drafters:
-            reasons = check_pair(spec.path, path)
-            if reasons:
-                raise IncompatibleDrafter(f"drafter {label} cannot draft for {spec.label}: " + "; ".join(reasons)
-                                          + " (pick a drafter with the same tokenizer, or --lookup)")
+            check_drafter(spec.path, path, target_name=spec.label, drafter_name=label)
+        meter = CpuMeter()  # as load_engine: started before the models load, shared by every row's controllers
+        opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads, fast_path=plan.fast_path)
         self.models: list[Model] = []
-        self.target = self._load(spec.path, opts)
-        self.draft_models = {label: self._load(path, opts) for label, path in spec.drafters}
-        thr = lambda draft=None: (ThreadControl.pinned(self.target, draft, plan.threads)  # noqa: E731
-                                  if plan.threads else ThreadControl(self.target, draft))
-        self.engines: dict[str, Engine] = {PLAIN: Engine(self.target, None, name=spec.label, threads=thr())}
-        if spec.lookup:
-            self.engines[LOOKUP] = Engine(self.target, PromptLookup(indents=Indents.of(self.target)), name=spec.label,
-                                          drafter_name=LOOKUP, threads=thr())
-        for label, m in self.draft_models.items():
-            self.engines[label] = Engine(self.target, ModelDrafter(m), name=spec.label, drafter_name=label,
-                                         threads=thr(m))
-        self.auto: dict[str, Controller] = {}  # drafter -> adaptive controller, made once costs are measured
+        try:
+            self.target = self._load(spec.path, opts)
+            self.draft_models = {label: self._load(path, opts) for label, path in spec.drafters}
+            # each row calibrates as `run` would (cached per model, machine and k range: a first bench pays it)
+            self.engines: dict[Config, Engine] = {
+                cfg: assemble(row_spec(cfg, plan), self.target, self.draft_models.get(cfg.drafter),
+                              name=spec.label, meter=meter)
+                for cfg in configs_for(spec, plan)}
+        except BaseException:  # a failed load or Ctrl-C: free what is loaded
+            self.close()
+            raise
+
+    @property
+    def plain(self) -> Engine:
+        return self.engines[Config(PLAIN, 0)]
 
     def _load(self, path: Path, opts: LoadOptions) -> Model:
         m = Model.load(path, opts)
@@ -168,34 +177,38 @@ class _Family:
         return m
 
     def reset(self) -> None:
-        """Empty every KV cache, so each run pays for its prompt (fair TTFT across configurations)."""
+        """Empty every KV cache, so each run pays for its prompt (fair TTFT across configurations), and what each
+        prompt lookup kept of earlier runs (`forget_requests`)."""
         for m in self.models:
             m.rewind(0)
+        for e in self.engines.values():
+            forget_requests(e.drafter)
 
     def close(self) -> None:
         for m in self.models:
             m.close()
 
 
-def _controller(fam: _Family, cfg: Config) -> Controller | None:
-    if cfg.drafter == PLAIN:
-        return None
-    if cfg.k == AUTO:  # before costs are measured (warm-up) the adaptive controller does not exist yet
-        return fam.auto.get(cfg.drafter) or FixedK(DEFAULT_K)
-    return FixedK(int(cfg.k))
+def forget_requests(drafter: Drafter | None) -> None:
+    """Empty a prompt lookup's index and its SuffixCache. The shipped cache fills across requests, as in a server;
+    the bench's runs are independent requests, and a repeat (or another temperature) of a prompt would find the
+    previous run's answer there and copy it: memory, not speculation. So every run starts as a first request."""
+    if isinstance(drafter, PromptLookup):
+        drafter.sync(())  # hands the index to the old cache, which is then dropped
+        if drafter.cache is not None:
+            drafter.cache = SuffixCache(drafter.cache.max_tokens, drafter.cache.min_doc)
 
 
 def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams, max_tokens: int,
             k_hist: int) -> tuple:
     """Generate once; returns the fields of `Run` that come from the generation."""
     fam.reset()
-    engine = fam.engines[cfg.drafter]
+    engine = fam.engines[cfg]
     hist = [0] * (k_hist + 1)
     out: list[int] = []
     last = None
     first: tuple[float, int] | None = None
-    for chunk in engine.generate(tokens, params=params, max_tokens=max_tokens, spec=cfg.drafter != PLAIN,
-                                 controller=_controller(fam, cfg)):
+    for chunk in engine.generate(tokens, params=params, max_tokens=max_tokens, spec=cfg.drafter != PLAIN):
         out.extend(chunk.step.tokens)
         if first is None:
             first = ((chunk.step.t_draft + chunk.step.t_verify) * 1e3, len(chunk.step.tokens))
@@ -220,6 +233,7 @@ def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: 
 
 def bench_target(spec: TargetSpec, plan: Plan, progress: Callable[[str], None] = lambda s: None,
                  log: Callable[[str], None] = lambda s: None) -> TargetResult:
+    log(f"bench: loading {spec.label}; each configuration calibrates as `localspec run` does (cached)")
     fam = _Family(spec, plan)
     try:
         return _bench_family(fam, spec, plan, progress, log)
@@ -228,7 +242,7 @@ def bench_target(spec: TargetSpec, plan: Plan, progress: Callable[[str], None] =
 
 
 def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> TargetResult:
-    plain = fam.engines[PLAIN]
+    plain = fam.plain
     cfgs = configs_for(spec, plan)
     k_hist = max(plan.ks, default=8)
     rendered = {p.id: render_prompt(plain, p) for p in plan.prompts}
@@ -242,14 +256,9 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
     log(f"bench: warming up {spec.label} ({len(cfgs)} configurations)")
     for cfg in cfgs:
         run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)
-    gammas = sorted(set(plan.ks) | set(range(1, max(max(plan.ks, default=1), AUTO_K_MAX) + 1)))
-    cost_ctx = _cost_context(fam, list(rendered.values()), max(gammas) + 2, plan.n_ctx)
-    c_start = _measure(fam, cost_ctx, max(gammas), spec.lookup, plan.cost_repeats)
-    if plan.auto:
-        for d, eng in fam.engines.items():
-            if eng.drafter is not None:
-                src = eng.drafter.name
-                fam.auto[d] = make_adaptive(src, _source_costs(c_start, d, src))
+    k_cost = max(max(plan.ks, default=1), REPORT_K_MAX)  # the report's costs: measurement, not a controller
+    cost_ctx = _cost_context(fam, list(rendered.values()), k_cost + 2, plan.n_ctx)
+    c_start = _measure(fam, cost_ctx, k_cost, spec.lookup, plan.cost_repeats)
 
     runs: list[Run] = []
     try:
@@ -258,7 +267,7 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
         raise Interrupted([TargetResult(spec.label, str(spec.path), fam.target.describe(), c_start, tuple(runs), (),
                                         bool(plain.chat_template))] if runs else []) from None
 
-    costs = merge(c_start, _measure(fam, cost_ctx, max(gammas), spec.lookup, plan.cost_repeats))
+    costs = merge(c_start, _measure(fam, cost_ctx, k_cost, spec.lookup, plan.cost_repeats))
     fam.reset()
     agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=spec.label,
                           drafter=r.drafter, k=r.k, task=r.task, prompt_id=r.prompt_id)
@@ -286,11 +295,6 @@ def _measure(fam: _Family, context: list[int], k_max: int, lookup: bool, repeats
     """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt)."""
     fam.reset()
     return measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
-
-
-def _source_costs(costs: Costs, drafter: str, source: str) -> Costs:
-    """The costs with c keyed by the drafter's source name ("model"), which is what `Step.source` says."""
-    return with_c(costs, {source: costs.c.get(drafter, 0.0)})
 
 
 def _greedy_pairs(runs: Sequence[Run]):
