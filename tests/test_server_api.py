@@ -182,7 +182,7 @@ def test_health_props_metrics(http):
     ("/infill", b'{"input_extra": [{"text": 5}]}', 400, "input_extra"),
     ("/infill", b'{"input_extra": [{"text": "x", "filename": 1}]}', 400, "filename"),
     ("/infill", b'{"input_extra": "x"}', 400, "input_extra"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "one choice"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 17}', 400, "n: "),
     ("/completion", b'{"prompt": "x", "json_schema": {"type": "nonsense"}}', 400, "JSON schema"),
     ("/completion", b'{"prompt": "x", "grammar": "root ::= undefined-rule"}', 400, "grammar"),
     ("/completion", b'{"prompt": "x", "logit_bias": [[99999999, 1]]}', 400, "vocabulary"),

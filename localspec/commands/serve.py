@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import socket
+
 import click
 
 from .common import friendly_errors, log_err
 from .options import engine_options
 
 
+def _names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Repeated options and comma-separated lists alike (llama-server's --alias a,b), in order, once each."""
+    return tuple(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 @click.command()
 @friendly_errors
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (localhost by default).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address(es) to bind, comma-separated (localhost by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8012, show_default=True,
               help="Port (llama.vim's default; 0 = any free port).")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", metavar="KEY",
@@ -18,9 +30,15 @@ from .options import engine_options
 @click.option("--spec-max-queue", type=click.IntRange(0), default=4, show_default=True,
               help="With more requests waiting than this, new jobs decode without speculation.")
 @click.option("--max-predict", type=click.IntRange(1), help="Cap on generated tokens per request.")
-@click.option("--alias", metavar="NAME", help="The model name /v1/models, /api/tags and every response report.")
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(-1), metavar="N",
+              help="Tokens a request generates when it does not say (-1 = until the context is full); not a cap.")
+@click.option("--alias", multiple=True, metavar="NAME[,NAME..]",
+              help="Model name(s) clients may use; the first is the one /v1/models and every response report.")
+@click.option("--tags", multiple=True, metavar="TAG[,TAG..]", help="Informational tags listed in /v1/models.")
+@click.option("--cors-origins", default="localhost", show_default=True, metavar="ORIGINS",
+              help="Browser origins allowed: 'localhost' (any local port), '*', or a comma-separated list.")
 @engine_options
-def serve(host, port, api_key, spec_max_queue, max_predict, alias, spec):
+def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, spec):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -34,17 +52,32 @@ def serve(host, port, api_key, spec_max_queue, max_predict, alias, spec):
     from ..server import ServerConfig, bind
     from ..server import serve as run_server
 
-    try:
-        sock = bind(host, port)
-    except OSError as e:
-        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
+    hosts = _names((host,))
+    if not hosts:
+        raise click.BadParameter("give at least one address", param_hint="--host")
+    socks = _bind_all(bind, hosts, port)
     engine = load_engine(spec, log=log_err)
-    real_port = sock.getsockname()[1]
+    real_port = socks[0].getsockname()[1]
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
-    config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict, alias=alias)
+    config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
+                          aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins)
+    urls = ", ".join(_url(h, real_port) for h in hosts)
     try:
-        run_server(engine, config, sock, on_ready=lambda: log_err(
-            f"localspec serve: http://{host}:{real_port} (model {engine.name}, speculation {how}, "
-            f"n_ctx {engine.target.n_ctx})"))
+        run_server(engine, config, socks, on_ready=lambda: log_err(
+            f"localspec serve: {urls} (model {engine.name}, speculation {how}, n_ctx {engine.target.n_ctx})"))
     finally:
         engine.close()
+
+
+def _bind_all(bind, hosts: tuple[str, ...], port: int) -> list[socket.socket]:
+    """Every address on one port: the first picks it when --port is 0, the others follow."""
+    socks: list[socket.socket] = []
+    for h in hosts:
+        p = socks[0].getsockname()[1] if socks else port
+        try:
+            socks.append(bind(h, p))
+        except OSError as e:
+            for s in socks:
+                s.close()
+            raise click.ClickException(f"cannot listen on {h}:{p}: {e.strerror}; pick another --port") from None
+    return socks

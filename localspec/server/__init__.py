@@ -4,7 +4,7 @@ one generation worker that owns the Engine (see app.py for the routes, worker.py
 from __future__ import annotations
 
 import socket
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..engine.session import Engine
 from .app import create_app
@@ -23,13 +23,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(engine: Engine, config: ServerConfig, sock: socket.socket, *, log_level: str = "warning",
-          on_ready: Callable[[], None] | None = None) -> None:
-    """Run until interrupted. uvicorn with one process: the worker thread owns the models."""
+def serve(engine: Engine, config: ServerConfig, socks: socket.socket | Sequence[socket.socket], *,
+          log_level: str = "warning", on_ready: Callable[[], None] | None = None) -> None:
+    """Run until interrupted. uvicorn with one process: the worker thread owns the models; one socket per
+    --host address."""
     import uvicorn
 
     app = create_app(engine, config)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
     if on_ready is not None:
         on_ready()
-    server.run(sockets=[sock])
+    server.run(sockets=[socks] if isinstance(socks, socket.socket) else list(socks))

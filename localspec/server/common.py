@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import Request
 
@@ -16,7 +16,7 @@ from ..engine.stats import Stats
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
 from .metrics import Metrics
-from .worker import Done, Failed, Job, Started, Worker
+from .worker import Done, Failed, Job, Prompt, Started, Worker
 
 POLL_S = 0.2  # how often a waiting request checks whether its client is still there
 
@@ -42,6 +42,9 @@ class ServerConfig:
     max_predict: int | None = None  # cap on generated tokens per request (None = the context)
     alias: str | None = None  # the model name every response, /v1/models and /api/tags report
     cors_origins: str = "localhost"  # "localhost" (reflect local origins, llama-server's rule), "*", or a list
+    aliases: tuple[str, ...] = ()  # more names the model answers to (llama-server's comma-separated --alias)
+    tags: tuple[str, ...] = ()  # llama-server's --tags: informational, listed in /v1/models
+    n_predict: int | None = None  # llama-server's -n: tokens a request generates when it does not say
 
 
 class State:
@@ -52,7 +55,7 @@ class State:
         self.worker = Worker(engine, spec_max_queue=config.spec_max_queue, on_finish=self.metrics.job_done)
         self.started_at = time.time()
         p = engine.target.path
-        self.model_names = {n for n in (engine.name, p.name, p.stem, config.alias) if n}
+        self.model_names = {n for n in (engine.name, p.name, p.stem, config.alias, *config.aliases) if n}
 
     @property
     def n_ctx(self) -> int:
@@ -60,8 +63,14 @@ class State:
 
     @property
     def model_name(self) -> str:
-        """The name clients see: --alias, else the served model's."""
-        return self.config.alias or self.engine.name
+        """The name clients see: the first --alias, else the served model's."""
+        return self.config.alias or next(iter(self.config.aliases), "") or self.engine.name
+
+    @property
+    def aliases(self) -> list[str]:
+        """Every --alias, the reported name first (llama-server's `aliases`)."""
+        names = [n for n in (self.config.alias, *self.config.aliases) if n]
+        return list(dict.fromkeys(names)) or [self.engine.name]
 
     def check_model(self, name: str | None) -> None:
         """Ollama's routes only (its clients expect a 404 for a model that is not there; /v1/* and the
@@ -79,9 +88,39 @@ class State:
         which ends with finish_reason "length" as in llama-server; capped by --max-predict."""
         if requested is not None and requested < -2:
             raise ApiError(400, f"{name} must be >= -1 (-1 = until the context is full), got {requested}")
+        if requested is None:  # llama-server's -n is the default, not a cap
+            requested = self.config.n_predict
         n = self.n_ctx if requested is None or requested < 0 or requested > self.n_ctx else requested
         cap = self.config.max_predict
         return min(n, cap) if cap else n
+
+
+Build = Callable[[Engine], tuple[Prompt, bool]]  # runs on the worker: the prompt, and whether it was cut to fit
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One generation of a request: prompt p's j-th of n choices has index p * n + j (llama-server's order).
+    The n choices of a prompt run one after another on the one worker, so each after the first finds the
+    prompt in the KV cache (common-prefix prefill) and evaluates only its last token."""
+
+    index: int
+    build: Build
+    seed: int | None  # the request's seed + j: choices differ, and each is reproducible
+
+
+def plan(builds: Sequence[Build], n: int, seed: int | None) -> list[Choice]:
+    """Every (prompt, choice) of a request, in answer order."""
+    base = None if seed is None or seed < 0 else seed
+    return [Choice(p * n + j, b, None if base is None else base + j) for p, b in enumerate(builds) for j in range(n)]
+
+
+def error_event(e: Exception) -> dict[str, Any]:
+    """A failure after a stream began (a later prompt that does not fit): llama-server's error object."""
+    from .worker import ExceedContext
+
+    kind = "exceed_context_size_error" if isinstance(e, ExceedContext) else getattr(e, "kind", "invalid_request_error")
+    return {"error": {"code": getattr(e, "status", 400), "message": str(e), "type": kind}}
 
 
 PENALTIES = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
@@ -177,8 +216,26 @@ class Run:
     def stats(self) -> Stats:
         return self.last.stats if self.last else Stats()
 
+    @property
+    def timings(self) -> dict[str, Any]:
+        return timings(self.stats, self.job.first)
 
-def timings(s: Stats) -> dict[str, Any]:
+
+def predicted_rate(s: Stats, first: Stats | None) -> float:
+    """Generated tokens per second after the first round, as llama-server counts it: its first token comes out
+    of the pass that evaluates the prompt's last token (prompt time), ours out of the first verify round."""
+    if first is None or s.n_generated <= first.n_generated or s.gen_ms <= first.gen_ms:
+        return s.tokens_per_second
+    return (s.n_generated - first.n_generated) / ((s.gen_ms - first.gen_ms) / 1e3)
+
+
+def progress(first: Stats) -> dict[str, Any]:
+    """llama-server's `prompt_progress` once the prompt is in the cache (one event: one prefill)."""
+    total = first.n_prompt + first.n_cached
+    return {"total": total, "cache": first.n_cached, "processed": total, "time_ms": first.prompt_ms}
+
+
+def timings(s: Stats, first: Stats | None = None) -> dict[str, Any]:
     """llama-server's `timings` block, plus its speculative counters."""
     return {
         "cache_n": s.n_cached,
@@ -189,7 +246,7 @@ def timings(s: Stats) -> dict[str, Any]:
         "predicted_n": s.n_generated,
         "predicted_ms": s.gen_ms,
         "predicted_per_token_ms": s.gen_ms / s.n_generated if s.n_generated else 0.0,
-        "predicted_per_second": s.tokens_per_second,
+        "predicted_per_second": predicted_rate(s, first),
         "draft_n": s.draft_n,
         "draft_n_accepted": s.draft_n_accepted,
     }

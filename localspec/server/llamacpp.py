@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..engine.session import Chunk, Engine
-from .common import ApiError, Run, State, chat_prompt, chat_text, sampling, spec_policy, speculative, stops, timings
+from ..errors import LocalspecError
+from ..sampling.logprobs import TokenLogprob
+from .chat import chat_messages_prompt
+from .common import (ApiError, Build, Choice, ClientGone, Run, State, error_event, plan, progress, sampling,
+                     spec_policy, speculative, stops)
 from .fim import Extra, FimTokens, build_infill, indent_cut, require_fim
-from .probs import llama_probs
+from .probs import llama_probs, window
+from .prompts import One, check_ids, mixed_tokens, prompt_input, split_prompts
 from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
 from .structured import request_extras
-from .worker import Job
+from .worker import Job, Prompt
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}  # llama-server's
 
@@ -39,47 +44,57 @@ def router(state: State) -> APIRouter:
 
     @r.get("/props")
     async def props() -> dict[str, Any]:
-        e = state.engine
-        return {"model": state.model_name, "model_path": str(e.target.path), "n_ctx": state.n_ctx,
-                "drafter": e.drafter_name, "k": spec_policy(e)[0], "total_slots": 1,
-                "default_generation_settings": {"n_ctx": state.n_ctx, "params": dict(DEFAULTS)},
-                "chat_template": e.chat_template or "", "fim": require_fim_ok(e),
-                "spec_max_queue": state.config.spec_max_queue, "build_info": f"localspec {__version__}",
-                "devices": devices_in_use(e)}
+        """llama-server's fields (one slot: the one generation worker), then ours (`drafter`, `k`, `fim`...)."""
+        e, t = state.engine, state.engine.target
+        return {"default_generation_settings": default_settings(state), "total_slots": 1,
+                "model_alias": state.model_name, "model_path": str(t.path),
+                "modalities": {"vision": False, "audio": False},
+                "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True, "webui": False,
+                "chat_template": e.chat_template or "",
+                "bos_token": t.token_text(t.bos) if t.bos >= 0 else "",
+                "eos_token": t.token_text(t.eos) if t.eos >= 0 else "",
+                "build_info": f"localspec {__version__}", "is_sleeping": False,
+                "model": state.model_name, "n_ctx": state.n_ctx, "drafter": e.drafter_name, "k": spec_policy(e)[0],
+                "fim": require_fim_ok(e), "spec_max_queue": state.config.spec_max_queue, "devices": devices_in_use(e)}
 
     @r.post("/completion")
     @r.post("/completions", include_in_schema=False)
     async def completion(req: CompletionRequest, request: Request) -> Response:
         # like llama-server, the llama.cpp routes ignore `model`: there is one
         state.metrics.request("/completion")
-        prompt = req.prompt
-        if isinstance(prompt, list):
-            bad = [t for t in prompt if not 0 <= t < state.engine.target.n_vocab]
-            if bad:
-                raise ApiError(400, f"prompt token ids must be in [0, {state.engine.target.n_vocab}), got {bad[0]}")
-        return await _answer(state, req, request, lambda e: (prompt, False))
+        prompts = split_prompts(req.prompt)
+        for p in prompts:
+            if isinstance(p, list):
+                check_ids(p, state.engine.target.n_vocab)
+        return await _answer(state, req, request, [_plain(p) for p in prompts])
 
     @r.post("/infill")
     async def infill(req: InfillRequest, request: Request) -> Response:
         state.metrics.request("/infill")
         fim = require_fim(state.engine.metadata, state.engine.name)
-        n_predict = req.n_predict if req.n_predict > 0 else 0
+        n_predict = req.n_predict if req.n_predict and req.n_predict > 0 else 0
+        cursor = _text(req.prompt)
 
-        def build(e: Engine) -> tuple[list[int], bool]:
+        def build(e: Engine) -> tuple[Prompt, bool]:
             t = e.target
             p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False),
-                             prefix=req.input_prefix, suffix=req.input_suffix, prompt=_text(req.prompt),
+                             prefix=req.input_prefix, suffix=req.input_suffix, prompt=cursor,
                              extra=[Extra(c.text, c.filename) for c in req.input_extra],
                              bos=t.bos if t.add_bos and t.bos >= 0 else None, n_ctx=t.n_ctx, n_predict=n_predict)
             return p.tokens, p.truncated
 
-        return await _answer(state, req, request, build)
+        return await _answer(state, req, request, [build])
 
     @r.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
         # the vocabulary is read-only: llama-server too tokenizes outside its generation loop
         t = state.engine.target
-        toks = t.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
+        if isinstance(req.content, list):  # llama-server's mixed form: ids kept, text pieces tokenized
+            check_ids(req.content, t.n_vocab, "token ids")
+            toks = mixed_tokens(state.engine, req.content, add_special=req.add_special,
+                                parse_special=req.parse_special)
+        else:
+            toks = t.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
         if not req.with_pieces:
             return {"tokens": toks}
         return {"tokens": [{"id": i, "piece": _piece(t.piece(i))} for i in toks]}
@@ -94,11 +109,39 @@ def router(state: State) -> APIRouter:
 
     @r.post("/apply-template")
     async def apply_template(req: OAIChatRequest) -> dict[str, str]:
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": chat_text(m.content)}
-                for m in req.messages]
-        return {"prompt": chat_prompt(state.engine, msgs)[0]}
+        return {"prompt": chat_messages_prompt(state.engine, req)}
+
+    @r.post("/v1/chat/completions/input_tokens")
+    @r.post("/chat/completions/input_tokens", include_in_schema=False)
+    async def chat_input_tokens(req: OAIChatRequest) -> dict[str, Any]:
+        """The prompt tokens a chat request would evaluate (its template applied), without generating."""
+        n = len(state.engine.tokenize(chat_messages_prompt(state.engine, req)))
+        return {"object": "response.input_tokens", "input_tokens": n}
 
     return r
+
+
+def _plain(prompt: One) -> Build:
+    def build(e: Engine) -> tuple[Prompt, bool]:
+        return prompt_input(e, prompt), False
+    return build
+
+
+def default_settings(state: State) -> dict[str, Any]:
+    """llama-server's `default_generation_settings`: the slot (here: the worker) and the defaults a request
+    without sampling fields runs with."""
+    n = state.config.n_predict if state.config.n_predict is not None else -1
+    policy, k = spec_policy(state.engine)
+    params = {**DEFAULTS, "seed": -1, "top_n_sigma": -1.0, "typical_p": 1.0, "repeat_last_n": 64,
+              "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "max_tokens": n,
+              "n_predict": n, "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": False, "n_probs": 0,
+              "min_keep": 0, "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+              "speculative.n_max": k, "speculative.n_min": 0, "speculative.policy": policy,
+              "timings_per_token": False, "post_sampling_probs": False, "lora": []}
+    return {"id": 0, "id_task": -1, "n_ctx": state.n_ctx, "speculative": state.engine.drafter is not None,
+            "is_processing": state.worker.busy, "params": params, "prompt": "",
+            "next_token": {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0,
+                           "stopping_word": ""}}
 
 
 def devices_in_use(e: Engine) -> list[dict[str, Any]]:
@@ -122,34 +165,60 @@ def require_fim_ok(e: Engine) -> bool:
     return FimTokens.from_metadata(e.metadata) is not None
 
 
-def _text(prompt: str | list[int]) -> str:
-    if isinstance(prompt, list):
+def _text(prompt: object) -> str:
+    if not isinstance(prompt, str):
         raise ApiError(400, "/infill takes `prompt` as text (the part of the current line before the cursor)")
     return prompt
 
 
-async def _answer(state: State, req: CompletionRequest, request: Request, build) -> Response:
+def _job(state: State, req: CompletionRequest, choice: Choice) -> Job:
+    """One choice's job; its constraint (grammar state) is its own, its seed the choice's."""
+    base = sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS, penalties=req)
+    ask = window(req.n_probs, base, req.post_sampling_probs) if req.n_probs else None
     extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
-                           json_schema=req.json_schema, response_format=req.response_format,
-                           logprobs=req.n_probs or None)
-    job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS,
-                                     penalties=req, **extra),
-              max_tokens=state.budget(req.n_predict), stop=stops(req.stop))
-    run = Run(state, job, request)
-    started = await run.start()  # a client gone before the start is a 499 (app.py)
+                           json_schema=req.json_schema, response_format=req.response_format, logprobs=ask)
+    params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed, defaults=DEFAULTS,
+                      penalties=req, **extra)
+    return Job(choice.build, params=params, max_tokens=state.budget(req.n_predict), stop=stops(req.stop))
+
+
+def _probs(state: State, run: Run, req: CompletionRequest, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    post = run.job.params if req.post_sampling_probs else None
+    return llama_probs(state.engine, lps, req.n_probs, post)
+
+
+async def _answer(state: State, req: CompletionRequest, request: Request, builds: list[Build]) -> Response:
+    """One result per (prompt, choice): a single object for one, llama-server's array (with `index`) for more."""
+    choices = plan(builds, req.n_cmpl or req.n or 1, req.seed)
+    first = Run(state, _job(state, req, choices[0]), request)
+    await first.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
     if req.stream:
-        return StreamingResponse(_sse(state, run, req), media_type="text/event-stream")
+        return StreamingResponse(_sse_all(state, req, request, choices, first), media_type="text/event-stream")
+    results = []
+    for i, choice in enumerate(choices):
+        run = first
+        if i:
+            run = Run(state, _job(state, req, choice), request)
+            await run.start()
+        body = await _collect(state, run, req, choice.index)
+        if body is None:
+            return Response(status_code=499)  # the client hung up: nobody reads this
+        results.append(body)
+    return JSONResponse(results[0] if len(results) == 1 else results)
+
+
+async def _collect(state: State, run: Run, req: CompletionRequest, index: int) -> dict[str, Any] | None:
     content, stop_type, tokens, probs = "", "none", [], []
     async for piece, stop_type, ch in _policed(run, req):
         content += piece
         tokens.extend(ch.step.tokens)
         probs.extend(ch.step.logprobs)
     if run.job.cancelled.is_set() and run.last is not None and run.last.finish == "cancelled":
-        return Response(status_code=499)  # the client hung up: nobody reads this
-    body = _final(state, run, req, content, stop_type, started.truncated, tokens)
+        return None
+    body = _final(state, run, req, content, stop_type, bool(run.started and run.started.truncated), tokens, index)
     if req.n_probs:
-        body["completion_probabilities"] = llama_probs(state.engine, probs)
-    return JSONResponse(_project(body, req.response_fields))
+        body["completion_probabilities"] = _probs(state, run, req, probs)
+    return _project(body, req.response_fields)
 
 
 async def _policed(run: Run, req: CompletionRequest) -> AsyncIterator[tuple[str, str, Chunk]]:
@@ -181,6 +250,7 @@ def generation_settings(state: State, run: Run, req: CompletionRequest) -> dict[
              logit_bias=[[t, b] for t, b in _bias_pairs(req.logit_bias)], grammar=req.grammar or "",
              json_schema=req.json_schema, samplers=["top_k", "top_p", "min_p", "temperature"],
              n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms, return_tokens=req.return_tokens,
+             timings_per_token=req.timings_per_token, post_sampling_probs=req.post_sampling_probs,
              speculative={"drafter": state.engine.drafter_name, "k": spec_policy(state.engine)[0],
                           "allowed": bool(run.started and run.started.spec)})
     return d
@@ -199,30 +269,54 @@ def _prompt_text(e: Engine, tokens: tuple[int, ...]) -> str:
 
 
 def _final(state: State, run: Run, req: CompletionRequest, content: str, stop_type: str,
-           truncated: bool, tokens: list[int]) -> dict[str, Any]:
+           truncated: bool, tokens: list[int], index: int = 0) -> dict[str, Any]:
     s = run.stats
     started = run.started
-    return {"index": 0, "content": content, "tokens": tokens if req.return_tokens else [], "id_slot": 0,
+    return {"index": index, "content": content, "tokens": tokens if req.return_tokens else [], "id_slot": 0,
             "stop": True, "model": state.model_name, "tokens_predicted": s.n_generated,
             "tokens_evaluated": started.n_prompt_tokens if started else 0,
             "generation_settings": generation_settings(state, run, req),
             "prompt": _prompt_text(state.engine, started.prompt_tokens) if started else "",
             "tokens_cached": s.n_cached, "truncated": truncated, "has_new_line": "\n" in content,
             "stop_type": stop_type, "stopping_word": "",
-            "timings": timings(s), "speculative": speculative(state, run)}
+            "timings": run.timings, "speculative": speculative(state, run)}
 
 
-async def _sse(state: State, run: Run, req: CompletionRequest) -> AsyncIterator[str]:
+async def _sse_all(state: State, req: CompletionRequest, request: Request, choices: list[Choice],
+                   first: Run) -> AsyncIterator[str]:
+    """Every choice's stream in turn, each chunk with its `index`; a later choice that fails ends the stream
+    with llama-server's error event."""
+    for i, choice in enumerate(choices):
+        run = first
+        if i:
+            run = Run(state, _job(state, req, choice), request)
+            try:
+                await run.start()
+            except ClientGone:
+                return
+            except LocalspecError as e:
+                yield _data(error_event(e))
+                return
+        async for event in _sse(state, run, req, choice.index):
+            yield event
+
+
+async def _sse(state: State, run: Run, req: CompletionRequest, index: int = 0) -> AsyncIterator[str]:
     stop_type = "none"
+    n_eval = run.started.n_prompt_tokens if run.started else 0
+    if req.return_progress and run.job.first is not None:
+        yield _data({"index": index, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+                     "tokens_predicted": 0, "tokens_evaluated": n_eval, "prompt_progress": progress(run.job.first)})
     async for piece, stop_type, ch in _policed(run, req):
         if piece or (req.return_tokens and ch.step.tokens):
-            d = {"index": 0, "content": piece, "tokens": list(ch.step.tokens) if req.return_tokens else [],
-                 "stop": False, "id_slot": 0, "tokens_predicted": run.stats.n_generated,
-                 "tokens_evaluated": run.started.n_prompt_tokens if run.started else 0}
+            d = {"index": index, "content": piece, "tokens": list(ch.step.tokens) if req.return_tokens else [],
+                 "stop": False, "id_slot": 0, "tokens_predicted": run.stats.n_generated, "tokens_evaluated": n_eval}
+            if req.timings_per_token:
+                d["timings"] = run.timings
             if req.n_probs:
-                d["completion_probabilities"] = llama_probs(state.engine, ch.step.logprobs)
+                d["completion_probabilities"] = _probs(state, run, req, ch.step.logprobs)
             yield _data(d)
-    yield _data(_final(state, run, req, "", stop_type, bool(run.started and run.started.truncated), []))
+    yield _data(_final(state, run, req, "", stop_type, bool(run.started and run.started.truncated), [], index))
 
 
 def _data(obj: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ class Metrics:
         self.tps_sum = 0.0
         self.tps_n = 0
         self.prompt_s = self.predicted_s = 0.0
+        self.rate_n, self.rate_s = 0, 0.0  # tokens and seconds after each request's first round
         self.n_decode = self.n_tokens_max = self.draft_rounds = 0
         self.accepted_at: list[int] = []  # per draft position
 
@@ -57,6 +58,10 @@ class Metrics:
             self.draft_n_accepted += s.draft_n_accepted
             self.prompt_s += s.prompt_ms / 1e3
             self.predicted_s += s.gen_ms / 1e3
+            f = job.first
+            if f is not None and s.n_generated > f.n_generated and s.gen_ms > f.gen_ms:
+                self.rate_n += s.n_generated - f.n_generated
+                self.rate_s += (s.gen_ms - f.gen_ms) / 1e3
             self.n_decode += s.rounds + (1 if s.n_prompt > 1 else 0)  # verify passes + the prefill
             self.n_tokens_max = max(self.n_tokens_max, s.n_prompt + s.n_cached + s.n_generated)
             self.draft_rounds += s.drafted_at[0] if s.drafted_at else 0
@@ -133,8 +138,9 @@ class Metrics:
                "Speculative: Total speculative decoding verification steps", [("", self.draft_rounds)])
         metric("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s",
                [("", per_s(self.prompt_tokens, self.prompt_s))])
-        metric("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s",
-               [("", per_s(self.generated_tokens, self.predicted_s))])
+        metric("llamacpp:predicted_tokens_seconds", "gauge",
+               "Average generation throughput in tokens/s (after each request's first token)",
+               [("", per_s(self.rate_n, self.rate_s))])
         metric("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",
                [("", 1.0 if self.n_decode else 0.0)])
         metric("llamacpp:kv_cache_tokens", "gauge", "KV cache tokens (the target's)", [("", kv_tokens)])

@@ -19,12 +19,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..engine.session import Engine
-from .common import ApiError, Run, State, chat_prompt, chat_text, sampling, speculative, stops, timings
-from .fim import build_infill, require_fim
+from ..errors import LocalspecError
+from .chat import chat_messages_prompt
+from .common import (ApiError, Build, Choice, ClientGone, Run, State, error_event, plan, progress, sampling,
+                     speculative, stops)
+from .fim import FimTokens, build_infill, require_fim
 from .probs import openai_chat, openai_completion
+from .prompts import One, check_ids, prompt_input, split_prompts
 from .schemas import OAIChatRequest, OAICompletionRequest
 from .structured import request_extras
-from .worker import Job
+from .worker import Job, Prompt
 
 FINGERPRINT = f"localspec-{__version__}"  # system_fingerprint: changes when the serving code does
 
@@ -40,45 +44,54 @@ def router(state: State) -> APIRouter:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": state.model_name, "object": "model",
                                             "created": int(state.started_at), "owned_by": "localspec",
+                                            "aliases": state.aliases, "tags": list(state.config.tags),
                                             "meta": {"n_ctx": state.n_ctx, "drafter": state.engine.drafter_name}}]}
 
     @r.post("/v1/completions")
     async def completions(req: OAICompletionRequest, request: Request) -> Response:
         state.metrics.request("/v1/completions")
-        prompt = _one_prompt(req.prompt)
+        prompts = split_prompts(req.prompt)
+        for p in prompts:
+            if isinstance(p, list):
+                check_ids(p, state.engine.target.n_vocab)
         if req.suffix:
             fim = require_fim(state.engine.metadata, state.engine.name)
-
-            def build(e: Engine) -> tuple[list[int], bool]:
-                t = e.target
-                p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False),
-                                 prefix=prompt, suffix=req.suffix or "",
-                                 bos=t.bos if t.add_bos and t.bos >= 0 else None, n_ctx=t.n_ctx)
-                return p.tokens, p.truncated
+            builds = [_fim(fim, _text(p), req.suffix) for p in prompts]
         else:
-            def build(e: Engine) -> tuple[str, bool]:
-                return prompt, False
-        return await _answer(state, req, request, build, chat=False)
+            builds = [_plain(p) for p in prompts]
+        return await _answer(state, req, request, builds, chat=False)
 
     @r.post("/v1/chat/completions")
     @r.post("/chat/completions", include_in_schema=False)
     async def chat(req: OAIChatRequest, request: Request) -> Response:
         state.metrics.request("/v1/chat/completions")
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": chat_text(m.content)}
-                for m in req.messages]
         if req.max_completion_tokens is not None and req.max_tokens is None:
             req.max_tokens = req.max_completion_tokens
-        return await _answer(state, req, request, lambda e: chat_prompt(e, msgs), chat=True)
+        text = chat_messages_prompt(state.engine, req)  # a bad message list is a 400 before anything runs
+        return await _answer(state, req, request, [lambda e: (text, False)], chat=True)
 
     return r
 
 
-def _one_prompt(prompt: str | list[str]) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if len(prompt) != 1:
-        raise ApiError(400, f"this server completes one prompt per request, got {len(prompt)}")
-    return prompt[0]
+def _fim(fim: FimTokens, prefix: str, suffix: str) -> Build:
+    def build(e: Engine) -> tuple[Prompt, bool]:
+        t = e.target
+        p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False), prefix=prefix,
+                         suffix=suffix, bos=t.bos if t.add_bos and t.bos >= 0 else None, n_ctx=t.n_ctx)
+        return p.tokens, p.truncated
+    return build
+
+
+def _plain(prompt: One) -> Build:
+    def build(e: Engine) -> tuple[Prompt, bool]:
+        return prompt_input(e, prompt), False
+    return build
+
+
+def _text(prompt: One) -> str:
+    if not isinstance(prompt, str):
+        raise ApiError(400, "with a `suffix` (fill-in-the-middle) each prompt must be text")
+    return prompt
 
 
 def _logprobs(req: OAICompletionRequest | OAIChatRequest, chat: bool) -> int | None:
@@ -93,38 +106,52 @@ def _logprobs(req: OAICompletionRequest | OAIChatRequest, chat: bool) -> int | N
     return req.logprobs
 
 
-async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, build,
-                  *, chat: bool) -> Response:
-    if req.n != 1:
-        raise ApiError(400, f"n = {req.n}: this server returns one choice per request; send n: 1 (or several "
-                            "requests; with a seed each is reproducible)")
+def _job(state: State, req: OAICompletionRequest | OAIChatRequest, choice: Choice, chat: bool) -> Job:
+    """One choice's job: a fresh constraint (grammar state) and the choice's seed."""
     extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
                            json_schema=req.json_schema, response_format=req.response_format,
                            logprobs=_logprobs(req, chat))
-    job = Job(build, params=sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS,
-                                     penalties=req, **extra),
-              max_tokens=state.budget(req.max_tokens, "max_tokens"), stop=stops(req.stop))
-    run = Run(state, job, request)
-    await run.start()  # a client gone before the start is a 499 (app.py)
+    params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed, defaults=DEFAULTS,
+                      penalties=req, **extra)
+    return Job(choice.build, params=params, max_tokens=state.budget(req.max_tokens, "max_tokens"),
+               stop=stops(req.stop))
+
+
+async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, builds: list[Build],
+                  *, chat: bool) -> Response:
+    """`n` choices per prompt, generated one after another on the one worker (each later one reuses the
+    prompt's KV cache); `choices[].index` is prompt * n + choice, as OpenAI and llama-server number them."""
+    choices = plan(builds, req.n, req.seed)
+    first = Run(state, _job(state, req, choices[0], chat), request)
+    await first.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(state, run, ident, chat, usage), media_type="text/event-stream")
-    text, lps = "", []
-    async for ch in run.chunks():
-        text += ch.text
-        lps.extend(ch.step.logprobs)
-    if run.last is not None and run.last.finish == "cancelled":
-        return Response(status_code=499)  # the client hung up: nobody reads this
-    choice: dict[str, Any] = {"index": 0, "logprobs": _choice_logprobs(state, job, lps, chat),
-                              "finish_reason": FINISH[run.last.finish if run.last else None]}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
+        return StreamingResponse(_sse(state, req, request, choices, first, ident, chat, usage),
+                                 media_type="text/event-stream")
+    out, runs = [], []
+    for i, choice in enumerate(choices):
+        run = first
+        if i:
+            run = Run(state, _job(state, req, choice, chat), request)
+            await run.start()
+        text, lps = "", []
+        async for ch in run.chunks():
+            text += ch.text
+            lps.extend(ch.step.logprobs)
+        if run.last is not None and run.last.finish == "cancelled":
+            return Response(status_code=499)  # the client hung up: nobody reads this
+        c: dict[str, Any] = {"index": choice.index, "logprobs": _choice_logprobs(state, run.job, lps, chat),
+                             "finish_reason": FINISH[run.last.finish if run.last else None]}
+        if chat:
+            c["message"] = {"role": "assistant", "content": text}
+        else:
+            c["text"] = text
+        out.append(c)
+        runs.append((choice, run))
     return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
                          "created": int(time.time()), "model": state.model_name, "system_fingerprint": FINGERPRINT,
-                         "choices": [choice], **_extras(state, run)})
+                         "choices": out, **_extras(state, runs, req.n)})
 
 
 def _choice_logprobs(state: State, job: Job, lps: list, chat: bool, offset: int = 0) -> dict[str, Any] | None:
@@ -133,48 +160,74 @@ def _choice_logprobs(state: State, job: Job, lps: list, chat: bool, offset: int 
     return openai_chat(state.engine, lps) if chat else openai_completion(state.engine, lps, offset)
 
 
-def _usage(run: Run) -> dict[str, Any]:
-    s = run.stats
-    n_prompt = run.started.n_prompt_tokens if run.started else 0
-    return {"prompt_tokens": n_prompt, "completion_tokens": s.n_generated, "total_tokens": n_prompt + s.n_generated,
-            "prompt_tokens_details": {"cached_tokens": s.n_cached}}
+def _usage(runs: list[tuple[Choice, Run]], n: int) -> dict[str, Any]:
+    """Prompt tokens once per prompt (its first choice's), completion tokens over every choice."""
+    heads = [r for c, r in runs if c.index % n == 0]
+    n_prompt = sum(r.started.n_prompt_tokens for r in heads if r.started)
+    n_gen = sum(r.stats.n_generated for _, r in runs)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": sum(r.stats.n_cached for r in heads)}}
 
 
-def _extras(state: State, run: Run) -> dict[str, Any]:
-    s = run.stats
-    return {"usage": _usage(run), "timings": timings(s), "speculative": speculative(state, run)}
+def _extras(state: State, runs: list[tuple[Choice, Run]], n: int) -> dict[str, Any]:
+    """usage over every choice; `timings` and `speculative` are the first choice's."""
+    run = runs[0][1]
+    return {"usage": _usage(runs, n), "timings": run.timings, "speculative": speculative(state, run)}
 
 
-async def _sse(state: State, run: Run, ident: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, choices: list[Choice],
+               first: Run, ident: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     created = int(time.time())
-    offset = 0
 
-    def chunk(piece: str | None, finish: str | None, first: bool = False, lps: Any = None) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "logprobs": lps, "finish_reason": finish}
+    def chunk(index: int, delta: dict[str, Any] | None, text: str | None, finish: str | None,
+              lps: Any = None) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": index, "logprobs": lps, "finish_reason": finish}
         if chat:
-            c["delta"] = ({"role": "assistant", "content": piece or ""} if first
-                          else {"content": piece} if piece is not None else {})
+            c["delta"] = delta or {}
         else:
-            c["text"] = piece or ""
+            c["text"] = text or ""
         return {"id": ident, "object": obj, "created": created, "model": state.model_name,
                 "system_fingerprint": FINGERPRINT, "choices": [c]}
 
-    if chat:
-        yield _data(chunk("", None, first=True))
-    async for ch in run.chunks():
-        if ch.text or ch.step.logprobs:
-            yield _data(chunk(ch.text, None, lps=_choice_logprobs(state, run.job, list(ch.step.logprobs), chat,
-                                                                  offset)))
-            offset += len(ch.text)
-    final = chunk(None, FINISH[run.last.finish if run.last else "stop"])
-    final.update(timings=timings(run.stats), speculative=speculative(state, run))
-    if not include_usage:
-        final["usage"] = _usage(run)  # not OpenAI's, but clients before stream_options read it here
-    yield _data(final)
+    runs: list[tuple[Choice, Run]] = []
+    for i, choice in enumerate(choices):
+        run = first
+        if i:
+            run = Run(state, _job(state, req, choice, chat), request)
+            try:
+                await run.start()
+            except ClientGone:
+                return
+            except LocalspecError as e:
+                yield _data(error_event(e))
+                return
+        runs.append((choice, run))
+        head = chunk(choice.index, {"role": "assistant", "content": None}, "", None)
+        if req.return_progress and run.job.first is not None:
+            head["prompt_progress"] = progress(run.job.first)
+        if chat or req.return_progress:  # OpenAI's first chat delta: the role, content null (llama-server's)
+            yield _data(head)
+        offset = 0
+        async for ch in run.chunks():
+            if ch.text or ch.step.logprobs:
+                d = chunk(choice.index, {"content": ch.text}, ch.text, None,
+                          lps=_choice_logprobs(state, run.job, list(ch.step.logprobs), chat, offset))
+                if req.timings_per_token:
+                    d["timings"] = run.timings
+                yield _data(d)
+                offset += len(ch.text)
+        final = chunk(choice.index, None, None, FINISH[run.last.finish if run.last else "stop"])
+        if i == len(choices) - 1:
+            final.update(timings=runs[0][1].timings, speculative=speculative(state, runs[0][1]))
+            if not include_usage:
+                final["usage"] = _usage(runs, req.n)  # not OpenAI's, but clients before stream_options read it
+        elif req.timings_per_token:
+            final["timings"] = run.timings
+        yield _data(final)
     if include_usage:  # OpenAI: a last chunk with no choices, carrying usage
         yield _data({"id": ident, "object": obj, "created": created, "model": state.model_name,
-                     "system_fingerprint": FINGERPRINT, "choices": [], "usage": _usage(run)})
+                     "system_fingerprint": FINGERPRINT, "choices": [], "usage": _usage(runs, req.n)})
     yield "data: [DONE]\n\n"
 
 

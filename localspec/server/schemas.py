@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_TOKENS = 1 << 20  # anything above is rejected here; the routes check against n_ctx
+MAX_CHOICES = 16  # n / n_cmpl: choices per prompt (each one is a full generation on the one worker)
+MAX_PROMPTS = 64  # prompts in one request (a list of prompts)
 
 
 class _Body(BaseModel):
@@ -20,6 +22,9 @@ class _Body(BaseModel):
 
 
 Stop = str | list[str] | None
+# llama-server's prompt forms: text, token ids, a mixed list of both (one prompt), or a list of those (several)
+Piece = int | str
+Prompt = str | list[Piece | list[Piece]]
 
 
 LogitBias = dict[str, float | bool] | list[list[Any]] | None
@@ -44,9 +49,18 @@ class Sampling(_Body):
 
 # -- llama.cpp --------------------------------------------------------------------------------------------------
 
-class CompletionRequest(Sampling):
-    prompt: str | list[int] = ""
-    n_predict: int = Field(-1, ge=-1, le=MAX_TOKENS, description="-1 = until the context or --max-predict")
+class Streaming(_Body):
+    """llama-server's per-request stream extras, on every llama.cpp and OpenAI route."""
+
+    timings_per_token: bool = False  # a `timings` block on every streamed chunk
+    return_progress: bool = False  # a `prompt_progress` event once the prompt is evaluated
+    post_sampling_probs: bool = False  # probabilities after the sampling chain (`prob`, `top_probs`)
+
+
+class CompletionRequest(Sampling, Streaming):
+    prompt: Prompt = ""
+    n_predict: int | None = Field(None, ge=-1, le=MAX_TOKENS,
+                                  description="-1 = until the context or --max-predict; absent = the server's -n")
     stop: Stop = None
     stream: bool = False
     cache_prompt: bool = True
@@ -57,7 +71,8 @@ class CompletionRequest(Sampling):
     model: str | None = None
     return_tokens: bool = False
     n_probs: int = Field(0, ge=0, le=1024, description="top tokens' logprobs per generated token (0 = off)")
-    post_sampling_probs: bool = False
+    n_cmpl: int | None = Field(None, ge=1, le=MAX_CHOICES, description="completions per prompt (default: n, 1)")
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description="n_cmpl's other name")
 
 
 class ExtraChunk(_Body):
@@ -79,15 +94,15 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class OAICompletionRequest(Sampling):
+class OAICompletionRequest(Sampling, Streaming):
     model: str | None = None
-    prompt: str | list[str] = ""
+    prompt: Prompt = ""
     suffix: str | None = None
     max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
     stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, description="only 1: one choice per request")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices per prompt, generated one after another")
     logprobs: int | None = Field(None, ge=0, le=1024, description="top tokens' logprobs per token (legacy)")
 
 
@@ -96,7 +111,7 @@ class ChatMessage(_Body):
     content: str | list[dict[str, Any]] | None = ""
 
 
-class OAIChatRequest(Sampling):
+class OAIChatRequest(Sampling, Streaming):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
@@ -104,9 +119,11 @@ class OAIChatRequest(Sampling):
     stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, description="only 1: one choice per request")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, generated one after another")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=1024)
+    continue_final_message: bool | None = Field(None, description="a trailing assistant message is continued "
+                                                "(the default when the last message is the assistant's)")
 
 
 # -- Ollama -----------------------------------------------------------------------------------------------------
@@ -137,7 +154,7 @@ class OllamaGenerateRequest(_Body):
 
 
 class TokenizeRequest(_Body):
-    content: str = ""
+    content: str | list[Piece] = ""
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..engine.session import Chunk, Engine
+from ..engine.stats import Stats
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
 
@@ -74,6 +75,7 @@ class Job:
     spec: bool = True  # the client's wish; load may still turn it off
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
+    first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
     _loop: asyncio.AbstractEventLoop | None = None
     _events: asyncio.Queue | None = None
 
@@ -163,6 +165,7 @@ class Worker:
             first = True
             for chunk in gen:
                 if first:  # prefill succeeded: the prompt fits
+                    job.first = chunk.stats
                     job._emit(started)
                     first = False
                 last = chunk

@@ -1,0 +1,33 @@
+"""Chat messages -> the prompt text, as llama-server builds it (`/v1/chat/completions`, `/apply-template`, the
+input-token count route).
+
+Assistant prefill: when the last message is the assistant's, the template is applied to the messages before it
+(with the generation prompt) and that message's text is appended, so the model continues it rather than
+starting a new turn. `continue_final_message: false` turns that off (the assistant message is a finished
+turn); `true` demands a final assistant message. Two assistant messages at the end are a 400, as in
+llama-server: only the last one could be continued.
+"""
+
+from __future__ import annotations
+
+from ..engine.session import Engine
+from .common import ApiError, chat_prompt, chat_text
+from .schemas import OAIChatRequest
+
+
+def chat_messages(req: OAIChatRequest) -> list[dict[str, str]]:
+    """OpenAI messages as the template reads them: text parts joined, `developer` as `system`."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": chat_text(m.content)}
+            for m in req.messages]
+
+
+def chat_messages_prompt(engine: Engine, req: OAIChatRequest) -> str:
+    msgs = chat_messages(req)
+    trailing = msgs[-1]["role"] == "assistant"
+    if req.continue_final_message and not trailing:
+        raise ApiError(400, "continue_final_message needs the last message to be the assistant's")
+    if not trailing or req.continue_final_message is False:
+        return chat_prompt(engine, msgs)[0]
+    if len(msgs) > 1 and msgs[-2]["role"] == "assistant":
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
+    return chat_prompt(engine, msgs[:-1])[0] + msgs[-1]["content"]

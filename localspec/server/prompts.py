@@ -1,0 +1,69 @@
+"""llama-server's prompt forms, on `/completion`, `/infill`'s `prompt`, `/v1/completions` and `/tokenize`.
+
+A prompt is text, a list of token ids, or a mixed list of text and ids (one prompt: the pieces are joined,
+the first text piece gets BOS as the GGUF asks); a list of those is several prompts, each answered in turn
+(`index` says which). The rule that tells "one mixed prompt" from "several prompts" is llama-server's
+(`tokenize_input_prompts`): a flat list holding ids is one prompt; any other list is a list of prompts.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..engine.session import Engine
+from .common import ApiError
+from .schemas import MAX_PROMPTS
+
+Piece = int | str
+One = str | list[Piece]  # one prompt: text, or token ids and text pieces
+
+
+def split_prompts(prompt: str | Sequence[Piece | Sequence[Piece]]) -> list[One]:
+    """The request's prompts, in order (400 for an empty list or a list mixing prompts and ids)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    items = list(prompt)
+    if not items:
+        raise ApiError(400, "prompt is an empty list: send text, token ids, or a list of prompts")
+    flat = [p for p in items if not isinstance(p, list)]
+    if len(flat) == len(items) and any(isinstance(p, int) for p in items):
+        return [list(flat)]  # token ids, or ids mixed with text: one prompt
+    if any(isinstance(p, int) for p in items):
+        raise ApiError(400, "prompt mixes token ids with nested prompts: send one flat list or a list of prompts")
+    if len(items) > MAX_PROMPTS:
+        raise ApiError(400, f"at most {MAX_PROMPTS} prompts per request, got {len(items)}")
+    out: list[One] = []
+    for p in items:
+        if isinstance(p, list):
+            if not p:
+                raise ApiError(400, "a prompt in the list is empty")
+            out.append(list(p))
+        else:
+            out.append(str(p))
+    return out
+
+
+def check_ids(pieces: Sequence[Piece], n_vocab: int, what: str = "prompt token ids") -> None:
+    """Token ids must name tokens of the vocabulary (llama-server answers 400 too)."""
+    bad = [t for t in pieces if isinstance(t, int) and not 0 <= t < n_vocab]
+    if bad:
+        raise ApiError(400, f"{what} must be in [0, {n_vocab}), got {bad[0]}")
+
+
+def mixed_tokens(engine: Engine, pieces: Sequence[Piece], *, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+    """llama-server's `tokenize_mixed`: ids as they are, text tokenized (BOS only for a leading text piece)."""
+    out: list[int] = []
+    for i, p in enumerate(pieces):
+        if isinstance(p, int):
+            out.append(p)
+        elif i == 0 and add_special:
+            out += engine.tokenize(p, special=parse_special)
+        else:
+            out += engine.target.tokenize(p, add_special=False, parse_special=parse_special)
+    return out
+
+
+def prompt_input(engine: Engine, prompt: One) -> str | list[int]:
+    """What a job's build returns for one prompt: text stays text (the worker tokenizes it, as before)."""
+    return prompt if isinstance(prompt, str) else mixed_tokens(engine, prompt)
