@@ -146,13 +146,14 @@ def _patterns(names: Sequence[str]) -> list[str]:
 def apply(mparams: llama_cpp.llama_model_params, plan: FastPath) -> object:
     """Set the load parameters for `plan`; returns what the C side points into (keep it alive with the model)."""
     mparams.use_extra_bufts = plan.mode == ALL
-    mparams.tensor_buft_overrides = None
+    # the field is a c_void_p in llama_cpp's _fields_ though its annotation says an array: None is NULL
+    mparams.tensor_buft_overrides = None  # type: ignore[assignment]
     if plan.mode != REPACK or not plan.repacked:
         return None
     buft = extra_buffer_types().get("CPU_REPACK")
     pats = [p.encode() for p in _patterns(plan.repacked)]
     arr = (_Override * (len(pats) + 1))(*[_Override(p, buft) for p in pats], _Override(None, None))
-    mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+    mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)  # type: ignore[assignment]  # as above
     return arr, pats
 
 

@@ -181,7 +181,7 @@ class Model:
     options: LoadOptions
     _model: _internals.LlamaModel = field(repr=False)
     _ctx: _internals.LlamaContext = field(repr=False)
-    _batch: ctypes.Structure = field(repr=False)
+    _batch: ctypes.Structure | None = field(repr=False)  # None once closed
     tokens: list[int] = field(default_factory=list)
     offload_devices: tuple[str, ...] = ()  # ggml devices its offloaded layers may use (RPC first); () = CPU
     weights: str = "mmap"  # where the weights were loaded: "mmap" (llama.cpp's choice) or "read" (memory.py)
@@ -192,6 +192,7 @@ class Model:
     _n_vocab: int = field(default=0, repr=False)  # set by load: fixed per model ...
     _n_ctx: int = field(default=0, repr=False)  # ... and per context
     _threads_set: tuple[int, int] | None = field(default=None, repr=False)  # what set_threads last gave llama.cpp
+    _keep: tuple[object, ...] = field(default=(), repr=False, compare=False)  # the C side points into these
 
     @classmethod
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
@@ -383,6 +384,8 @@ class Model:
 
     def _decode_chunk(self, chunk: Sequence[int], first_out: int) -> None:
         b = self._batch
+        if b is None:
+            raise RuntimeError(f"decode on a closed model ({self.path.name})")
         n_past = self.n_past
         for i, t in enumerate(chunk):
             b.token[i] = t

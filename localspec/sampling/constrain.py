@@ -144,7 +144,7 @@ class Constraint:
         assert g is not None
         self._drop_path(keep=g)
         if g is not self.grammar:
-            self.grammar.close()  # type: ignore[union-attr]
+            self.grammar.close()
             self.grammar = g
         for t in new[len(start):]:
             if not g.allows(t):

@@ -174,6 +174,7 @@ def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray,
     if params.min_p > 0.0:
         t = mx + np.float32(math.log(params.min_p))
     else:
+        assert z is not None  # top_p < 1 here: the temperature-only case returned above
         t = _nucleus_bound(logits, e, z, mx, params.top_p)
     return *_gather(logits, t)[:2], z
 

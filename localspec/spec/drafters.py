@@ -153,7 +153,9 @@ class PromptLookup:
                 return LOOKUP_CACHE, self.cache.index, cm
         if m is not None and m.length >= self.long_at and len(idx) - m.end < m.length:
             return LOOKUP_LOOP, idx, m  # the ending repeats with period len - end: copied on through itself
-        source = self.bucket(m) if m is not None else None
+        if m is None:
+            return None
+        source = self.bucket(m)
         return (source, idx, m) if source is not None else None
 
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
@@ -171,7 +173,7 @@ class PromptLookup:
         """Up to k tokens that followed the match `find` returned: copied on through the context's own ending
         (a loop), or with the indentation moved (a reindented copy)."""
         source, where, m = found
-        if source == LOOKUP_REINDENT:
+        if source == LOOKUP_REINDENT and self.indents is not None:  # only found with indents
             return self.indents.moved(self.index.tokens[m.end:m.end + k], self._shift)
         return where.continuation(m, k, wrap=where is self.index and source != LOOKUP_GAPPED)
 
@@ -220,7 +222,7 @@ class ModelDrafter:
         tokens: list[int] = []
         qs: list[Warped] = []
         draw = "greedy" if params.greedy else self.draw
-        u = peek(rng, k) if draw == "coupled" else None
+        u = peek(rng, k) if draw == "coupled" else []
         for i in range(k):
             logits = constrain_row(params, logits, context, tokens)  # q constrained as p is (constrain.py)
             q = warp(logits, params, context, tokens)  # the history the target's verify row i will see

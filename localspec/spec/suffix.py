@@ -89,12 +89,15 @@ class MatchIndex:
         """The longest suffix of `query[:end]` (≤ MAX_MATCH) occurring in the index ending at a position <
         `before`; the most recent such occurrence. None when not even the last token occurred."""
         m = len(query) if end is None else end
-        rung, cands, hi = 0, [], 0
+        cands: list[int] = []
+        rung, hi = 0, 0
         for n in RUNGS:
             if n > m:
                 break
             ends = self._ends[n].get(hash(tuple(query[m - n:m])))
-            h = bisect_left(ends, before) if ends else 0
+            if not ends:
+                break
+            h = bisect_left(ends, before)
             if not h:
                 break
             rung, cands, hi = n, ends, h

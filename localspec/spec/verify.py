@@ -27,7 +27,7 @@ import numpy as np
 from ..sampling.warp import Warped
 
 
-def verify_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> tuple[int, int]:
+def verify_greedy(target_argmax: Sequence[int] | np.ndarray, draft: Sequence[int]) -> tuple[int, int]:
     """T = 0: accept while the draft equals the target's argmax; then emit the target's argmax."""
     n = 0
     while n < len(draft) and draft[n] == target_argmax[n]:
