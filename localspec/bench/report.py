@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from .. import tables
 from ..models.model_facts import verify_hint
 from .runner import PLAIN, Plan, TargetResult
 from .summary import ALL, Row, rows_for, verdict, winners
@@ -119,6 +120,14 @@ def _matrix(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
+def _table(head: list[str], body: list[list[str]]) -> str:
+    """The matrix as a rich table in plain text: configurations left, numbers right."""
+    t = tables.grid(*head, right=range(1, len(head)))
+    for cells in body:
+        tables.add(t, *cells)
+    return tables.render(t)
+
+
 def _costs_line(res: TargetResult) -> str:
     c = ", ".join(f"{k} {v:.3f}" for k, v in res.costs.c.items()) or "-"
     v = " ".join(f"{g}:{x:.2f}" for g, x in sorted(res.costs.v_by_gamma.items()))
@@ -139,14 +148,12 @@ def text_table(rep: Report) -> str:
     out = [busy_line(rep.plan), ""] if rep.plan.busy else []
     for res, temp, rows in _families(rep):
         head, body = _matrix(rows)
-        widths = [max(len(x) for x in col) for col in zip(head, *body)]
-        fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
-                                      for i, (c, w) in enumerate(zip(cells, widths)))
-        out.append(f"{res.label}  T={temp:g}  (decode speedup vs plain per task; pred = formula with measured α, c, v; e2e = whole request)")
+        out.append(f"{res.label}  T={temp:g}  (decode speedup vs plain per task; pred = formula with measured α, c, v; "
+                   "e2e = whole request)")
         out.append("  " + _costs_line(res))
         if hint := verify_hint(res.path):
             out.append("  " + hint)
-        out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
+        out.append(_table(head, body))
         out.append("  " + _threads_line(res, temp))
         lost = [r for r in rows if r.drafter != PLAIN and r.task != ALL and r.speedup < 1.0]
         if lost:

@@ -73,13 +73,13 @@ def list_(as_json: bool) -> None:
         for r in rows:
             click.echo(json.dumps(r))
         return
-    head = ("NAME", "SOURCE", "SIZE", "QUANT", "ARCH", "PRESENT", "PAIRS")
-    table = [head] + [(r["name"] + (" *" if r["default"] else ""), r["source"], _human(r["size_bytes"]),
-                       r["quant"] or "-", r["arch"] or "-", "yes" if r["present"] else "no",
-                       ",".join(r["pairs"]) or "-") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    from .. import tables
+
+    t = tables.grid("NAME", "SOURCE", "SIZE", "QUANT", "ARCH", "PRESENT", "PAIRS", right=[2])
+    for r in rows:
+        tables.add(t, r["name"] + (" *" if r["default"] else ""), r["source"], _human(r["size_bytes"]),
+                   r["quant"] or "-", r["arch"] or "-", "yes" if r["present"] else "no", ",".join(r["pairs"]) or "-")
+    tables.echo(t)
     click.echo("(* default; 'localspec models pull NAME' downloads an absent model)")
 
 
@@ -158,8 +158,17 @@ def _print_facts(d: dict) -> None:
         ("verify on CPU", _verify_kind(d["row_by_row"])),
         ("cpu fast paths", d["fast_path_text"]), ("system", d["system_info"]),
     ]
+    _echo_facts(rows)
+
+
+def _echo_facts(rows: list[tuple[str, object]]) -> None:
+    """'name: value' lines, the names aligned right (a header-less rich table)."""
+    from .. import tables
+
+    t = tables.facts()
     for k, v in rows:
-        click.echo(f"{k:>14}: {v}")
+        tables.add(t, f"{k}:", v)
+    tables.echo(t)
 
 
 def _cpu_paths(path) -> dict:
@@ -190,13 +199,13 @@ def _device_info(rpc: str | None = None) -> dict:
 
 
 def _print_device(d: dict) -> None:
-    click.echo(f"{'gpu offload':>14}: {'yes' if d['gpu_offload'] else 'no (CPU-only build; see docs/models.md)'}")
-    click.echo(f"{'rpc':>14}: {'yes' if d['rpc'] else 'no (build with -DGGML_RPC=on)'}")
+    rows: list[tuple[str, object]] = [
+        ("gpu offload", "yes" if d["gpu_offload"] else "no (CPU-only build; see docs/models.md)"),
+        ("rpc", "yes" if d["rpc"] else "no (build with -DGGML_RPC=on)")]
     for dev in d["devices"]:
         where = f"rpc server {dev['description']}" if dev["backend"] == "RPC" else dev["description"]
-        click.echo(f"{'device':>14}: {dev['name']} - {where} "
-                   f"({_human(dev['free'])} free of {_human(dev['total'])})")
-    click.echo(f"{'system':>14}: {d['system_info']}")
+        rows.append(("device", f"{dev['name']} - {where} ({_human(dev['free'])} free of {_human(dev['total'])})"))
+    _echo_facts([*rows, ("system", d["system_info"])])
 
 
 @models.command()
