@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Mapping
 
+from ..engine.outcome import AUTO_OFF, PLAIN, SPEC
 from ..engine.stats import Stats
 from ..spec.types import NO_DRAFTER
-from .answer import AUTO_OFF, PLAIN, SPEC, AnswerStats
+from .answer import AnswerStats
 
 
 def answer_record(a: AnswerStats, *, drafter: str, accepted_spans: list[list[int]]) -> dict[str, Any]:
