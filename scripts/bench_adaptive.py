@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from typing import Callable
 
+from localspec import tables
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 from localspec.engine.loader import EngineSpec, make_controller
@@ -65,21 +66,22 @@ def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[lis
                 rows[name].append(run_once(target, drafter, ctl, p, n))
     print(f"\n# {title}")
     base = rows["plain"]
+    t = tables.grid("config", "tok/s", "vs plain", "wall incl. prefill", "acceptance", "tok/pass", "k chosen",
+                    right=range(1, 6))
+    offs: list[str] = []
     for name, rs in rows.items():
         ratio = statistics.median(r["tps"] / b["tps"] for r, b in zip(rs, base))
         wratio = statistics.median(r["wall_tps"] / b["wall_tps"] for r, b in zip(rs, base))
         k = Counter()
         for r in rs:
             k.update(r["k"])
-        extra = ""
-        if name != "plain":
-            extra = f"  acceptance {statistics.median(r['acc'] for r in rs):.2f}  " \
-                    f"tok/pass {statistics.median(r['mal'] for r in rs):.2f}  k_chosen {dict(sorted(k.items()))}"
-        print(f"{name:26s} {statistics.median(r['tps'] for r in rs):7.1f} tok/s  {ratio:5.2f}x plain "
-              f"(wall incl. prefill {wratio:4.2f}x){extra}")
-        offs = {s: why for r in rs for s, why in r["off"].items()}
-        for s, why in offs.items():
-            print(f"{'':26s} off: {why}")
+        spec = [f"{statistics.median(r['acc'] for r in rs):.2f}", f"{statistics.median(r['mal'] for r in rs):.2f}",
+                dict(sorted(k.items()))] if name != "plain" else ["-", "-", "-"]
+        tables.add(t, name, f"{statistics.median(r['tps'] for r in rs):.1f}", f"{ratio:.2f}x", f"{wratio:.2f}x", *spec)
+        offs += [f"{name} off: {why}" for r in rs for why in r["off"].values()]
+    tables.echo(t)
+    for line in dict.fromkeys(offs):  # each reason once
+        print(line)
 
 
 def main() -> None:

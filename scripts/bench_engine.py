@@ -15,6 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
+from localspec import tables
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 from localspec.engine.session import Engine
@@ -96,8 +97,10 @@ def main() -> None:
         rows["lookup k=6"].append(tps)
         acc.append(ac)
     base = statistics.median(rows["plain"])
+    t = tables.grid("config", "tok/s", "vs plain", right=[1, 2])
     for name, v in rows.items():
-        print(f"{name:12s} {statistics.median(v):7.1f} tok/s  {statistics.median(v) / base:5.2f}x")
+        tables.add(t, name, f"{statistics.median(v):.1f}", f"{statistics.median(v) / base:.2f}x")
+    tables.echo(t)
     print(f"lookup acceptance {statistics.median(acc):.2f}")
 
     print("\n# model drafter: target SmolLM2 F16, drafter SmolLM2 Q4_1 (same tokenizer)")
@@ -116,9 +119,11 @@ def main() -> None:
                 res.setdefault(f"k={k}", []).append(tps)
                 accs.setdefault(f"k={k}", []).append(ac)
     base = statistics.median(res["plain F16"])
+    t = tables.grid("config", "tok/s", "vs plain", "acceptance", right=[1, 2, 3])
     for name, v in res.items():
-        extra = f"  acceptance {statistics.median(accs[name]):.2f}" if name in accs else ""
-        print(f"{name:10s} {statistics.median(v):7.1f} tok/s  {statistics.median(v) / base:5.2f}x{extra}")
+        acc_k = f"{statistics.median(accs[name]):.2f}" if name in accs else "-"
+        tables.add(t, name, f"{statistics.median(v):.1f}", f"{statistics.median(v) / base:.2f}x", acc_k)
+    tables.echo(t)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from localspec import tables
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import stack, warp
 from localspec.spec.verify import verify
@@ -176,8 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         return real_share(a.model, a.lookup_k, a.tokens, a.threads, params)
     rng = np.random.default_rng(0)
     print(f"warp + verify per round, median of {a.repeats} (ms); {params}")
-    head = f"{'vocab':>8} {'k':>3} {'new lookup':>11} {'new model':>10}"
-    print(head + ("" if a.no_old else f" {'old lookup':>11} {'old model':>10} {'speedup':>8}"))
+    head = ["vocab", "k", "new lookup", "new model"] + ([] if a.no_old else ["old lookup", "old model", "speedup"])
+    t = tables.grid(*head, right=range(len(head)))
     for V in a.vocab:
         for k in a.k:
             target, drafter = synthetic_logits(rng, k + 1, V), synthetic_logits(rng, max(k, 1), V)
@@ -185,12 +186,13 @@ def main(argv: list[str] | None = None) -> None:
             drafts = [warp(target[i], params, context).sample(rng) for i in range(k)]
             new_l = time_ms(lambda: new_round(target, None, context, drafts, params, rng), a.repeats)
             new_m = time_ms(lambda: new_round(target, drafter, context, drafts, params, rng), a.repeats)
-            line = f"{V:>8} {k:>3} {new_l:>11.3f} {new_m:>10.3f}"
+            cells = [V, k, f"{new_l:.3f}", f"{new_m:.3f}"]
             if not a.no_old:
                 old_l = time_ms(lambda: old_round(target, None, context, drafts, params, rng), a.repeats)
                 old_m = time_ms(lambda: old_round(target, drafter, context, drafts, params, rng), a.repeats)
-                line += f" {old_l:>11.3f} {old_m:>10.3f} {old_m / new_m:>7.1f}x"
-            print(line, flush=True)
+                cells += [f"{old_l:.3f}", f"{old_m:.3f}", f"{old_m / new_m:.1f}x"]
+            tables.add(t, *cells)
+    tables.echo(t)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from localspec import tables
 from localspec.backend.machine import cpu_count
 from localspec.bench.busy import Hogs, busy
 from localspec.models.paths import calibration_dir
@@ -108,9 +109,10 @@ def part_decode(model: str, tokens: int, depth: int, hogs: list[int], repeats: i
                 for name in order:
                     res.setdefault(h, {}).setdefault(name, []).append(cfgs[name]())
     print(f"\n## decode: plain, {tokens} tokens at depth {depth}, median tok/s of {repeats} interleaved repeat(s)")
-    print(f"{'configuration':42s}" + "".join(f"{f'{h} hogs':>10s}" for h in hogs))
+    t = tables.grid("configuration", *(f"{h} hogs" for h in hogs), right=range(1, len(hogs) + 1))
     for name in names:
-        print(f"{name:42s}" + "".join(f"{statistics.median(res[h][name]):10.1f}" for h in hogs))
+        tables.add(t, name, *(f"{statistics.median(res[h][name]):.1f}" for h in hogs))
+    tables.echo(t)
     for h in hogs:
         med = {n: statistics.median(v) for n, v in res[h].items()}
         best_pin = max(v for n, v in med.items() if n.startswith("localspec -t") and "," not in n)
@@ -139,10 +141,11 @@ def part_pairs(model: str, tokens: int, depth: int, hogs: list[int], pairs: int)
                 for name in names[rep % len(names):] + names[:rep % len(names)]:
                     res[name].append(cfgs[name]())
         print(f"\n## pairs: {h} hogs, {pairs} rotations, tok/s median and default ÷ config (median of the rotations)")
+        t = tables.grid("configuration", "tok/s", "default ÷ it", "rotations (tok/s)", right=[1, 2])
         for name in names:
             ratio = statistics.median(a / b for a, b in zip(res["localspec default"], res[name]))
-            print(f"{name:24s} {statistics.median(res[name]):7.1f}   default ÷ it {ratio:.3f}   "
-                  f"{[round(x) for x in res[name]]}")
+            tables.add(t, name, f"{statistics.median(res[name]):.1f}", f"{ratio:.3f}", [round(x) for x in res[name]])
+        tables.echo(t)
 
 
 def part_trace(model: str, total: float, start: float, duration: float, n_hogs: int) -> None:
@@ -168,13 +171,14 @@ def part_trace(model: str, total: float, start: float, duration: float, n_hogs: 
     finally:
         hogs.stop()
     print(f"\n## trace: {n_hogs} hogs from {start:g} s to {start + duration:g} s of a {total:g} s generation")
-    print(f"{'t (s)':>6s} {'tok/s':>7s} threads")
+    t = tables.grid("t (s)", "tok/s", "threads", "", right=[0, 1])
     for b in range(int(total * 2)):
         lo, hi = b / 2, b / 2 + 0.5
         sel = [e for e in events if lo <= e[0] < hi]
         if sel:
-            print(f"{lo:6.1f} {sum(e[1] for e in sel) / 0.5:7.1f} {sorted({e[2] for e in sel})}"
-                  f"{'  busy' if start <= lo < start + duration else ''}")
+            tables.add(t, f"{lo:.1f}", f"{sum(e[1] for e in sel) / 0.5:.1f}", sorted({e[2] for e in sel}),
+                       "busy" if start <= lo < start + duration else "")
+    tables.echo(t)
     for c in engine.threads.state().changes:
         print(f"change at {c.at_s:6.2f} s ({c.phase}): {c.old} -> {c.new}: {c.reason}")
     engine.close()
@@ -206,8 +210,10 @@ def part_startup(repeats: int, n_hogs: int) -> None:
                         settle(cal_dir, busy=h > 0)  # another load is re-timed: "warm" = complete for this load
                     rows.setdefault(f"{h} hogs, {cache} cache", []).append(localspec_run(["-n", "1", "hi"])["wall_s"])
     print(f"\n## start-up: `localspec run -n 1 hi` wall seconds, median of {repeats}")
+    t = tables.grid("machine and calibration cache", "wall s", right=[1])
     for name, v in rows.items():
-        print(f"{name:28s} {statistics.median(v):6.2f}")
+        tables.add(t, name, f"{statistics.median(v):.2f}")
+    tables.echo(t)
     w0, wb = statistics.median(rows["0 hogs, warm cache"]), statistics.median(rows[f"{n_hogs} hogs, warm cache"])
     print(f"busy/idle with a warm cache: {wb / w0:.2f}x")
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from localspec import tables
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import PROSE
 from localspec.engine.session import Engine
@@ -72,7 +73,9 @@ for _ in range(REPS):
         res.setdefault("ours spec", []).append(ours(eng, prompt, True))
         res.setdefault("ours plain (target)", []).append(ours(eng, prompt, False))
         res.setdefault("ours plain Q4_1", []).append(ours(plain_q4, prompt, False))
+table = tables.grid("config", "tok/s", "acceptance", right=[1, 2])
 for name, v in res.items():
     tps, acc = statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)
-    print(f"{name:22s} {tps:7.1f} tok/s  acceptance {acc:.2f}")
+    tables.add(table, name, f"{tps:.1f}", f"{acc:.2f}")
+tables.echo(table)
 print(f"llama-bench tg{N} target: {cpp_plain(TGT):.1f} tok/s ; Q4_1: {cpp_plain(Q4):.1f} tok/s")

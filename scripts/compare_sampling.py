@@ -25,6 +25,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
+from localspec import tables
 from localspec.bench.tasks import builtin_prompts
 from localspec.models.registry import resolve_model
 
@@ -113,7 +114,7 @@ def main() -> None:
         os.unlink(f.name)
     print(f"{os.path.basename(path)}, {a.tokens} tokens, {a.threads} threads, {a.repeats} repeats; "
           f"sampled = T {a.temp}, top-k {a.top_k}, top-p {a.top_p}, min-p {a.min_p}")
-    print(f"{'':8} {'llama-server tok/s':>26} {'localspec tok/s':>26} {'ratio':>6}")
+    t = tables.grid("", "llama-server tok/s", "localspec tok/s", "ratio", right=[1, 2, 3])
     for mode in modes:
         cols = []
         for who in ("llama-server", "localspec"):
@@ -121,7 +122,8 @@ def main() -> None:
             toks = statistics.median(x[1] for x in res[(who, mode)])
             cols.append((statistics.median(tps), f"{statistics.median(tps):6.1f} ({min(tps):.1f}-{max(tps):.1f}) "
                          f"n={toks:.0f}"))
-        print(f"{mode:8} {cols[0][1]:>26} {cols[1][1]:>26} {cols[1][0] / cols[0][0]:>5.2f}x")
+        tables.add(t, mode, cols[0][1], cols[1][1], f"{cols[1][0] / cols[0][0]:.2f}x")
+    tables.echo(t)
 
 
 if __name__ == "__main__":
