@@ -22,7 +22,7 @@ from ..spec.reindent import Indents
 from ..spec.suffix import SuffixCache
 from ..spec.types import NO_DRAFTER, Controller, Drafter
 from ..tuning.calibration import Calibration
-from ..tuning.controller import DEFAULT_K, Adaptive, FixedK, family
+from ..tuning.controller import DEFAULT_K, K_MAX, K_MAX_LOOKUP, K_MIN, Adaptive, FixedK, k_range
 from ..tuning.threads import ThreadControl
 from .session import Engine
 
@@ -43,13 +43,12 @@ class EngineSpec:
     verbose: bool = False
     load: LoadOptions = LoadOptions()
     adaptive: bool = True  # choose γ per round and switch speculation off when it does not pay (issue 4)
-    k_min: int = 1  # adaptive range; an explicit k pins γ (auto-off stays on unless adaptive=False)
-    k_max: int = 8
+    k_min: int = K_MIN  # adaptive range; an explicit k pins γ (auto-off stays on unless adaptive=False)
+    k_max: int = K_MAX
     hybrid: bool = False  # with a model drafter: prompt lookup first, the model when lookup has no match
     p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
     lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
-    k_max_lookup: int = 32  # with lookup and k_max left at its default: a strong match may draft this far
-    # (calibration times v(γ) that far too); 63 was no faster (docs/bench/lookup.md, "How far a strong match ...")
+    k_max_lookup: int = K_MAX_LOOKUP  # with lookup and k_max left at its default (tuning/controller.k_range)
 
 
 def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
@@ -186,15 +185,8 @@ def make_lookup(spec: EngineSpec, target: Model) -> PromptLookup:
 
 
 def _k_range(spec: EngineSpec, drafter: Drafter | None = None) -> tuple[int, int]:
-    """An explicit -k pins γ; else the adaptive range, which reaches `k_max_lookup` for a drafter with prompt
-    lookup when k_max was left at its default (copying pays at long γ)."""
-    if spec.k is not None:
-        return spec.k, spec.k
-    k_max = max(spec.k_min, spec.k_max)
-    if (drafter is not None and spec.k_max == EngineSpec.k_max
-            and any(family(s) == LOOKUP for s in drafter.sources)):
-        k_max = max(k_max, spec.k_max_lookup)
-    return spec.k_min, k_max
+    return k_range(drafter.sources if drafter is not None else (), k=spec.k, k_min=spec.k_min, k_max=spec.k_max,
+                   k_max_lookup=spec.k_max_lookup)
 
 
 def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,

@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from ..models import LOOKUP
 from ..spec.types import ControllerState
 from .estimate import SourceEstimate
 from .rate import best_k, v_at
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 
 DEFAULT_K = 4  # the draft length when nothing else decides it (no pair, no -k, adaptive off)
+K_MIN, K_MAX = 1, 8  # the adaptive range of γ when the user says nothing
+K_MAX_LOOKUP = 32  # a strong lookup match may copy this far; 63 was no faster (docs/bench/lookup.md)
 
 
 class FixedK:
@@ -69,7 +72,7 @@ _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted
 class Adaptive:
     """Per-session adaptive γ with auto-off; see the module docstring for the model."""
 
-    def __init__(self, *, sources: Sequence[str] = ("draft",), k_min: int = 1, k_max: int = 8,
+    def __init__(self, *, sources: Sequence[str] = ("draft",), k_min: int = K_MIN, k_max: int = K_MAX,
                  v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float] | None = None,
                  prior: Mapping[str, tuple[float, ...]] | None = None, alpha_prior: float = 0.7,
                  decay: float = 0.95, cost_weight: float = 0.1,
@@ -290,6 +293,18 @@ class Adaptive:
             spec_disabled_reason=self.spec_disabled_reason,
             off={s: e.reason for s, e in self.src.items() if not e.on and e.reason},
             label=label, k_now=max(k.values(), default=0))
+
+
+def k_range(sources: Sequence[str], *, k: int | None = None, k_min: int = K_MIN, k_max: int = K_MAX,
+            k_max_lookup: int = K_MAX_LOOKUP) -> tuple[int, int]:
+    """(k_min, k_max) of γ for a drafter with these sources. An explicit k pins γ; a drafter with prompt lookup
+    reaches `k_max_lookup` when k_max was left at its default, because a verbatim copy pays at long γ."""
+    if k is not None:
+        return k, k
+    hi = max(k_min, k_max)
+    if k_max == K_MAX and any(family(s) == LOOKUP for s in sources):
+        hi = max(hi, k_max_lookup)
+    return k_min, hi
 
 
 def family(source: str) -> str:
