@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from .common import FullHelpGroup, friendly_errors, log_err
 
 
-def _human(n: int | None) -> str:
+def _human(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -56,7 +57,7 @@ def list_(as_json: bool) -> None:
     from ..models.registry import entry_path, load_registry
 
     reg = load_registry()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, e in reg.models.items():
         try:
             path = entry_path(e, fetch=False)

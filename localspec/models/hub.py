@@ -24,9 +24,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit
 
 from ..errors import LocalspecError
+
+if TYPE_CHECKING:
+    from huggingface_hub import CachedFileInfo, CachedRevisionInfo
+
+Log = Callable[[str], None]
 
 DEFAULT_QUANT = "Q4_K_M"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -92,8 +98,7 @@ def select_files(names: list[str], ref: HubRef) -> list[str]:
     m = _SHARD.search(first)
     if m:  # every shard of that file, which llama.cpp loads from the first
         base = first[: m.start()]
-        chosen = sorted(n for n in names if n.startswith(base) and _SHARD.search(n)
-                        and _SHARD.search(n).group(2) == m.group(2))
+        chosen = sorted(n for n in names if n.startswith(base) and (s := _SHARD.search(n)) and s.group(2) == m.group(2))
         if len(chosen) != int(m.group(2)):
             raise HubError(f"{ref.repo}: {first} has {int(m.group(2))} shards but {len(chosen)} are listed")
     elif len(chosen) > 1:
@@ -127,7 +132,7 @@ def cache_dir() -> str:
 
 # -- the cache (no network) -----------------------------------------------------------------------------------
 
-def _revisions(repo: str) -> list:
+def _revisions(repo: str) -> list[CachedRevisionInfo]:
     """The client's records (CachedRevisionInfo) of every cached revision of model repo `repo`."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
@@ -139,12 +144,12 @@ def _revisions(repo: str) -> list:
     return [v for r in repos if r.repo_id == repo and r.repo_type == "model" for v in r.revisions]
 
 
-def _files(rev) -> dict:
+def _files(rev: CachedRevisionInfo) -> dict[str, CachedFileInfo]:
     """Relative file name -> CachedFileInfo for one cached revision."""
     return {f.file_path.relative_to(rev.snapshot_path).as_posix(): f for f in rev.files}
 
 
-def _cached(repo: str, revision: str) -> dict:
+def _cached(repo: str, revision: str) -> dict[str, CachedFileInfo]:
     """Relative file name -> CachedFileInfo for every file of `repo` at a branch, tag or commit."""
     rev = next((v for v in _revisions(repo) if revision in v.refs or v.commit_hash == revision), None)
     return _files(rev) if rev is not None else {}
@@ -217,7 +222,7 @@ def _is_transport_error(e: BaseException) -> bool:
     return type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2", "requests")
 
 
-def _get_range(url: str, part: Path, headers: dict, size: int | None, filename: str) -> None:
+def _get_range(url: str, part: Path, headers: dict[str, str], size: int | None, filename: str) -> None:
     """One GET from the end of `part` to the end of the file, appended as the bytes arrive."""
     from huggingface_hub import get_session
     from huggingface_hub.utils import hf_raise_for_status, tqdm
@@ -238,21 +243,21 @@ def _get_range(url: str, part: Path, headers: dict, size: int | None, filename: 
                 bar.update(len(chunk))
 
 
-def _fetch(meta, filename: str, log, *, tries: int = 5) -> Path:
-    """The file behind `meta` (HfFileMetadata) in our partial file, resumed across drops and runs, verified."""
+def _fetch(url: str, etag: str, size: int | None, filename: str, log: Log, *, tries: int = 5) -> Path:
+    """The file at `url` in our partial file, resumed across dropped connections and runs, checked by `etag`."""
     from huggingface_hub.utils import build_hf_headers
 
-    part = _partial(meta.etag)
+    part = _partial(etag)
     part.parent.mkdir(parents=True, exist_ok=True)
     if part.exists():
-        log(f"localspec: resuming {filename} at {part.stat().st_size:,} of {meta.size or 0:,} bytes")
+        log(f"localspec: resuming {filename} at {part.stat().st_size:,} of {size or 0:,} bytes")
     headers = build_hf_headers()
-    if urlsplit(meta.location).netloc != urlsplit(endpoint()).netloc:
+    if urlsplit(url).netloc != urlsplit(endpoint()).netloc:
         headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub, as the client does
     for attempt in range(tries):
         before = part.stat().st_size if part.exists() else 0
         try:
-            _get_range(meta.location, part, headers, meta.size, filename)
+            _get_range(url, part, headers, size, filename)
             break
         except Exception as e:
             if not _is_transport_error(e) or attempt == tries - 1:
@@ -261,7 +266,7 @@ def _fetch(meta, filename: str, log, *, tries: int = 5) -> Path:
                 continue  # it moved: resume at once
             time.sleep(min(2**attempt, 8))
     try:
-        kind = verify_blob(part, meta.etag)
+        kind = verify_blob(part, etag)
     except HubError:
         part.unlink(missing_ok=True)
         raise
@@ -269,12 +274,12 @@ def _fetch(meta, filename: str, log, *, tries: int = 5) -> Path:
     return part
 
 
-def _reuse(repo: str, filename: str, meta, dst: Path, log) -> bool:
+def _reuse(repo: str, filename: str, etag: str, size: int | None, dst: Path, log: Log) -> bool:
     """Link the same file from another cached revision (a repo whose README changed) instead of fetching it."""
-    same = [f for rev in _revisions(repo) if (f := _files(rev).get(filename)) and f.size_on_disk == meta.size]
+    same = [f for rev in _revisions(repo) if (f := _files(rev).get(filename)) and f.size_on_disk == size]
     for f in same:
         try:
-            kind = verify_blob(f.blob_path, meta.etag)
+            kind = verify_blob(f.blob_path, etag)
         except HubError:
             continue
         log(f"localspec: {filename}: the same file is cached for another revision ({kind} verified); linked")
@@ -287,23 +292,25 @@ def _reuse(repo: str, filename: str, meta, dst: Path, log) -> bool:
     return False
 
 
-def _download(repo: str, filename: str, revision: str, log) -> Path:
+def _download(repo: str, filename: str, revision: str, log: Log) -> Path:
     """One file into the hub cache; returns its path there (the client's own, with the revision's ref)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 
     ep, cache = endpoint(), cache_dir()
-    where = dict(revision=revision, cache_dir=cache, endpoint=ep)
     meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision, endpoint=ep), endpoint=ep)
+    if meta.etag is None or meta.commit_hash is None:
+        raise HubError(f"{repo}: the hub sent no etag or commit for {filename}; check HF_ENDPOINT")
     cached = try_to_load_from_cache(repo, filename, cache_dir=cache, revision=meta.commit_hash)
     if not isinstance(cached, str) and meta.xet_file_data is None:
-        dst = Path(hf_hub_download(repo, filename, dry_run=True, **where).local_path)
-        if not _reuse(repo, filename, meta, dst, log):
-            part = _fetch(meta, filename, log)
+        dst = Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache, endpoint=ep,
+                                   dry_run=True).local_path)
+        if not _reuse(repo, filename, meta.etag, meta.size, dst, log):
+            part = _fetch(meta.location, meta.etag, meta.size, filename, log)
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(part, dst)
             with contextlib.suppress(OSError):
                 part.parent.rmdir()  # only when no other partial download waits there
-    return Path(hf_hub_download(repo, filename, **where))
+    return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache, endpoint=ep))
 
 
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -338,7 +345,7 @@ def hub_logs(verbose: bool):
         logger.setLevel(level)
 
 
-def pull(ref: HubRef, *, log=print, verbose: bool = False) -> Path:
+def pull(ref: HubRef, *, log: Log = print, verbose: bool = False) -> Path:
     """Download every file `ref` needs (all shards) into the hub cache; returns the first file's path."""
     if is_offline():
         raise HubError(f"offline (HF_HUB_OFFLINE is set): cannot pull {ref.repo}; unset it and retry")
@@ -350,7 +357,7 @@ def pull(ref: HubRef, *, log=print, verbose: bool = False) -> Path:
         return _pull(ref, log)
 
 
-def _pull(ref: HubRef, log) -> Path:
+def _pull(ref: HubRef, log: Log) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
     try:

@@ -17,14 +17,14 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found]
 
 from ..errors import LocalspecError, ModelNotFound
 from . import (
@@ -278,11 +278,12 @@ def user_file() -> Path:
     return home() / "models.toml"
 
 
-def parse_registry(files: list[tuple[Path | str, str]]) -> Registry:
+def parse_registry(files: Sequence[tuple[Path | str, str]]) -> Registry:
     """Parse and merge models.toml texts, later files overriding earlier ones (pure: no file system)."""
     models: dict[str, tuple[_Source, dict]] = {}
     pairs: dict[str, tuple[_Source, dict]] = {}
-    default, default_src = None, None
+    default: str | None = None
+    default_src: _Source | None = None
     for i, (path, text) in enumerate(files):
         src, data = _read(path, text, shipped=i == 0)
         if "default" in data:
@@ -292,7 +293,8 @@ def parse_registry(files: list[tuple[Path | str, str]]) -> Registry:
             old = pairs.get(name, (src, {}))[1]
             pairs[name] = (src, {**old, **values})
     built = {n: _build_model(n, s, dict(v)) for n, (s, v) in models.items()}
-    if default not in built:
+    if default is None or default not in built:
+        assert default_src is not None  # the shipped file has a default (_read)
         raise default_src.fail(None, "default", f"unknown model '{default}'")
     built_pairs = {n: _build_pair(n, s, v, built) for n, (s, v) in pairs.items()}
     return Registry(default, built, built_pairs, tuple(str(p) for p, _ in files))
@@ -320,15 +322,21 @@ def _offline() -> bool:
     return hub.is_offline()
 
 
+def _package(entry: ModelEntry) -> str:
+    """A package entry's "import_pkg/rel/path.gguf" (entry_path sends only package entries here)."""
+    assert entry.package is not None, entry.name
+    return entry.package
+
+
 def assembled_file(entry: ModelEntry) -> Path:
-    dist = (entry.pip or entry.package.split("/")[0]).split("==")[0]
-    return cache_dir() / "packages" / dist / entry.package.split("/")[-1]
+    dist = (entry.pip or _package(entry).split("/")[0]).split("==")[0]
+    return cache_dir() / "packages" / dist / _package(entry).split("/")[-1]
 
 
 def _package_path(entry: ModelEntry, *, fetch: bool, log) -> Path:
     dist, _, version = (entry.pip or "").partition("==")
     if not entry.assemble:
-        return package_file(dist or entry.package.split("/")[0], entry.package, version or None,
+        return package_file(dist or _package(entry).split("/")[0], _package(entry), version or None,
                             fetch=fetch and not _offline(), log=log)
     found = next((p for p in assembled_candidates(entry) if p.is_file()), None)
     if found is not None:
@@ -338,7 +346,7 @@ def _package_path(entry: ModelEntry, *, fetch: bool, log) -> Path:
     out = assembled_file(entry)
     mod = _assembler(entry)
     if mod is None:
-        top = entry.package.split("/")[0]
+        top = _package(entry).split("/")[0]
         raise ModelNotFound(f"model '{entry.name}' needs the package {dist or top}: pip install {entry.pip or top}")
     log(f"localspec: assembling {out.name} from package {mod.__name__} (once, into {out.parent}) ...")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +361,7 @@ def _assembler(entry: ModelEntry):
     import importlib
 
     try:
-        return importlib.import_module(entry.package.split("/")[0])
+        return importlib.import_module(_package(entry).split("/")[0])
     except ImportError:
         return None
 
@@ -384,12 +392,12 @@ def entry_path(entry: ModelEntry, *, fetch: bool = True, log=print) -> Path:
         return p
     if entry.package:
         return _package_path(entry, fetch=fetch, log=log)
-    ref = hub.HubRef(entry.hf, file=entry.file, quant=entry.quant, revision=entry.revision)
-    p = hub.cached_path(ref)
-    if p is None:
+    assert entry.hf is not None, entry.name  # exactly one source (_build_model)
+    found = hub.cached_path(hub.HubRef(entry.hf, file=entry.file, quant=entry.quant, revision=entry.revision))
+    if found is None:
         raise ModelNotFound(f"model '{entry.name}' ({entry.source_text}) is not downloaded; "
                             f"run 'localspec models pull {entry.name}'")
-    return p
+    return found
 
 
 def resolve_model(spec: str | None, registry: Registry | None = None, *, log=print) -> ResolvedModel:
