@@ -137,3 +137,12 @@ def test_openai_and_ollama_suffix(http):
                                          stream=False)
     assert g.done and g.eval_count <= 8
     assert http.get("/props").json()["fim"] is True
+
+
+def test_infill_n_cmpl_reuses_the_prompt(http):
+    """llama-server's `n_cmpl` on /infill: one result per completion, in order, the later ones finding the whole
+    FIM prompt in the KV cache."""
+    res = http.post("/infill", json=infill_body(source_file(20, tag="N"), 10, n_cmpl=2, n_predict=4,
+                                                temperature=0.8, seed=3)).json()
+    assert [r["index"] for r in res] == [0, 1]
+    assert res[1]["timings"]["prompt_n"] == 1 and res[1]["tokens_cached"] == res[1]["tokens_evaluated"] - 1
