@@ -45,7 +45,10 @@ def copy_gguf(src: str | Path, dst: str | Path, *, extra: dict[str, Any] | None 
     if dequantize:
         extra["general.file_type"] = _FILE_TYPE[dequantize]
     reader = gguf.GGUFReader(str(src))
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    arch_field = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    if arch_field is None:
+        raise ValueError(f"{src}: no {gguf.Keys.General.ARCHITECTURE} in its header")
+    arch = arch_field.contents()
     part = dst.with_name(dst.name + ".part")
     dst.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(part), arch=arch, endianess=reader.endianess)

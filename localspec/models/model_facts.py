@@ -41,7 +41,7 @@ def _params_by_type(h: GGUFHeader, min_dims: int = 1) -> dict[str, int]:
 
 def _dominant_tensor_type(h: GGUFHeader) -> str | None:
     counts = _params_by_type(h)
-    return max(counts, key=counts.get) if counts else None
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def _quant(h: GGUFHeader) -> str | None:

@@ -28,7 +28,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, Hashable, Mapping, TypeVar
 
 from ..backend import Model, build_info
 from ..backend.machine import cpu_count, cpu_model, free_cores, openmp_settings
@@ -45,6 +45,7 @@ V_DEPTH = 128
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 MIN_LEFT = 0.1  # a later stage starts only with this share of the budget left
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Calibration:
                 and self.others >= ThreadControl.BUSY_AT and others_now <= ThreadControl.QUIET_AT)
 
 
-def _best(times: Mapping[int, float]) -> int | None:
+def _best(times: Mapping[K, float]) -> K | None:
     return min(times, key=times.__getitem__) if times else None
 
 
@@ -126,8 +127,9 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
 
         if phase not in threads and (times := stage(run)):
             threads[phase] = times
-        if phase in threads and phase != "prompt":
-            model.set_threads(*(2 * [preferred(threads[phase])]))
+        n = preferred(threads[phase]) if phase in threads and phase != "prompt" else None
+        if n is not None:
+            model.set_threads(n, n)
 
     per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
     if draft_model is not None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from functools import partial
+from typing import Callable, Mapping, Sequence, TypeGuard
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class OutOfTime(Exception):
     """A hard deadline passed before the measurement had one timed repeat; its partial results are dropped."""
 
 
-def _out_of_time(deadline: Deadline | None) -> bool:
+def _out_of_time(deadline: Deadline | None) -> TypeGuard[Deadline]:  # True: there is a deadline, and it passed
     return deadline is not None and time.perf_counter() > deadline.at
 
 
@@ -189,7 +190,7 @@ def measure(target: Model, context: Sequence[int], k_max: int, *, drafters: Mapp
                 m.decode(prefix, 0)
         gammas = timed_gammas(k_max)
         timers: dict[str, Callable[[], float]] = {
-            f"d:{name}": (lambda m=m: timed_decode(m, follow[:1], 1)) for name, m in drafters.items()}
+            f"d:{name}": partial(timed_decode, m, follow[:1], 1) for name, m in drafters.items()}
         if lookup and k_max:
             timers["lookup"] = _lookup_timer(ctx[:pos + 1], k_max)
         # warm-up: the pool and the largest batch's buffers (not every batch: on a 270M model that alone is ~1 s)

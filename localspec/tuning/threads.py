@@ -187,12 +187,13 @@ class ThreadChooser:
         # and more threads are what a quiet machine is expected to want (a half margin: the gain may be ~10 %)
         margin = self.margin if not self.quiet else 3 * self.margin if n < self.current else self.margin / 2
         won = seconds < now * (1 - margin)
-        if won and (self.won is None or self.won[0] != n):
+        first = self.won if won and self.won is not None and self.won[0] == n else None  # this win confirms it
+        if won and first is None:
             self.won = (n, seconds)
             self.queue.insert(0, n)  # confirm: probe it again next round
             return
-        if won:
-            self._switch(n, now, max(seconds, self.won[1]))  # the slower of the two probes
+        if first is not None:
+            self._switch(n, now, max(seconds, first[1]))  # the slower of the two probes
         elif not self.queue:
             self.gap = min(2 * self.gap, self.gap_max)  # every neighbour lost: probe less often
         self.won = None
