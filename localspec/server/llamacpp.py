@@ -36,6 +36,7 @@ def router(state: State) -> APIRouter:
     r = APIRouter(tags=["llama.cpp"])
 
     @r.get("/health")
+    @r.get("/v1/health", include_in_schema=False)
     async def health() -> Response:
         if not state.worker.alive():
             return JSONResponse({"error": {"code": 503, "message": "generation worker is not running",
@@ -208,7 +209,9 @@ async def _answer(state: State, req: CompletionRequest, request: Request, builds
 
 
 async def _collect(state: State, run: Run, req: CompletionRequest, index: int) -> dict[str, Any] | None:
-    content, stop_type, tokens, probs = "", "none", [], []
+    content, stop_type = "", "none"
+    tokens: list[int] = []
+    probs: list[TokenLogprob] = []
     async for piece, stop_type, ch in _policed(run, req):
         content += piece
         tokens.extend(ch.step.tokens)
@@ -232,7 +235,8 @@ async def _policed(run: Run, req: CompletionRequest) -> AsyncIterator[tuple[str,
             yield new[len(text):cut] if cut > len(text) else "", "limit", ch
             return
         text = new
-        over = bool(req.t_max_predict_ms) and ch.stats.gen_ms > req.t_max_predict_ms and "\n" in text
+        budget = req.t_max_predict_ms or 0.0
+        over = budget > 0 and ch.stats.gen_ms > budget and "\n" in text
         if ch.finish or over:
             stop_type = ("eos" if ch.step.finish == "stop" else "word") if ch.finish == "stop" else "limit"
             yield ch.text, stop_type, ch

@@ -97,7 +97,7 @@ def _head(state: State) -> dict[str, Any]:
 
 async def _answer(state: State, options: OllamaOptions | None, stream: bool, request: Request, build,
                   *, chat: bool, fmt: str | dict | None = None) -> Response:
-    o = options or OllamaOptions()
+    o = options or OllamaOptions.model_validate({})
     t0 = time.perf_counter()
     extra = request_extras(state.engine, ollama_format=fmt)
     job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS,
@@ -119,7 +119,7 @@ def _piece(state: State, text: str, chat: bool) -> dict[str, Any]:
 def _final(state: State, run: Run, t0: float) -> dict[str, Any]:
     s = run.stats
     ns = 1_000_000  # ms -> ns
-    return {"done": True, "done_reason": DONE_REASON.get(run.last.finish if run.last else "stop", "stop"),
+    return {"done": True, "done_reason": DONE_REASON.get((run.last.finish if run.last else None) or "stop", "stop"),
             "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
             "prompt_eval_count": s.n_prompt, "prompt_eval_duration": int(s.prompt_ms * ns),
             "eval_count": s.n_generated, "eval_duration": int(s.gen_ms * ns),

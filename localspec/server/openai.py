@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import __version__
 from ..engine.session import Engine
 from ..errors import LocalspecError
+from ..sampling.logprobs import TokenLogprob
 from .chat import chat_messages_prompt
 from .common import (ApiError, Build, Choice, ClientGone, Run, State, error_event, plan, progress, sampling,
                      speculative, stops)
@@ -135,7 +136,8 @@ async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, requ
         if i:
             run = Run(state, _job(state, req, choice, chat), request)
             await run.start()
-        text, lps = "", []
+        text = ""
+        lps: list[TokenLogprob] = []
         async for ch in run.chunks():
             text += ch.text
             lps.extend(ch.step.logprobs)

@@ -25,9 +25,9 @@ def split_prompts(prompt: str | Sequence[Piece | Sequence[Piece]]) -> list[One]:
     items = list(prompt)
     if not items:
         raise ApiError(400, "prompt is an empty list: send text, token ids, or a list of prompts")
-    flat = [p for p in items if not isinstance(p, list)]
+    flat: list[Piece] = [p for p in items if isinstance(p, (int, str))]
     if len(flat) == len(items) and any(isinstance(p, int) for p in items):
-        return [list(flat)]  # token ids, or ids mixed with text: one prompt
+        return [flat]  # token ids, or ids mixed with text: one prompt
     if any(isinstance(p, int) for p in items):
         raise ApiError(400, "prompt mixes token ids with nested prompts: send one flat list or a list of prompts")
     if len(items) > MAX_PROMPTS:
@@ -37,7 +37,7 @@ def split_prompts(prompt: str | Sequence[Piece | Sequence[Piece]]) -> list[One]:
         if isinstance(p, list):
             if not p:
                 raise ApiError(400, "a prompt in the list is empty")
-            out.append(list(p))
+            out.append([x for x in p if isinstance(x, (int, str))])
         else:
             out.append(str(p))
     return out

@@ -76,6 +76,7 @@ def parse_logit_bias(value: Any, engine: Engine) -> dict[int, float]:
         raise ApiError(400, "logit_bias must be an object {\"token_id\": bias} or a list of [token, bias] pairs")
     out: dict[int, float] = {}
     n_vocab = engine.target.n_vocab
+    item: Any
     for item in items:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
             raise ApiError(400, f"logit_bias entries are [token, bias] pairs, got {item!r}")
