@@ -163,7 +163,7 @@ def cached_path(ref: HubRef) -> Path | None:
     """The first (or only) file of `ref` in the hub cache, or None; reads only the disk."""
     from huggingface_hub import try_to_load_from_cache
 
-    if ref.file:  # one name: no need to list the cache
+    if ref.file and not _SHARD.search(ref.file):  # one file, not a shard set: no need to list the cache
         found = try_to_load_from_cache(ref.repo, ref.file, cache_dir=cache_dir(), revision=ref.revision)
         return Path(found) if isinstance(found, str) else None
     files = _cached(ref.repo, ref.revision)
