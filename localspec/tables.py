@@ -24,7 +24,8 @@ def grid(*headers: str, right: Iterable[int] = ()) -> Table:
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False)
     right = set(right)
     for i, h in enumerate(headers):
-        t.add_column(h, justify="right" if i in right else "left", no_wrap=i == 0)
+        # a narrow terminal folds a long cell onto more lines rather than cutting it with an ellipsis
+        t.add_column(h, justify="right" if i in right else "left", no_wrap=i == 0, overflow="fold")
     return t
 
 
@@ -32,7 +33,7 @@ def facts() -> Table:
     """Two columns without a header: 'name:' aligned right, then its value ('   arch: llama')."""
     t = Table.grid(padding=(0, 1))
     t.add_column(justify="right", no_wrap=True)
-    t.add_column()
+    t.add_column(overflow="fold")
     return t
 
 
