@@ -19,8 +19,8 @@ import time
 from collections import Counter
 from typing import Callable
 
-from localspec import tables
 from localspec.backend import LoadOptions, Model
+from localspec.bench import tables
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 from localspec.engine.loader import EngineSpec, make_controller
 from localspec.engine.session import Engine

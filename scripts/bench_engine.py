@@ -15,8 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
-from localspec import tables
 from localspec.backend import LoadOptions, Model
+from localspec.bench import tables
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 from localspec.engine.session import Engine
 from localspec.models.gguf_tools import write_dequantized

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec import tables
+from localspec.bench import tables
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import stack, warp
 from localspec.spec.verify import verify

@@ -37,8 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from localspec import tables
 from localspec.backend.machine import cpu_count
+from localspec.bench import tables
 from localspec.bench.busy import Hogs, busy
 from localspec.models.paths import calibration_dir
 from localspec.models.registry import resolve_model

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
-from localspec import tables
 from localspec.backend import LoadOptions, Model
+from localspec.bench import tables
 from localspec.bench.samples import PROSE
 from localspec.engine.session import Engine
 from localspec.models.paths import cache_dir

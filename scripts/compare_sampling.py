@@ -25,7 +25,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
-from localspec import tables
+from localspec.bench import tables
 from localspec.bench.tasks import builtin_prompts
 from localspec.models.registry import resolve_model
 

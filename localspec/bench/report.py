@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from .. import tables
 from ..models.model_facts import verify_hint
+from . import tables
 from .runner import PLAIN, Plan, TargetResult
 from .summary import ALL, Row, rows_for, verdict, winners
 

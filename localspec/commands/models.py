@@ -74,7 +74,7 @@ def list_(as_json: bool) -> None:
         for r in rows:
             click.echo(json.dumps(r))
         return
-    from .. import tables
+    from ..bench import tables
 
     t = tables.grid("NAME", "SOURCE", "SIZE", "QUANT", "ARCH", "PRESENT", "PAIRS", right=[2])
     for r in rows:
@@ -164,7 +164,7 @@ def _print_facts(d: dict) -> None:
 
 def _echo_facts(rows: list[tuple[str, object]]) -> None:
     """'name: value' lines, the names aligned right (a header-less rich table)."""
-    from .. import tables
+    from ..bench import tables
 
     t = tables.facts()
     for k, v in rows:

@@ -1,7 +1,8 @@
 """The command line's tables, drawn by rich: colour and the terminal's width on a TTY, plain text in a pipe.
 
-A leaf like errors.py (it imports only rich), so every layer and the scripts can draw the same tables. Cells
-are plain text, never rich markup: model names, tokens and paths hold brackets.
+It imports only rich, so `localspec models`, the bench report and the scripts draw the same tables (it sits in
+bench/, the lowest front end, so commands/ can import it too). Cells are plain text, never rich markup: model
+names, tokens and paths hold brackets.
 """
 
 from __future__ import annotations
