@@ -9,6 +9,7 @@ report its top-2 logits: a small gap means numerics, a large gap would mean a bu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -45,15 +46,15 @@ def compare(target: Model, prompt: Sequence[int], plain: Sequence[int], spec: Se
     """Compare one greedy spec run with the plain run on the same prompt (target cache is clobbered)."""
     n = min(len(plain), len(spec))
     i = common_prefix(plain, spec)
-    base = dict(target=label, drafter=drafter, k=k, task=task, prompt_id=prompt_id)
+    agreement = partial(Agreement, target=label, drafter=drafter, k=k, task=task, prompt_id=prompt_id)
     if list(plain) == list(spec):  # same max_tokens: a shorter text means that side stopped (EOG) earlier
-        return Agreement(**base, agree=True, n_compared=n)
+        return agreement(agree=True, n_compared=n)
     tok = lambda seq: repr(target.detokenize([seq[i]])) if i < len(seq) else "<end>"  # noqa: E731
     target.rewind(0)
     logits = target.decode(list(prompt) + list(plain[:i]), 1)[0]
     top = np.argsort(-logits)[:2]
     gap = float(logits[top[0]] - logits[top[1]])
-    return Agreement(**base, agree=False, n_compared=n, position=i, plain_token=tok(plain), spec_token=tok(spec),
+    return agreement(agree=False, n_compared=n, position=i, plain_token=tok(plain), spec_token=tok(spec),
                      top1=repr(target.detokenize([int(top[0])])), top2=repr(target.detokenize([int(top[1])])),
                      gap=gap, near_tie=gap < NEAR_TIE_LOGITS)
 

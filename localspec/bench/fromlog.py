@@ -70,8 +70,8 @@ def read_log(path: str | Path) -> tuple[list[LogRow], int]:
             pos = obj.get("acceptance_per_position")
             if isinstance(pos, list):
                 g["pos"].append([_num(x, 0.0) for x in pos])
-            tps = obj.get("tokens_per_second")
-            if _num(tps, None) is not None:
+            tps = _num(obj.get("tokens_per_second"), None)
+            if tps is not None:
                 g["tps"].append(float(tps))
     if not groups:
         raise BenchInputError(f"{p} holds no readable records ({skipped} lines skipped)")

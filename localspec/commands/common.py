@@ -11,7 +11,7 @@ import click
 
 from ..errors import LocalspecError
 
-_LINE_BREAKS = {c: repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_BROKEN_PIPE = 141  # stdout closed by the reader, e.g. `| head` (128 + SIGPIPE)
 
@@ -43,7 +43,7 @@ def friendly_errors(f: Callable) -> Callable:
 
 def error_line(msg: str) -> None:
     """`error: msg` on stderr as ONE line: line breaks that came in with user input are shown escaped."""
-    click.echo("error: " + msg.translate(str.maketrans(_LINE_BREAKS)), err=True)
+    click.echo("error: " + msg.translate(_LINE_BREAKS), err=True)
 
 
 def log_err(msg: str) -> None:

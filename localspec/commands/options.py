@@ -63,10 +63,11 @@ def bundle(options: list[Callable], build: Callable[[dict, dict], dict]) -> Call
             values = {n: kw.pop(n) for n in names}
             return f(*args, **kw, **build(values, kw))
 
+        decorated: Callable = wrapper
         for o in reversed(options):
-            wrapper = o(wrapper)
-        names.extend(p.name for p in wrapper.__click_params__ if id(p) not in existing)
-        return wrapper
+            decorated = o(decorated)
+        names.extend(p.name for p in getattr(decorated, "__click_params__", ()) if id(p) not in existing)
+        return decorated
 
     return decorate
 

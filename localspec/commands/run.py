@@ -57,6 +57,8 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
         if not as_json:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
+    if last is None or last.outcome is None:  # the engine ends every answer with a chunk that says how
+        raise RuntimeError("generation ended without a final chunk")
     stats = last.stats
     ctl = engine.controller.state() if engine.drafter else None
     thr = engine.threads.state() if engine.threads else None
@@ -98,8 +100,10 @@ def read_prompt(arg: str | None, opt: str | None, path: str | None) -> str:
         raise click.UsageError("give the prompt once: as the argument, --prompt, or --prompt-file")
     if path is not None:
         where, text = ("stdin" if path == "-" else path), _read_file(path)
-    elif arg is not None or opt is not None:
-        where, text = "the prompt", _clean(arg if arg is not None else opt)
+    elif arg is not None:
+        where, text = "the prompt", _clean(arg)
+    elif opt is not None:
+        where, text = "the prompt", _clean(opt)
     elif not sys.stdin.isatty():
         where, text = "stdin", _decode(sys.stdin.buffer.read())
     else:

@@ -29,7 +29,7 @@ def crash_line(sig: int) -> str:
     if sig == signal.SIGKILL:
         return (f"localspec: killed ({name}), often by the kernel's out-of-memory killer: try a smaller model, a "
                 "smaller --ctx or a quantized KV cache (--cache-type-k q8_0)")
-    what = _CRASHES.get(sig, "killed")
+    what = _CRASHES.get(signal.Signals(sig), "killed")
     return (f"localspec: llama.cpp crashed ({name}, {what}), most likely in a CPU fast path this build gets wrong "
             "(AMX or repacked weights): try again with --no-repack; 'localspec models show MODEL' shows the CPU "
             "features in use")

@@ -75,11 +75,13 @@ class PromptLookup:
     name), a match across that one token at least `gap_margin` longer than the plain one is `LOOKUP_GAPPED`
     (suffix.MatchIndex.gapped). Drafts are point masses: the verify rule stays lossless."""
 
-    name = LOOKUP
-    sources = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT,
-               LOOKUP_GAPPED)
-    cost = {s: 0.0 for s in sources}  # dict look-ups: microseconds against a target step of milliseconds
-    prior = LOOKUP_PRIOR
+    # typed as the Drafter protocol types them (its attributes are settable, so they must match exactly)
+    name: str = LOOKUP
+    sources: tuple[str, ...] = (LOOKUP_SHORT, LOOKUP_MID, LOOKUP_LONG, LOOKUP_VERBATIM, LOOKUP_CACHE, LOOKUP_LOOP,
+                                LOOKUP_REINDENT, LOOKUP_GAPPED)
+    # dict look-ups: microseconds against a target step of milliseconds
+    cost: Mapping[str, float | None] = {s: 0.0 for s in sources}
+    prior: Mapping[str, tuple[float, ...]] = LOOKUP_PRIOR
 
     def __init__(self, *, mid_at: int = 3, long_at: int = 8, verbatim_at: int = 16,
                  cache: SuffixCache | None = None, cache_min: int = 16, max_draft: int = 64,
@@ -185,9 +187,9 @@ class ModelDrafter:
     """A small model with the target's tokenizer. Its KV cache follows the accepted context by common
     prefix: each round decodes only what it has not seen (the tokens accepted since), never the prompt again."""
 
-    name = "model"
-    sources = ("model",)
-    cost = {"model": None}  # measured at load (calibration) and refined online
+    name: str = "model"
+    sources: tuple[str, ...] = ("model",)
+    cost: Mapping[str, float | None] = {"model": None}  # measured at load (calibration) and refined online
     prior: Mapping[str, tuple[float, ...]] = {}  # a model pair's acceptance is anyone's guess: learnt online
 
     DRAWS = ("coupled", "greedy", "independent")
@@ -266,13 +268,13 @@ class HybridDrafter:
     which one drafted, so stats and the controller keep per-source acceptance, and `k_for` is asked per
     source: a controller can keep the free lookup on while the model drafter does not pay."""
 
-    name = "hybrid"
+    name: str = "hybrid"
 
     def __init__(self, lookup: PromptLookup, model: ModelDrafter) -> None:
         self.lookup, self.model = lookup, model
-        self.sources = (*lookup.sources, *model.sources)
-        self.cost = {**lookup.cost, **model.cost}
-        self.prior = {**lookup.prior, **model.prior}
+        self.sources: tuple[str, ...] = (*lookup.sources, *model.sources)
+        self.cost: Mapping[str, float | None] = {**lookup.cost, **model.cost}
+        self.prior: Mapping[str, tuple[float, ...]] = {**lookup.prior, **model.prior}
 
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def prefill(target: Target, prompt: Sequence[int]) -> tuple[int, int]:
 
 def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None = None,
              controller: Controller | None = None, params: SamplingParams = SamplingParams(),
-             max_tokens: int = 256, rng: np.random.Generator | None = None) -> Iterator[Step]:
+             max_tokens: int = 256, rng: np.random.Generator | None = None) -> Generator[Step, None, None]:
     """Yield one `Step` per round until end-of-generation, `max_tokens`, or a full context.
     The controller decides how much to draft (none given: nothing is drafted); the loop only caps it by what
     is left."""

@@ -195,8 +195,15 @@ class ChatApp(App):
         if action in NEEDS_ENGINE and self.controls is None:
             return False
         if action == "cycle_spec":  # the binding of the current setting is the one shown (and run)
-            return parameters[0] == self.controls.setting
+            return self.controls is not None and parameters[0] == self.controls.setting
         return True
+
+    @property
+    def _controls(self) -> SpecControls:
+        """The controls, for the actions `check_action` allows only once the engine (and so they) exist."""
+        if self.controls is None:
+            raise RuntimeError("no engine loaded yet")
+        return self.controls
 
     def action_stop(self) -> None:
         self.chat.stop()
@@ -210,7 +217,7 @@ class ChatApp(App):
     async def action_regenerate(self) -> None:
         if self.generating:
             self.notify("still answering; Esc stops it", severity="warning")
-        elif not await self.chat.regenerate(spec=self.controls.drafting):
+        elif not await self.chat.regenerate(spec=self._controls.drafting):
             self.notify("no answer to regenerate", severity="warning")
 
     async def action_new_chat(self) -> None:
@@ -218,16 +225,16 @@ class ChatApp(App):
         self.query_one(PromptInput).focus()
 
     def action_cycle_spec(self, current: str) -> None:
-        self._control(self.controls.cycle(self.controller_state()), setting=True)
+        self._control(self._controls.cycle(self.controller_state()), setting=True)
 
     def action_spec(self, setting: str) -> None:
-        self._control(self.controls.set(setting, self.controller_state()), setting=True)
+        self._control(self._controls.set(setting, self.controller_state()), setting=True)
 
     def action_cycle_k(self) -> None:
-        self._control(self.controls.cycle_k())
+        self._control(self._controls.cycle_k())
 
     def action_set_k(self, k: int) -> None:
-        self._control(self.controls.set_k(int(k)))
+        self._control(self._controls.set_k(int(k)))
 
     def _control(self, notice: str, *, setting: bool = False) -> None:
         """After a control changed the engine: say what changed, repaint the panel and the footer."""

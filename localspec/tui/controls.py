@@ -88,12 +88,12 @@ class SpecControls:
         if setting not in self.choices:
             return "speculation auto needs the adaptive controller (start without --no-adaptive)"
         self.setting = setting
-        if setting == AUTO:
+        if setting == AUTO and self.adaptive is not None:  # AUTO is a choice only with one
             self.engine.controller = self.adaptive
             return "speculation auto: the controller picks γ and switches drafting off when it does not pay"
         if setting == ON:
-            self.engine.controller = self._fixed(self._start_k(state))
-            return f"speculation on: always draft k = {self.fixed.k}"
+            fixed = self.engine.controller = self._fixed(self._start_k(state))
+            return f"speculation on: always draft k = {fixed.k}"
         return "speculation off: plain decoding"
 
     def set_k(self, k: int) -> str:
@@ -103,8 +103,8 @@ class SpecControls:
         if k < 1:
             return "k must be at least 1; ctrl+s switches speculation off"
         self.setting = ON
-        self.engine.controller = self._fixed(k)
-        self.fixed.k = k
+        fixed = self.engine.controller = self._fixed(k)
+        fixed.k = k
         return f"speculation on: draft length k = {k}"
 
     def cycle_k(self) -> str:

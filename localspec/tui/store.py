@@ -75,7 +75,8 @@ class ChatStore:
         with self._db:
             cur = self._db.execute("INSERT INTO conversations (title, model, system, created, updated) "
                                    "VALUES (?, ?, ?, ?, ?)", (title, model, system, now, now))
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # an INSERT sets it
+        return cur.lastrowid
 
     def add_message(self, conversation_id: int, role: str, content: str,
                     stats: dict[str, Any] | None = None) -> int:
@@ -85,7 +86,8 @@ class ChatStore:
                                    "VALUES (?, ?, ?, ?, ?)",
                                    (conversation_id, role, content, json.dumps(stats) if stats else None, now))
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # an INSERT sets it
+        return cur.lastrowid
 
     def conversations(self) -> list[Conversation]:
         rows = self._db.execute("SELECT id, title, model, system, created, updated FROM conversations "

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Generator, Iterator, Mapping, Protocol, Sequence
 
 from ..backend.machine import CpuMeter, cpu_count, free_cores
 from .rate import v_at
@@ -280,7 +280,7 @@ class ThreadControl:
             return self.pinned_n
         return self.choosers[phase].choose()
 
-    def follow(self, steps: Iterator["Step"]) -> Iterator["Step"]:
+    def follow(self, steps: Iterator["Step"]) -> Generator["Step", None, None]:
         """The loop's steps with the thread counts applied around them. The first round runs at the prompt's
         count (prefill and that round are one resumption of the loop), so it only informs the prompt phase."""
         try:
