@@ -7,7 +7,8 @@ in turn within each repeat (each mode first in turn), and prints medians. Then, 
 first start's test load per model and a warm start's cost (reading the cached verdict).
 
 usage: python scripts/bench_fastpath.py [--models smollm2-135m,gemma3-270m,FILE.gguf] [--threads 2] [--repeats 5]
-A Q4_0 copy of SmolLM2 (a weight type CPU_REPACK takes): localspec.models.gguf_tools.write_requantized(src, dst, "Q4_0").
+A Q4_0 copy of SmolLM2 (a weight type CPU_REPACK takes):
+localspec.models.gguf_tools.write_requantized(src, dst, "Q4_0").
 """
 
 from __future__ import annotations

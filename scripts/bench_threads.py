@@ -14,9 +14,9 @@ Not a test: speed is measured here, never asserted. Four parts, each printed as 
    untimed start in the same state, so the entry is complete for it) and an empty one (the calibration cache
    directory is emptied for those runs; it refills itself).
 
-OpenMP's wait policy: compare "localspec default" (libgomp's default: a long spin, then sleep; localspec/tuning/threads.py)
-with "..., OMP active" and "..., GOMP_SPINCOUNT=3000" (a short spin), pinned counts under both, and llama-bench's
-default with "..., OMP passive", idle and busy.
+OpenMP's wait policy: compare "localspec default" (libgomp's default: a long spin, then sleep;
+localspec/tuning/threads.py) with "..., OMP active" and "..., GOMP_SPINCOUNT=3000" (a short spin), pinned counts
+under both, and llama-bench's default with "..., OMP passive", idle and busy.
 
 Needs llama-bench from the llama.cpp that llama-cpp-python vendors; point LLAMA_CPP_BIN at its build/bin (parts
 without it still run). Usage (the full run takes ~15 min on 2 cores):

@@ -15,8 +15,8 @@ from localspec.commands.supervise import crash_line
 
 
 def _watched(body: str, **kw) -> subprocess.Popen:
-    code = f"import os, signal, sys, time\nfrom localspec.commands.supervise import run_watched\ndef main():\n{body}\n" \
-           "run_watched(main)\n"
+    code = ("import os, signal, sys, time\nfrom localspec.commands.supervise import run_watched\n"
+            f"def main():\n{body}\nrun_watched(main)\n")
     env = {k: v for k, v in os.environ.items() if k != "LOCALSPEC_NO_WATCH"}
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, stdin=subprocess.DEVNULL, **kw)
