@@ -218,6 +218,8 @@ def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams
                 hist.extend([0] * (a + 1 - len(hist)))
             hist[a] += 1
         last = chunk
+    if last is None or first is None or engine.threads is None:  # every run yields a chunk; bench engines tune threads
+        raise RuntimeError(f"{cfg}: the run ended without a chunk, or its engine has no thread control")
     s = last.stats
     return (s.n_prompt, s.n_generated, s.gen_ms, s.ttft_ms, s.rounds, s.draft_n, s.draft_n_accepted, s.draft_ms,
             s.drafted_at, s.accepted_at, tuple(hist), last.finish, *first, tuple(out), engine.threads.state().threads)

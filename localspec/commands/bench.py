@@ -11,14 +11,26 @@ import math
 import shlex
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import click
 
 from .common import EXIT_INTERRUPTED, friendly_errors, log_err
 from .options import NO_DRAFT_HINT, Finite, pair_models
 
-QUICK = dict(per_task=1, ks="2,4,auto", max_tokens=64, temps="0", repeats=1)
-FULL = dict(per_task=None, ks="2,4,6,auto", max_tokens=128, temps="0", repeats=1)
+
+class Defaults(TypedDict):
+    """What --quick and a full run use for the options the user left out."""
+
+    per_task: int | None
+    ks: str
+    max_tokens: int
+    temps: str
+    repeats: int
+
+
+QUICK = Defaults(per_task=1, ks="2,4,auto", max_tokens=64, temps="0", repeats=1)
+FULL = Defaults(per_task=None, ks="2,4,6,auto", max_tokens=128, temps="0", repeats=1)
 
 
 def parse_ks(text: str) -> tuple[tuple[int, ...], bool]:

@@ -248,9 +248,10 @@ def rm(spec: str) -> None:
     if e is not None and e.path:
         raise LocalspecError(f"'{spec}' is your file {e.path} (path = in {e.origin}); localspec does not delete "
                              "it: remove it yourself, or the entry")
-    if e is None or e.hf:
-        ref = hub.parse_hub_spec(spec) if e is None else hub.HubRef(e.hf, e.file, e.quant, e.revision)
-        removed = hub.remove(ref)
+    if e is None:
+        removed = hub.remove(hub.parse_hub_spec(spec))
+    elif e.hf:
+        removed = hub.remove(hub.HubRef(e.hf, e.file, e.quant, e.revision))
     else:
         from ..models.paths import cache_dir
 

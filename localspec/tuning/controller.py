@@ -73,7 +73,7 @@ class Adaptive:
     """Per-session adaptive γ with auto-off; see the module docstring for the model."""
 
     def __init__(self, *, sources: Sequence[str] = ("draft",), k_min: int = K_MIN, k_max: int = K_MAX,
-                 v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float] | None = None,
+                 v: Sequence[float] = (), t1: float | None = None, c: Mapping[str, float | None] | None = None,
                  prior: Mapping[str, tuple[float, ...]] | None = None, alpha_prior: float = 0.7,
                  decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.1, warmup: int = 0,
@@ -108,7 +108,7 @@ class Adaptive:
         c = dict(c or {})
         self.prior = dict(prior or {})  # source -> (α first, α later, …) a drafter declared (`Drafter.prior`)
         self.src: dict[str, SourceEstimate] = {
-            s: self._new_estimate(s, _C_UNKNOWN if c.get(s) is None else c[s]) for s in sources}
+            s: self._new_estimate(s, _C_UNKNOWN if (cs := c.get(s)) is None else cs) for s in sources}
         self.k_hist: Counter[int] = Counter()
         for s in self.src:
             self._decide(s)
