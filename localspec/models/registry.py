@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,10 +22,10 @@ from typing import Annotated, Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-try:
+if sys.version_info >= (3, 11):  # a version check, not try/except: type checkers see one import of tomllib
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef,import-not-found]
+else:
+    import tomli as tomllib
 
 from ..errors import LocalspecError, ModelNotFound
 from . import (
