@@ -114,7 +114,8 @@ def _describe(errors: Any) -> str:
             continue
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
         got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list, bytes)) or got is None else f" (got {json.dumps(got, default=str)[:60]})"
+        shown = not isinstance(got, (dict, list, bytes)) and got is not None
+        got_s = f" (got {json.dumps(got, default=str)[:60]})" if shown else ""
         parts.append(f"{loc}: {e.get('msg', 'invalid')}{got_s}")
     return "; ".join(parts) or "invalid request"
 
