@@ -37,8 +37,12 @@ def _url(host: str, port: int) -> str:
 @click.option("--tags", multiple=True, metavar="TAG[,TAG..]", help="Informational tags listed in /v1/models.")
 @click.option("--cors-origins", default="localhost", show_default=True, metavar="ORIGINS",
               help="Browser origins allowed: 'localhost' (any local port), '*', or a comma-separated list.")
+@click.option("--context-shift/--no-context-shift", default=False, show_default=True,
+              help="When a generation fills the context, drop the oldest tokens after the system prompt (n_keep) "
+                   "and go on.")
 @engine_options
-def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, spec):
+def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
+          spec):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -60,7 +64,8 @@ def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, ta
     real_port = socks[0].getsockname()[1]
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
-                          aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins)
+                          aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,
+                          context_shift=context_shift)
     urls = ", ".join(_url(h, real_port) for h in hosts)
     try:
         run_server(engine, config, socks, on_ready=lambda: log_err(

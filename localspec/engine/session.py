@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 import time
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Callable, Iterator, Sequence
 
@@ -145,10 +145,11 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], *, params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: Sequence[str] = (), spec: bool = True,
-                 controller: Controller | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[Chunk]:
+                 controller: Controller | None = None, should_stop: Callable[[], bool] | None = None,
+                 context_shift: bool = False, n_keep: int = 0) -> Iterator[Chunk]:
         """Stream a completion. Closing the iterator early (or `should_stop()` turning true) ends generation
-        after the current round; caches stay consistent either way."""
+        after the current round; caches stay consistent either way. `context_shift`: a full context drops old
+        tokens and goes on (`_shifting`), keeping the first `n_keep` (-1: the whole prompt)."""
         t_start = time.perf_counter()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         drafter = self.drafter if spec else None
@@ -156,7 +157,11 @@ class Engine:
         text = TextStream(stop)
         ctl = controller or self.controller
         before = ctl.state() if drafter else None
-        steps = generate(self.target, tokens, drafter=drafter, controller=ctl, params=params, max_tokens=max_tokens)
+        if context_shift:
+            steps = self._shifting(tokens, drafter, ctl, params, max_tokens, n_keep)
+        else:
+            steps = generate(self.target, tokens, drafter=drafter, controller=ctl, params=params,
+                             max_tokens=max_tokens)
         if self.threads is not None:
             steps = self.threads.follow(steps)  # thread counts chosen between rounds
         with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
@@ -175,3 +180,30 @@ class Engine:
                 if finish:
                     return
 
+    def _shifting(self, prompt: list[int], drafter: Drafter | None, ctl: Controller, params: SamplingParams,
+                  max_tokens: int, n_keep: int) -> Iterator[Step]:
+        """llama-server's --context-shift: when the context fills, keep its first n_keep tokens (BOS at least),
+        drop the older half of the rest, and go on. Each segment is an ordinary `generate` (its prefill reuses
+        the kept head from the cache and evaluates the kept tail again), so the loop's KV invariant and the
+        drafter's common-prefix re-sync hold across a shift; one random stream runs through all segments."""
+        rng = params.rng()
+        context = list(prompt)
+        keep = len(prompt) if n_keep < 0 else max(n_keep, 1 if prompt[0] == self.target.bos else 0)
+        left = max_tokens
+        while True:
+            with closing(generate(self.target, context, drafter=drafter, controller=ctl, params=params,
+                                  max_tokens=left, rng=rng)) as steps:
+                for step in steps:
+                    context.extend(step.tokens)
+                    left -= len(step.tokens)
+                    shift = step.finish == "context" and left > 0
+                    yield replace(step, finish=None) if shift else step
+                    if step.finish and not shift:
+                        return
+                    if shift:
+                        break
+                else:
+                    return
+            head = min(keep, len(context) // 2)
+            drop = max(1, (len(context) - head) // 2)
+            context = context[:head] + context[head + drop:]

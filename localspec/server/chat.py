@@ -31,3 +31,15 @@ def chat_messages_prompt(engine: Engine, req: OAIChatRequest) -> str:
     if len(msgs) > 1 and msgs[-2]["role"] == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
     return chat_prompt(engine, msgs[:-1])[0] + msgs[-1]["content"]
+
+
+def system_tokens(engine: Engine, req: OAIChatRequest, prompt: str) -> int:
+    """Prompt tokens that belong to the leading system messages: what a context shift keeps (llama-server's
+    "drop the oldest tokens after the system prompt"). 0 without a system message."""
+    msgs = chat_messages(req)
+    n = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
+    if n == 0:
+        return 0
+    head = engine.tokenize(chat_prompt(engine, msgs[:n])[0])
+    full = engine.tokenize(prompt)
+    return next((i for i, (a, b) in enumerate(zip(head, full)) if a != b), min(len(head), len(full)))

@@ -45,6 +45,7 @@ class ServerConfig:
     aliases: tuple[str, ...] = ()  # more names the model answers to (llama-server's comma-separated --alias)
     tags: tuple[str, ...] = ()  # llama-server's --tags: informational, listed in /v1/models
     n_predict: int | None = None  # llama-server's -n: tokens a request generates when it does not say
+    context_shift: bool = False  # llama-server's --context-shift: off by default, as there
 
 
 class State:

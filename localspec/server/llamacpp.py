@@ -180,7 +180,8 @@ def _job(state: State, req: CompletionRequest, choice: Choice) -> Job:
                            json_schema=req.json_schema, response_format=req.response_format, logprobs=ask)
     params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed, defaults=DEFAULTS,
                       penalties=req, **extra)
-    return Job(choice.build, params=params, max_tokens=state.budget(req.n_predict), stop=stops(req.stop))
+    return Job(choice.build, params=params, max_tokens=state.budget(req.n_predict), stop=stops(req.stop),
+               context_shift=state.config.context_shift, n_keep=req.n_keep)
 
 
 def _probs(state: State, run: Run, req: CompletionRequest, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from .. import __version__
 from ..engine.session import Engine
 from ..errors import LocalspecError
 from ..sampling.logprobs import TokenLogprob
-from .chat import chat_messages_prompt
+from .chat import chat_messages_prompt, system_tokens
 from .common import (ApiError, Build, Choice, ClientGone, Run, State, error_event, plan, progress, sampling,
                      speculative, stops)
 from .fim import FimTokens, build_infill, require_fim
@@ -69,7 +69,8 @@ def router(state: State) -> APIRouter:
         if req.max_completion_tokens is not None and req.max_tokens is None:
             req.max_tokens = req.max_completion_tokens
         text = chat_messages_prompt(state.engine, req)  # a bad message list is a 400 before anything runs
-        return await _answer(state, req, request, [lambda e: (text, False)], chat=True)
+        keep = system_tokens(state.engine, req, text) if state.config.context_shift else 0
+        return await _answer(state, req, request, [lambda e: (text, False)], chat=True, n_keep=keep)
 
     return r
 
@@ -107,7 +108,7 @@ def _logprobs(req: OAICompletionRequest | OAIChatRequest, chat: bool) -> int | N
     return req.logprobs
 
 
-def _job(state: State, req: OAICompletionRequest | OAIChatRequest, choice: Choice, chat: bool) -> Job:
+def _job(state: State, req: OAICompletionRequest | OAIChatRequest, choice: Choice, chat: bool, n_keep: int = 0) -> Job:
     """One choice's job: a fresh constraint (grammar state) and the choice's seed."""
     extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
                            json_schema=req.json_schema, response_format=req.response_format,
@@ -115,26 +116,26 @@ def _job(state: State, req: OAICompletionRequest | OAIChatRequest, choice: Choic
     params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed, defaults=DEFAULTS,
                       penalties=req, **extra)
     return Job(choice.build, params=params, max_tokens=state.budget(req.max_tokens, "max_tokens"),
-               stop=stops(req.stop))
+               stop=stops(req.stop), context_shift=state.config.context_shift, n_keep=n_keep)
 
 
 async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, builds: list[Build],
-                  *, chat: bool) -> Response:
+                  *, chat: bool, n_keep: int = 0) -> Response:
     """`n` choices per prompt, generated one after another on the one worker (each later one reuses the
     prompt's KV cache); `choices[].index` is prompt * n + choice, as OpenAI and llama-server number them."""
     choices = plan(builds, req.n, req.seed)
-    first = Run(state, _job(state, req, choices[0], chat), request)
+    first = Run(state, _job(state, req, choices[0], chat, n_keep), request)
     await first.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(state, req, request, choices, first, ident, chat, usage),
+        return StreamingResponse(_sse(state, req, request, choices, first, ident, chat, usage, n_keep),
                                  media_type="text/event-stream")
     out, runs = [], []
     for i, choice in enumerate(choices):
         run = first
         if i:
-            run = Run(state, _job(state, req, choice, chat), request)
+            run = Run(state, _job(state, req, choice, chat, n_keep), request)
             await run.start()
         text = ""
         lps: list[TokenLogprob] = []
@@ -178,7 +179,7 @@ def _extras(state: State, runs: list[tuple[Choice, Run]], n: int) -> dict[str, A
 
 
 async def _sse(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, choices: list[Choice],
-               first: Run, ident: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+               first: Run, ident: str, chat: bool, include_usage: bool, n_keep: int = 0) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     created = int(time.time())
 
@@ -196,7 +197,7 @@ async def _sse(state: State, req: OAICompletionRequest | OAIChatRequest, request
     for i, choice in enumerate(choices):
         run = first
         if i:
-            run = Run(state, _job(state, req, choice, chat), request)
+            run = Run(state, _job(state, req, choice, chat, n_keep), request)
             try:
                 await run.start()
             except ClientGone:

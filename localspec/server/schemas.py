@@ -72,6 +72,7 @@ class CompletionRequest(Sampling, Streaming):
     return_tokens: bool = False
     n_probs: int = Field(0, ge=0, le=1024, description="top tokens' logprobs per generated token (0 = off)")
     n_cmpl: int | None = Field(None, ge=1, le=MAX_CHOICES, description="completions per prompt (default: n, 1)")
+    n_keep: int = Field(0, ge=-1, le=MAX_TOKENS, description="tokens a context shift keeps (-1: the prompt)")
     n: int | None = Field(None, ge=1, le=MAX_CHOICES, description="n_cmpl's other name")
 
 

@@ -73,6 +73,8 @@ class Job:
     max_tokens: int = 256
     stop: Sequence[str] = ()
     spec: bool = True  # the client's wish; load may still turn it off
+    context_shift: bool = False  # --context-shift: a full context drops old tokens and goes on
+    n_keep: int = 0  # tokens a shift keeps from the start (-1: the whole prompt)
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
@@ -161,7 +163,8 @@ class Worker:
             started = Started(len(tokens), spec, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3,
                               tuple(tokens))
             gen = self.engine.generate(tokens, params=job.params, max_tokens=job.max_tokens, stop=job.stop,
-                                       spec=spec, should_stop=job.cancelled.is_set)
+                                       spec=spec, should_stop=job.cancelled.is_set,
+                                       context_shift=job.context_shift, n_keep=job.n_keep)
             first = True
             for chunk in gen:
                 if first:  # prefill succeeded: the prompt fits
