@@ -102,7 +102,8 @@ async def _answer(state: State, options: OllamaOptions | None, stream: bool, req
     extra = request_extras(state.engine, ollama_format=fmt)
     job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS,
                                      penalties=o, **extra),
-              max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop))
+              max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop),
+              context_shift=state.config.context_shift)
     run = Run(state, job, request)
     await run.start()  # a client gone before the start is a 499 (app.py)
     if stream:
