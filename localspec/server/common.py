@@ -16,6 +16,7 @@ from ..engine.stats import Stats
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
 from .metrics import Metrics
+from .schemas import MAX_RESULTS
 from .worker import Done, Failed, Job, Prompt, Started, Worker
 
 POLL_S = 0.2  # how often a waiting request checks whether its client is still there
@@ -111,7 +112,10 @@ class Choice:
 
 
 def plan(builds: Sequence[Build], n: int, seed: int | None) -> list[Choice]:
-    """Every (prompt, choice) of a request, in answer order."""
+    """Every (prompt, choice) of a request, in answer order (at most MAX_RESULTS: they run one at a time)."""
+    if len(builds) * n > MAX_RESULTS:
+        raise ApiError(400, f"{len(builds)} prompts x {n} choices = {len(builds) * n} generations; at most "
+                            f"{MAX_RESULTS} per request")
     base = None if seed is None or seed < 0 else seed
     return [Choice(p * n + j, b, None if base is None else base + j) for p, b in enumerate(builds) for j in range(n)]
 

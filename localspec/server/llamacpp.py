@@ -20,8 +20,21 @@ from ..engine.session import Chunk, Engine
 from ..errors import LocalspecError
 from ..sampling.logprobs import TokenLogprob
 from .chat import chat_messages_prompt
-from .common import (ApiError, Build, Choice, ClientGone, Run, State, error_event, plan, progress, sampling,
-                     spec_policy, speculative, stops)
+from .common import (
+    ApiError,
+    Build,
+    Choice,
+    ClientGone,
+    Run,
+    State,
+    error_event,
+    plan,
+    progress,
+    sampling,
+    spec_policy,
+    speculative,
+    stops,
+)
 from .fim import Extra, FimTokens, build_infill, indent_cut, require_fim
 from .probs import llama_probs, window
 from .prompts import One, check_ids, mixed_tokens, prompt_input, split_prompts

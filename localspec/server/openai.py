@@ -22,8 +22,20 @@ from ..engine.session import Engine
 from ..errors import LocalspecError
 from ..sampling.logprobs import TokenLogprob
 from .chat import chat_messages_prompt, system_tokens
-from .common import (ApiError, Build, Choice, ClientGone, Run, State, error_event, plan, progress, sampling,
-                     speculative, stops)
+from .common import (
+    ApiError,
+    Build,
+    Choice,
+    ClientGone,
+    Run,
+    State,
+    error_event,
+    plan,
+    progress,
+    sampling,
+    speculative,
+    stops,
+)
 from .fim import FimTokens, build_infill, require_fim
 from .probs import openai_chat, openai_completion
 from .prompts import One, check_ids, prompt_input, split_prompts

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_TOKENS = 1 << 20  # anything above is rejected here; the routes check against n_ctx
 MAX_CHOICES = 16  # n / n_cmpl: choices per prompt (each one is a full generation on the one worker)
-MAX_PROMPTS = 64  # prompts in one request (a list of prompts)
+MAX_PROMPTS = 32  # prompts in one request (a list of prompts)
+MAX_RESULTS = 32  # prompts x choices: each is a generation the one worker runs in turn
 
 
 class _Body(BaseModel):
