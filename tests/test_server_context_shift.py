@@ -4,10 +4,16 @@ still drafting and verifying after the shift; without the flag the same request 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
+from fakes import FakeModel, counting
 
+from localspec.engine.session import Engine
 from localspec.server.testing import ServerProcess
+from localspec.spec.drafters import PromptLookup
+from localspec.tuning.controller import FixedK
 
 BODY = {"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 300, "temperature": 0, "n_keep": 4}
 
@@ -26,3 +32,33 @@ def test_context_shift_goes_past_the_context(smollm2_path, shift):
         again = httpx.post(srv.url + "/completion", json=BODY, timeout=300).json()
         assert again["content"] == r["content"]  # a shift is deterministic: greedy gives the same text
         assert httpx.post(srv.url + "/completion", json={"prompt": "Hi", "n_predict": 3}, timeout=60).status_code == 200
+
+
+def test_engine_shift_keeps_the_head_and_drafts_after_it():
+    """Engine level, on the scripted fake (no llama.cpp): a counting model in a 48-token context goes on for 160
+    tokens; every token follows the model's rule across the shifts (the loop's KV invariant holds), the kept
+    head is never dropped, and prompt lookup keeps drafting and being accepted after the first shift."""
+    class Target(FakeModel):
+        bos = -1
+        path = Path("fake.gguf")
+
+        def metadata(self) -> dict[str, str]:
+            return {}
+
+        def piece(self, t: int) -> bytes:
+            return f"{t} ".encode()
+
+    target = Target(counting(20), n_ctx=48)
+    engine = Engine(target, PromptLookup(), controller=FixedK(4), name="fake")
+    prompt = list(range(1, 11))
+    out: list[int] = []
+    accepted_late = 0
+    for ch in engine.generate(prompt, max_tokens=160, context_shift=True, n_keep=3):
+        out.extend(ch.step.tokens)
+        if len(prompt) + len(out) > target.n_ctx:
+            accepted_late += ch.step.accepted
+        assert target.tokens[:3] == prompt[:3] and target.n_past <= target.n_ctx
+    assert len(out) == 160 and ch.finish == "length"
+    seq = prompt + out
+    assert all(b == a % 19 + 1 for a, b in zip(seq, seq[1:]))
+    assert accepted_late > 0
