@@ -47,7 +47,7 @@ def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, ta
 
     \b
     llama.cpp: POST /infill /completion /tokenize /detokenize /apply-template, GET /health /props
-    OpenAI:    POST /v1/completions /v1/chat/completions, GET /v1/models
+    OpenAI:    POST /v1/completions /v1/chat/completions (/input_tokens), GET /v1/models
     Ollama:    POST /api/generate /api/chat, GET /api/tags /api/version
     Metrics:   GET /metrics (Prometheus)
     Sampling options come with each request (llama.cpp/OpenAI/Ollama field names).
