@@ -15,7 +15,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 from ..backend import Model
 from ..errors import LocalspecError
@@ -181,7 +181,7 @@ class Engine:
                     return
 
     def _shifting(self, prompt: list[int], drafter: Drafter | None, ctl: Controller, params: SamplingParams,
-                  max_tokens: int, n_keep: int) -> Iterator[Step]:
+                  max_tokens: int, n_keep: int) -> Generator[Step, None, None]:
         """llama-server's --context-shift: when the context fills, keep its first n_keep tokens (BOS at least),
         drop the older half of the rest, and go on. Each segment is an ordinary `generate` (its prefill reuses
         the kept head from the cache and evaluates the kept tail again), so the loop's KV invariant and the
