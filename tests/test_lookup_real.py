@@ -42,7 +42,7 @@ CART = ("def mean_price(items):\n    s = 0\n    n = 0\n    for item in items:\n 
         "        n = 0\n        for item in items:\n            s")
 
 
-@pytest.mark.parametrize("prompt", ["rewrite", "loop", "nested"])
+@pytest.mark.parametrize("prompt", ["rewrite", "loop", "nested", "cart"])
 def test_greedy_every_token_is_the_target_argmax(target, prompt):
     seen: list[np.ndarray] = []
     inner = target.decode
@@ -56,7 +56,7 @@ def test_greedy_every_token_is_the_target_argmax(target, prompt):
     target.decode = decode
     try:
         toks = {"rewrite": lambda: chat(Engine(target), REWRITE, REWRITE_START), "loop": lambda: target.tokenize(LOOP),
-                "nested": lambda: chat(Engine(target), NESTED)}[prompt]()
+                "nested": lambda: chat(Engine(target), NESTED), "cart": lambda: target.tokenize(CART)}[prompt]()
         lookup = PromptLookup(indents=Indents.of(target))
         steps = list(generate(target, toks, drafter=lookup, controller=FixedK(8), max_tokens=96))
     finally:
@@ -71,7 +71,9 @@ def test_greedy_every_token_is_the_target_argmax(target, prompt):
     assert accepted >= 20 and by <= set(PromptLookup.sources)
     if prompt == "loop":  # drafted as an overlapping copy, past the end of the context
         assert LOOKUP_LOOP in by
-    if prompt == "nested":
+    # whether SmolLM2's nested JSON repeats a block at another depth moves with the CPU's numerics; the function
+    # copied into a class does, wherever it runs
+    if prompt == "cart":
         assert LOOKUP_REINDENT in by
 
 
