@@ -4,6 +4,7 @@ still drafting and verifying after the shift; without the flag the same request 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,7 @@ from localspec.server.testing import ServerProcess
 from localspec.spec.drafters import PromptLookup
 from localspec.tuning.controller import FixedK
 
-BODY = {"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 300, "temperature": 0, "n_keep": 4}
+BODY = {"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 240, "temperature": 0, "n_keep": 4}
 
 
 @pytest.mark.parametrize("shift", [True, False])
@@ -27,8 +28,14 @@ def test_context_shift_goes_past_the_context(smollm2_path, shift):
         if not shift:  # llama-server's default: the context bounds prompt + answer
             assert r["tokens_predicted"] <= 256 - n_prompt + 1 and r["stop_type"] == "limit"
             return
-        assert r["tokens_predicted"] > 256 - n_prompt  # went on past a full context
+        assert r["tokens_predicted"] == 240 > 256 - n_prompt  # went on past a full context, to the budget
         assert r["timings"]["draft_n_accepted"] > 0  # speculation drafted and was verified
+        with httpx.stream("POST", srv.url + "/completion", timeout=300,
+                          json={**BODY, "stream": True, "timings_per_token": True}) as s:
+            events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]
+        at_shift = next(e["timings"]["draft_n_accepted"] for e in events
+                        if e["tokens_predicted"] > 256 - n_prompt)
+        assert events[-1]["timings"]["draft_n_accepted"] > at_shift  # drafts accepted after the shift too
         again = httpx.post(srv.url + "/completion", json=BODY, timeout=300).json()
         assert again["content"] == r["content"]  # a shift is deterministic: greedy gives the same text
         assert httpx.post(srv.url + "/completion", json={"prompt": "Hi", "n_predict": 3}, timeout=60).status_code == 200

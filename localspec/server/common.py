@@ -92,7 +92,8 @@ class State:
             raise ApiError(400, f"{name} must be >= -1 (-1 = until the context is full), got {requested}")
         if requested is None:  # llama-server's -n is the default, not a cap
             requested = self.config.n_predict
-        n = self.n_ctx if requested is None or requested < 0 or requested > self.n_ctx else requested
+        over = requested is not None and requested > self.n_ctx and not self.config.context_shift
+        n = self.n_ctx if requested is None or requested < 0 or over else requested  # a shift makes room
         cap = self.config.max_predict
         return min(n, cap) if cap else n
 
