@@ -17,28 +17,26 @@ from localspec.spec.drafters import PromptLookup
 from localspec.tuning.controller import FixedK
 
 BODY = {"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 240, "temperature": 0, "n_keep": 4}
+CTX = 256  # llama.cpp pads a context to a multiple of 256: smaller ones would not be what they say
 
 
 @pytest.mark.parametrize("shift", [True, False])
 def test_context_shift_goes_past_the_context(smollm2_path, shift):
-    args = ["--ctx", "256", "--threads", "2", "--lookup", "-k", "4", "--no-adaptive"]
+    args = ["--ctx", str(CTX), "--threads", "2", "--lookup", "-k", "4", "--no-adaptive"]
     with ServerProcess(args + (["--context-shift"] if shift else [])) as srv:
+        assert httpx.get(srv.url + "/props", timeout=30).json()["n_ctx"] == CTX
         r = httpx.post(srv.url + "/completion", json=BODY, timeout=300).json()
         n_prompt = r["tokens_evaluated"]
         if not shift:  # llama-server's default: the context bounds prompt + answer
-            assert r["tokens_predicted"] <= 256 - n_prompt + 1 and r["stop_type"] == "limit"
+            assert r["tokens_predicted"] <= CTX - n_prompt + 1 and r["stop_type"] == "limit"
             return
-        assert r["tokens_predicted"] == 240 > 256 - n_prompt  # went on past a full context, to the budget
-        assert r["timings"]["draft_n_accepted"] > 0  # speculation drafted and was verified
+        assert r["tokens_predicted"] == BODY["n_predict"] > CTX - n_prompt  # past a full context, to the budget
         with httpx.stream("POST", srv.url + "/completion", timeout=300,
                           json={**BODY, "stream": True, "timings_per_token": True}) as s:
             events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]
-        at_shift = next(e["timings"]["draft_n_accepted"] for e in events
-                        if e["tokens_predicted"] > 256 - n_prompt)
+        assert "".join(e["content"] for e in events) == r["content"]  # a shift is deterministic: greedy, same text
+        at_shift = next(e["timings"]["draft_n_accepted"] for e in events if e["tokens_predicted"] > CTX - n_prompt)
         assert events[-1]["timings"]["draft_n_accepted"] > at_shift  # drafts accepted after the shift too
-        again = httpx.post(srv.url + "/completion", json=BODY, timeout=300).json()
-        assert again["content"] == r["content"]  # a shift is deterministic: greedy gives the same text
-        assert httpx.post(srv.url + "/completion", json={"prompt": "Hi", "n_predict": 3}, timeout=60).status_code == 200
 
 
 def test_engine_shift_keeps_the_head_and_drafts_after_it():
