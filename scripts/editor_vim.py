@@ -93,7 +93,7 @@ def wait_for(pattern: re.Pattern, seconds: float) -> str | None:
 
 def suggestion(shown: str) -> str:
     """The ghost text on the typed line: what follows the typed text, up to llama.vim's info line."""
-    line = next(l for l in shown.splitlines() if TYPED in l and INFO.search(l))
+    line = next(row for row in shown.splitlines() if TYPED in row and INFO.search(row))
     return line.split(TYPED, 1)[1].split("    | c: ", 1)[0]
 
 
