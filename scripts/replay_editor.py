@@ -1,0 +1,270 @@
+"""Replay an editor's typing session against `localspec serve` and llama-server: the latency an editor feels.
+
+A person types new lines into a Python file; every key sends llama.vim's `/infill` body (the local context it
+builds: 256 lines above, the cursor line up to the cursor in `prompt`, 64 lines below, `n_indent`, one chunk of
+another file in `input_extra`, `t_max_predict_ms` 250) and, as llama.vscode does, abandons the request still in
+flight when the next key comes (the client hangs up). At a word's end the typist waits for the suggestion
+(that wait is "time to suggestion"); at a line's end, once the suggestion is shown, the speculative prefetch
+follows (llama.vim's next request, built as if the suggestion were accepted, `t_max_predict_ms` 1000). The same
+session runs against each server in turn, A B A B, so the ratio is measured in one run.
+
+Usage: python scripts/replay_editor.py [--model FIM.gguf] [--llama-server PATH] [--rounds 2] [--soak N]
+(llama-server: built from the llama.cpp that llama-cpp-python vendors, `cmake --build build --target
+llama-server`; started as llama.vim's README suggests, `--cache-reuse 256`, one slot, the same threads.)
+`--soak N` instead sends N keystroke requests to localspec alone, abandoning each after a random 10-200 ms,
+and prints the server's resident memory every 100 requests.
+"""
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from localspec.models.paths import cache_dir
+from localspec.server.testing import ServerProcess
+
+KEY_S = 0.12  # a key every 120 ms: a quick typist
+WAIT_S = 10.0  # how long a paused typist waits for a suggestion
+HEADER = '''"""Inventory: items, prices and stock levels."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    stock: int
+
+
+def total_value(items):
+    """The value of everything in stock."""
+    return sum(item.price * item.stock for item in items)
+
+
+def low_stock(items, threshold=5):
+    """Items that should be reordered."""
+    return [item for item in items if item.stock < threshold]
+
+
+'''
+TYPED = [
+    "def restock(items, amount):",
+    "    for item in items:",
+    "        item.stock += amount",
+    "    return items",
+    "",
+    "def cheapest(items):",
+    "    return min(items, key=lambda item: item.price)",
+]
+EXTRA = [{"filename": "pricing.py", "time": 0,
+          "text": "def discount(price, rate):\n    return round(price * (1 - rate), 2)\n"}]
+
+
+def infill_body(lines: list[str], y: int, x: int, prev: list[str] | None = None, t_max: int = 250) -> dict:
+    """llama.vim's request for the cursor at line y, column x (its s:fim_ctx_local), with `prev` the
+    suggestion a prefetch assumes accepted."""
+    cur = lines[y]
+    below = lines[y + 1:y + 65]
+    if prev:
+        above = lines[max(0, y - 256):y] + ([cur + prev[0]] + prev[1:-1] if len(prev) > 1 else [])
+        middle = cur + prev[0] if len(prev) == 1 else prev[-1]
+        tail, indent = "", len(cur) - len(cur.lstrip())
+    else:
+        above = lines[max(0, y - 256):y]
+        middle, tail = cur[:x], cur[x:]
+        indent = 0 if not cur.strip() else len(cur) - len(cur.lstrip())
+    return {"id_slot": 0, "input_prefix": "\n".join(above) + "\n", "input_suffix": tail + "\n" + "\n".join(below)
+            + "\n", "input_extra": EXTRA, "prompt": middle, "n_predict": 128, "stop": [], "n_indent": indent,
+            "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": t_max}
+
+
+@dataclass
+class Tally:
+    """One session's requests against one server."""
+    waits: list[float] = field(default_factory=list)  # time to suggestion at a pause, seconds
+    prefetch: list[float] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)  # prompt tokens each answered request evaluated
+    cached: list[int] = field(default_factory=list)
+    predicted: list[int] = field(default_factory=list)
+    draft_n: int = 0
+    draft_accepted: int = 0
+    sent: int = 0
+    abandoned: int = 0
+
+    def answered(self, body: dict) -> None:
+        t = body.get("timings", {})
+        self.evaluated.append(t.get("prompt_n", 0))
+        self.cached.append(body.get("tokens_cached", 0))
+        self.predicted.append(t.get("predicted_n", 0))
+        self.draft_n += t.get("draft_n", 0)
+        self.draft_accepted += t.get("draft_n_accepted", 0)
+
+
+async def ask(client: httpx.AsyncClient, body: dict, tally: Tally) -> tuple[float, dict]:
+    tally.sent += 1
+    t0 = time.perf_counter()
+    r = await client.post("/infill", json=body)
+    r.raise_for_status()
+    out = r.json()
+    tally.answered(out)
+    return time.perf_counter() - t0, out
+
+
+async def session(url: str) -> Tally:
+    """Type TYPED under HEADER, key by key, as described in the module docstring."""
+    tally = Tally()
+    lines = HEADER.split("\n")
+    async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
+        await ask(client, {**infill_body(lines, len(lines) - 1, 0), "n_predict": 0, "samplers": [],
+                           "t_max_prompt_ms": 1, "t_max_predict_ms": 1}, tally)  # llama.vim's warm-up
+        for text in TYPED:
+            y = len(lines) - 1
+            for x in range(1, len(text) + 1):
+                lines[y] = text[:x]
+                task = asyncio.create_task(ask(client, infill_body(lines, y, x), tally))
+                if x == len(text) or text[x:x + 1] == " ":  # a pause: the typist waits for the suggestion
+                    wait, out = await task
+                    tally.waits.append(wait)
+                    if x == len(text) and out["content"]:
+                        prev = out["content"].split("\n")
+                        dt, _ = await ask(client, infill_body(lines, y, x, prev, t_max=1000), tally)
+                        tally.prefetch.append(dt)
+                    continue
+                await asyncio.sleep(KEY_S)
+                if not task.done():
+                    task.cancel()
+                    tally.abandoned += 1
+                await asyncio.gather(task, return_exceptions=True)
+            lines.append("")
+    return tally
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """llama-server as llama.vim's README starts it, on one slot and the given threads."""
+
+    def __init__(self, binary: str, model: Path, threads: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [binary, "-m", str(model), "--port", str(self.port), "-t", str(threads), "-c", "4096",
+                    "-np", "1", "--cache-reuse", "256"]
+
+    def __enter__(self) -> "LlamaServer":
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        sys.exit("error: llama-server did not become healthy")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def summary(name: str, tallies: list[Tally]) -> dict:
+    waits = sorted(w for t in tallies for w in t.waits)
+    n_draft = sum(t.draft_n for t in tallies)
+    return {"server": name, "pauses": len(waits), "median_ms": 1000 * statistics.median(waits),
+            "p95_ms": 1000 * waits[max(0, round(0.95 * len(waits)) - 1)],
+            "prefetch_median_ms": 1000 * statistics.median([w for t in tallies for w in t.prefetch] or [0]),
+            "sent": sum(t.sent for t in tallies), "abandoned": sum(t.abandoned for t in tallies),
+            "evaluated_median": statistics.median([e for t in tallies for e in t.evaluated]),
+            "cached_median": statistics.median([c for t in tallies for c in t.cached]),
+            "predicted_mean": statistics.mean([p for t in tallies for p in t.predicted]),
+            "draft_n": n_draft, "accepted": sum(t.draft_accepted for t in tallies)}
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def soak(url: str, pid: int, n: int) -> None:
+    """n keystroke requests, each abandoned after 10-200 ms unless answered; RSS every 100."""
+    rng = random.Random(0)
+    lines = HEADER.split("\n") + [""]
+    text = "".join(t + "\n" for t in TYPED)
+    tally = Tally()
+    async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
+        for i in range(n):
+            k = i % len(text) + 1
+            typed = text[:k].split("\n")
+            body = infill_body(lines[:-1] + typed, len(lines) - 2 + len(typed), len(typed[-1]))
+            task = asyncio.create_task(ask(client, body, tally))
+            await asyncio.sleep(rng.uniform(0.01, 0.2))
+            if not task.done():
+                task.cancel()
+                tally.abandoned += 1
+            await asyncio.gather(task, return_exceptions=True)
+            if i % 100 == 0 or i == n - 1:
+                print(f"request {i + 1}: RSS {rss_mib(pid):.1f} MiB, abandoned {tally.abandoned}", flush=True)
+        t0 = time.perf_counter()
+        await client.post("/infill", json={**infill_body(lines, len(lines) - 1, 0), "n_predict": 1})
+        print(f"a request after the storm answered in {1000 * (time.perf_counter() - t0):.0f} ms")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=cache_dir() / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf")
+    ap.add_argument("--llama-server", default="", help="path to llama-server (omit: localspec alone)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--soak", type=int, default=0, help="N abandoned keystroke requests, with RSS")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    ours = ServerProcess(["--model", str(args.model), "--ctx", "4096", "--threads", str(args.threads)])
+    with ours:
+        if args.soak:
+            assert ours.proc is not None
+            asyncio.run(soak(ours.url, ours.proc.pid, args.soak))
+            return 0
+        servers = {"localspec": ours.url}
+        theirs = LlamaServer(args.llama_server, args.model, args.threads) if args.llama_server else None
+        with theirs or _Nothing():
+            if theirs:
+                servers["llama-server"] = theirs.url
+            tallies: dict[str, list[Tally]] = {name: [] for name in servers}
+            for r in range(args.rounds):
+                for name, url in servers.items():
+                    tallies[name].append(asyncio.run(session(url)))
+                    print(f"round {r + 1} {name}: done", file=sys.stderr, flush=True)
+    rows = [summary(name, t) for name, t in tallies.items()]
+    print(json.dumps(rows, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
