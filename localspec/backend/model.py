@@ -259,6 +259,12 @@ class Model:
         return self._model.token_eos()
 
     @property
+    def eot(self) -> int:
+        """End of turn, else EOS: the token llama.cpp's infill sampler falls back to (sampling/infill.py)."""
+        eot = self._model.token_eot()
+        return eot if eot >= 0 else self.eos
+
+    @property
     def add_bos(self) -> bool:
         return bool(self._model.add_bos_token())
 

@@ -14,6 +14,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .constrain import Constraint
+    from .infill import Infill
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class SamplingParams:
     # a logits transform applied to p and q alike before the warp (logit_bias, grammar; see constrain.py)
     logprobs: int | None = None
     constraint: "Constraint | None" = None
+    # llama.cpp's infill sampler after the filters (None = not in the chain; infill.py), on p and q alike
+    infill: "Infill | None" = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
+from .infill import infill_keep
 from .params import SamplingParams
 from .penalties import penalty_patch
 
@@ -121,7 +122,11 @@ def greedy(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = 
     """The greedy choice of each row (the argmax of the penalised logits) as int64 [rows]: `warp` at T = 0
     without building point masses. The verify loop calls it every round, right after a decode has pushed the
     interpreter out of the CPU caches, where each numpy call costs ~10× its warm time (measured: warp's greedy
-    branch 55 µs a token, this ~18), so it does the least it can."""
+    branch 55 µs a token, this ~18), so it does the least it can. With the infill sampler before a temperature
+    of 0, the argmax is taken over what the infill step keeps (llama.cpp's chain does the same)."""
+    if params.infill is not None and not params.infill.tempered and params.top_k != 1:
+        w = warp(logits, replace(params, temperature=1.0), history, drafts)
+        return w.ids[np.arange(len(w)), w.probs.argmax(axis=1)]
     if not params.penalised:
         return (logits if logits.ndim == 2 else logits[None]).argmax(axis=1)
     logits = np.atleast_2d(logits)
@@ -253,6 +258,8 @@ def _filter(vals: np.ndarray, ids: np.ndarray, z: np.ndarray | None, params: Sam
         keep &= in_prefix
     if params.min_p > 0.0:  # llama.cpp compares logits: l >= l_max + log(min_p), in float32
         keep &= vals >= mx + np.float32(math.log(params.min_p))
+    if params.infill is not None:  # editors' chain: top-k, top-p, infill (a set; the temperature still applies)
+        vals, ids, keep = infill_keep(vals, ids, keep, params.temperature, params.infill)
     cols = keep.any(axis=0)
     vals, ids, keep = vals[:, cols], ids[:, cols], keep[:, cols]
     et = np.where(keep, np.exp((vals.astype(np.float64) - mx) / params.temperature), 0.0)
