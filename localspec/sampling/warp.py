@@ -4,7 +4,8 @@ The chain is llama.cpp's default order (common/sampling.cpp): penalties → top-
 Top-k, top-p and min-p see the UNTEMPERED distribution; the temperature is applied last, to the tokens that
 survive. Top-p normalises over what top-k left (the whole vocabulary when top-k is off); min-p keeps the tokens
 whose probability is at least min_p × the top one. Temperature 0 (or top-k 1) is greedy: the argmax of the
-penalised row, no probabilities.
+penalised row, no probabilities. Editors' requests add llama.cpp's infill step after the filters
+(`params.infill`, infill.py): it narrows the kept set, and the temperature applies to what it keeps.
 
 `warp` is applied identically to the target's rows (p) and the drafter's rows (q), with the same token history
 for each position (row i of a verify pass has seen the context and drafts[:i]): that is what makes the verify

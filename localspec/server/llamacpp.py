@@ -38,7 +38,8 @@ from .common import (
 from .fim import Extra, FimTokens, build_infill, indent_cut, require_fim
 from .probs import llama_probs, window
 from .prompts import One, check_ids, mixed_tokens, prompt_input, split_prompts
-from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
+from .samplers import ORDER, chained, parse_samplers
+from .schemas import MAX_CHOICES, CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
 from .structured import request_extras
 from .worker import Job, Prompt
 
@@ -187,12 +188,14 @@ def _text(prompt: object) -> str:
 
 def _job(state: State, req: CompletionRequest, choice: Choice) -> Job:
     """One choice's job; its constraint (grammar state) is its own, its seed the choice's."""
-    base = sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed, defaults=DEFAULTS, penalties=req)
+    chain = parse_samplers(req.samplers)
+    base = chained(chain, state, sampling(req.temperature, req.top_k, req.top_p, req.min_p, req.seed,
+                                          defaults=DEFAULTS, penalties=req))
     ask = window(req.n_probs, base, req.post_sampling_probs) if req.n_probs else None
     extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
                            json_schema=req.json_schema, response_format=req.response_format, logprobs=ask)
-    params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed, defaults=DEFAULTS,
-                      penalties=req, **extra)
+    params = chained(chain, state, sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed,
+                                            defaults=DEFAULTS, penalties=req, **extra))
     return Job(choice.build, params=params, max_tokens=state.budget(req.n_predict), stop=stops(req.stop),
                context_shift=state.config.context_shift, n_keep=req.n_keep)
 
@@ -202,9 +205,21 @@ def _probs(state: State, run: Run, req: CompletionRequest, lps: Sequence[TokenLo
     return llama_probs(state.engine, lps, req.n_probs, post)
 
 
+def n_choices(req: CompletionRequest) -> int:
+    """`n_cmpl` (or `n`), checked with llama-server's words: llama.vscode shows the message and, when it starts
+    with "Field 'n_cmpl': Value must be between", tells the user which setting to change."""
+    for name in ("n_cmpl", "n"):
+        v = getattr(req, name)
+        if v is not None:
+            if not 1 <= v <= MAX_CHOICES:
+                raise ApiError(400, f"Field '{name}': Value must be between 1 <= value <= {MAX_CHOICES}, but got {v}")
+            return int(v)
+    return 1
+
+
 async def _answer(state: State, req: CompletionRequest, request: Request, builds: list[Build]) -> Response:
     """One result per (prompt, choice): a single object for one, llama-server's array (with `index`) for more."""
-    choices = plan(builds, req.n_cmpl or req.n or 1, req.seed)
+    choices = plan(builds, n_choices(req), req.seed)
     first = Run(state, _job(state, req, choices[0]), request)
     await first.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
     if req.stream:
@@ -262,16 +277,22 @@ def generation_settings(state: State, run: Run, req: CompletionRequest) -> dict[
     """The sampling parameters this request actually ran with (llama-server's `generation_settings`)."""
     p = run.job.params
     d: dict[str, Any] = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
-                         if f.name not in ("constraint", "logprobs", "seed")}
+                         if f.name not in ("constraint", "logprobs", "seed", "infill")}
     d.update(seed=-1 if p.seed is None else p.seed, n_predict=run.job.max_tokens, max_tokens=run.job.max_tokens,
              stop=list(run.job.stop), stream=req.stream, n_probs=req.n_probs, n_ctx=state.n_ctx,
              logit_bias=[[t, b] for t, b in _bias_pairs(req.logit_bias)], grammar=req.grammar or "",
-             json_schema=req.json_schema, samplers=["top_k", "top_p", "min_p", "temperature"],
+             json_schema=req.json_schema, samplers=_chain_names(req.samplers),
              n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms, return_tokens=req.return_tokens,
              timings_per_token=req.timings_per_token, post_sampling_probs=req.post_sampling_probs,
              speculative={"drafter": state.engine.drafter_name, "k": spec_policy(state.engine)[0],
                           "allowed": bool(run.started and run.started.spec)})
     return d
+
+
+def _chain_names(samplers: list[str] | str | None) -> list[str]:
+    """The steps this request ran (`generation_settings.samplers`): its list, or the default chain."""
+    chain = parse_samplers(samplers)
+    return chain.names if chain is not None else list(ORDER)
 
 
 def _bias_pairs(v: Any) -> list[tuple[Any, Any]]:

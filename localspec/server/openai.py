@@ -39,6 +39,7 @@ from .common import (
 from .fim import FimTokens, build_infill, require_fim
 from .probs import openai_chat, openai_completion
 from .prompts import One, check_ids, prompt_input, split_prompts
+from .samplers import chained, parse_samplers
 from .schemas import OAIChatRequest, OAICompletionRequest
 from .structured import request_extras
 from .worker import Job, Prompt
@@ -125,8 +126,9 @@ def _job(state: State, req: OAICompletionRequest | OAIChatRequest, choice: Choic
     extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
                            json_schema=req.json_schema, response_format=req.response_format,
                            logprobs=_logprobs(req, chat))
-    params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed, defaults=DEFAULTS,
-                      penalties=req, **extra)
+    params = chained(parse_samplers(req.samplers), state, sampling(req.temperature, req.top_k, req.top_p,
+                                                                   req.min_p, choice.seed, defaults=DEFAULTS,
+                                                                   penalties=req, **extra))
     return Job(choice.build, params=params, max_tokens=state.budget(req.max_tokens, "max_tokens"),
                stop=stops(req.stop), context_shift=state.config.context_shift, n_keep=n_keep)
 

@@ -2,7 +2,7 @@
 with a JSON body, never a 500) and publishes them in /openapi.json, which the schemathesis run fuzzes.
 
 Unknown fields are accepted and ignored (`extra="allow"`): clients send many options we do not use
-(llama.vim's `samplers`, `id_slot`; OpenAI's `user`; Ollama's `keep_alive`); docs/server.md lists which.
+(llama.vim's `id_slot`; OpenAI's `user`; Ollama's `keep_alive`); docs/server.md lists which.
 Limits that depend on the loaded model (context size) are checked in the routes.
 """
 
@@ -46,6 +46,8 @@ class Sampling(_Body):
     grammar: str | None = None  # GBNF (llama.cpp)
     json_schema: Schema = None  # llama.cpp
     response_format: Schema = None  # OpenAI: {"type": "json_object" | "json_schema" | "text", ...}
+    samplers: list[str] | str | None = Field(None, description="llama.cpp's chain: the steps that run, in order "
+                                             "(names, or letters such as \"kpi\"); absent = the default chain")
 
 
 # -- llama.cpp --------------------------------------------------------------------------------------------------
@@ -72,9 +74,10 @@ class CompletionRequest(Sampling, Streaming):
     model: str | None = None
     return_tokens: bool = False
     n_probs: int = Field(0, ge=0, le=1024, description="top tokens' logprobs per generated token (0 = off)")
-    n_cmpl: int | None = Field(None, ge=1, le=MAX_CHOICES, description="completions per prompt (default: n, 1)")
+    # checked in the route, with llama-server's message (llama.vscode shows it and adds a hint when it matches)
+    n_cmpl: int | None = Field(None, description=f"completions per prompt, 1..{MAX_CHOICES} (default: n, 1)")
     n_keep: int = Field(0, ge=-1, le=MAX_TOKENS, description="tokens a context shift keeps (-1: the prompt)")
-    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description="n_cmpl's other name")
+    n: int | None = Field(None, description="n_cmpl's other name")
 
 
 class ExtraChunk(_Body):
@@ -153,6 +156,12 @@ class OllamaGenerateRequest(_Body):
     stream: bool = True
     options: OllamaOptions | None = None
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
+
+
+class OllamaShowRequest(_Body):
+    model: str = ""
+    name: str = ""  # the older field (Continue sends it)
+    verbose: bool = False
 
 
 class TokenizeRequest(_Body):
