@@ -240,3 +240,32 @@ def test_seeded_infill_chain_same_text_with_and_without_speculation(others):
         assert answers["lookup"] == answers["plain"] == answers["model"], (path, answers)
         assert answers["plain"][0], path  # something was written: the infill step let text through
     assert drafted > 0
+
+
+def test_samplers_chain_units():
+    """The parse without a server: letters, aliases, skipped steps, the off values, where infill sits."""
+    from localspec.sampling.params import SamplingParams
+    from localspec.server.common import ApiError
+    from localspec.server.samplers import parse_samplers
+
+    class Vocab:
+        eot = 2
+
+        def piece(self, t: int) -> bytes:
+            return b"x"
+
+        def is_eog(self, t: int) -> bool:
+            return t == 2
+
+    base = SamplingParams(temperature=0.0, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1)
+    assert parse_samplers(None) is None
+    vim = parse_samplers(["top_k", "top_p", "infill"]).apply(base, Vocab())
+    assert (vim.temperature, vim.top_k, vim.top_p, vim.min_p, vim.repeat_penalty) == (1.0, 40, 0.9, 0.0, 1.0)
+    assert vim.infill is not None and not vim.infill.tempered and not vim.greedy
+    assert parse_samplers("kpit").apply(base, Vocab()).greedy  # temperature 0 listed: greedy
+    assert parse_samplers(["Top-K", "nucleus", "temp", "infill"]).apply(base, Vocab()).infill.tempered
+    assert parse_samplers([]).apply(base, Vocab()).temperature == 1.0  # the warm-up: nothing but the draw
+    assert parse_samplers(["dry", "top_k", "xtc"]).names == ["top_k"]
+    for bad in (["top_p", "top_k"], ["infill", "min_p"], ["infill", "infill"], ["top_k", "top_k"], ["mirostat"]):
+        with pytest.raises(ApiError):
+            parse_samplers(bad)
