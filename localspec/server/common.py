@@ -19,8 +19,6 @@ from .metrics import Metrics
 from .schemas import MAX_RESULTS
 from .worker import Done, Failed, Job, Prompt, Started, Worker
 
-POLL_S = 0.2  # how often a waiting request checks whether its client is still there
-
 
 class ApiError(LocalspecError):
     """A client error with its HTTP status; the app renders it in the protocol's error shape."""
@@ -168,37 +166,32 @@ class Run:
         self.request = request
         self.started: Started | None = None
         self.last: Chunk | None = None
-        self._checked = time.monotonic()
+        self._watcher: asyncio.Task | None = None
 
     async def _event(self) -> Started | Chunk | None:
-        while True:
-            await self._check_client()
-            try:
-                ev = await self.job.next_event(POLL_S)
-            except asyncio.TimeoutError:
-                continue
-            if isinstance(ev, Failed):
-                raise ev.error
-            return None if isinstance(ev, Done) else ev
+        ev = await self.job.next_event()
+        if isinstance(ev, Failed):
+            raise ev.error
+        return None if isinstance(ev, Done) else ev
 
-    async def _check_client(self) -> None:
-        """Every POLL_S, events flowing or not: a non-streaming client that hung up (editors abandon /infill
-        on each keystroke) cancels its job, which the worker ends after the current verify round."""
-        now = time.monotonic()
-        if now - self._checked < POLL_S:
-            return
-        self._checked = now
-        if await self.request.is_disconnected():
-            self.job.cancel()
+    async def _watch_client(self) -> None:
+        """Cancel the job the moment the client hangs up (the ASGI server's `http.disconnect`, which also
+        comes once the answer is sent): editors abandon /infill on each keystroke, and the next request
+        should wait at most the verify round in flight, not a polling interval."""
+        while (await self.request.receive())["type"] != "http.disconnect":
+            pass
+        self.job.cancel()
 
     async def start(self) -> Started:
         self.state.worker.submit(self.job)
+        self._watcher = asyncio.create_task(self._watch_client())
         try:
             ev = await self._event()
         except BaseException:
-            self.job.cancel()
+            self.close()
             raise
         if ev is None:
+            self.close()
             raise ClientGone()
         assert isinstance(ev, Started)
         self.started = ev
@@ -216,7 +209,13 @@ class Run:
                 if ev.finish:
                     return
         finally:
-            self.job.cancel()  # no-op when the job is over; stops it when the consumer left early
+            self.close()
+
+    def close(self) -> None:
+        """Stop the job (a no-op when it is over; ends it when the consumer left early) and the watcher."""
+        self.job.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     @property
     def stats(self) -> Stats:
