@@ -102,6 +102,7 @@ class Tally:
     draft_accepted: int = 0
     sent: int = 0
     abandoned: int = 0
+    timeouts: int = 0  # a paused typist gave up after WAIT_S
 
     def answered(self, body: dict) -> None:
         t = body.get("timings", {})
@@ -135,7 +136,11 @@ async def session(url: str) -> Tally:
                 lines[y] = text[:x]
                 task = asyncio.create_task(ask(client, infill_body(lines, y, x), tally))
                 if x == len(text) or text[x:x + 1] == " ":  # a pause: the typist waits for the suggestion
-                    wait, out = await task
+                    try:
+                        wait, out = await task
+                    except httpx.TimeoutException:
+                        tally.timeouts += 1
+                        continue
                     tally.waits.append(wait)
                     if x == len(text) and out["content"]:
                         prev = out["content"].split("\n")
@@ -189,6 +194,7 @@ def summary(name: str, tallies: list[Tally]) -> dict:
             "p95_ms": 1000 * waits[max(0, round(0.95 * len(waits)) - 1)],
             "prefetch_median_ms": 1000 * statistics.median([w for t in tallies for w in t.prefetch] or [0]),
             "sent": sum(t.sent for t in tallies), "abandoned": sum(t.abandoned for t in tallies),
+            "timeouts": sum(t.timeouts for t in tallies),
             "evaluated_median": statistics.median([e for t in tallies for e in t.evaluated]),
             "cached_median": statistics.median([c for t in tallies for c in t.cached]),
             "predicted_mean": statistics.mean([p for t in tallies for p in t.predicted]),
