@@ -49,6 +49,24 @@ def gemma_path() -> Path:
     return _verdict_known(entry_path(load_registry().models["gemma3-270m"], log=lambda *a: None))
 
 
+# SmolLM2's vocabulary has no FIM tokens: the fixture names other special tokens as FIM_PRE/SUF/MID and the real
+# <repo_name>/<file_sep> as FIM_REP/FIM_SEP (see tests/test_server_fim.py)
+FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 4, "tokenizer.ggml.fim_suf_token_id": 6,
+           "tokenizer.ggml.fim_mid_token_id": 7, "tokenizer.ggml.fim_rep_token_id": 3,
+           "tokenizer.ggml.fim_sep_token_id": 5}
+
+
+@pytest.fixture(scope="session")
+def fim_model(smollm2_path: Path) -> Path:
+    """SmolLM2 Q4_1 with FIM token ids in its metadata: /infill's protocol, layout and caches on a real model."""
+    from localspec.models.gguf_tools import write_with_metadata
+
+    out = CACHE / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf"
+    if not out.exists():
+        write_with_metadata(smollm2_path, out, FIM_IDS)
+    return out
+
+
 @pytest.fixture(scope="session")
 def smollm2_f16_path(smollm2_path: Path) -> Path:
     """SmolLM2 dequantized to F16 with the gguf package: same tokenizer, ~2.8x the bytes -> a real cost gap."""

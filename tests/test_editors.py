@@ -24,7 +24,6 @@ from typing import Iterator
 import httpx
 import pytest
 from test_server_api import LLAMA_VIM_BODY
-from test_server_fim import fim_model  # noqa: F401  (the fixture: SmolLM2 with FIM ids in its metadata)
 
 from localspec.server.testing import ServerProcess
 
@@ -53,7 +52,7 @@ TIMINGS = ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predict
 
 
 @pytest.fixture(scope="module")
-def server(fim_model) -> Iterator[ServerProcess]:  # noqa: F811
+def server(fim_model) -> Iterator[ServerProcess]:
     with ServerProcess(["--model", str(fim_model), "--ctx", "2048"]) as srv:
         yield srv
         assert srv.alive
@@ -209,7 +208,7 @@ def test_continue_ollama_provider_show_then_fim(http, server, name):
 # -- seeded: the infill chain is lossless under speculation --------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def others(fim_model, smollm2_f16_path) -> Iterator[dict[str, ServerProcess]]:  # noqa: F811
+def others(fim_model, smollm2_f16_path) -> Iterator[dict[str, ServerProcess]]:
     procs: dict[str, ServerProcess] = {}
     try:
         for key, args in {"plain": ["--no-spec"], "lookup": ["--lookup", "--no-adaptive", "-k", "4"],

@@ -12,22 +12,7 @@ import httpx
 import pytest
 from test_server_api import LLAMA_VIM_BODY
 
-from localspec.models.paths import cache_dir
 from localspec.server.testing import ServerProcess
-
-FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 4, "tokenizer.ggml.fim_suf_token_id": 6,
-           "tokenizer.ggml.fim_mid_token_id": 7, "tokenizer.ggml.fim_rep_token_id": 3,
-           "tokenizer.ggml.fim_sep_token_id": 5}
-
-
-@pytest.fixture(scope="module")
-def fim_model(smollm2_path):
-    from localspec.models.gguf_tools import write_with_metadata
-
-    out = cache_dir() / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf"
-    if not out.exists():
-        write_with_metadata(smollm2_path, out, FIM_IDS)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import random
 from pathlib import Path
 
 import httpx
-from test_server_fim import fim_model  # noqa: F401  (the FIM-tagged SmolLM2 fixture)
 
 from localspec.server.testing import ServerProcess
 
@@ -63,7 +62,7 @@ async def storm(url: str, n: int, seed: int = 0) -> int:
     return abandoned
 
 
-def test_abandoned_keystrokes_leave_the_server_consistent_and_flat(fim_model):  # noqa: F811
+def test_abandoned_keystrokes_leave_the_server_consistent_and_flat(fim_model):
     with ServerProcess(["--model", str(fim_model), "--ctx", "2048"]) as srv:
         assert srv.proc is not None
         with httpx.Client(base_url=srv.url, timeout=120) as http:
