@@ -58,6 +58,18 @@ def low_stock(items, threshold=5):
 
 
 '''
+FOOTER = '''
+
+def by_name(items):
+    """Items keyed by name."""
+    return {item.name: item for item in items}
+
+
+def report(items):
+    """One line per item: name, price, stock."""
+    for item in items:
+        print(f"{item.name:20} {item.price:8.2f} {item.stock:5d}")
+'''.split("\n")
 TYPED = [
     "def restock(items, amount):",
     "    for item in items:",
@@ -123,15 +135,16 @@ async def ask(client: httpx.AsyncClient, body: dict, tally: Tally) -> tuple[floa
     return time.perf_counter() - t0, out
 
 
-async def session(url: str) -> Tally:
-    """Type TYPED under HEADER, key by key, as described in the module docstring."""
+async def session(url: str, middle: bool = False) -> Tally:
+    """Type TYPED under HEADER, key by key, as described in the module docstring; `middle`: with FOOTER's
+    functions below the cursor (a long `input_suffix`), as when a function is added inside a file."""
     tally = Tally()
-    lines = HEADER.split("\n")
+    lines = HEADER.split("\n") + (FOOTER if middle else [])
+    y = len(HEADER.split("\n")) - 1
     async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
-        await ask(client, {**infill_body(lines, len(lines) - 1, 0), "n_predict": 0, "samplers": [],
+        await ask(client, {**infill_body(lines, y, 0), "n_predict": 0, "samplers": [],
                            "t_max_prompt_ms": 1, "t_max_predict_ms": 1}, tally)  # llama.vim's warm-up
         for text in TYPED:
-            y = len(lines) - 1
             for x in range(1, len(text) + 1):
                 lines[y] = text[:x]
                 task = asyncio.create_task(ask(client, infill_body(lines, y, x), tally))
@@ -152,7 +165,8 @@ async def session(url: str) -> Tally:
                     task.cancel()
                     tally.abandoned += 1
                 await asyncio.gather(task, return_exceptions=True)
-            lines.append("")
+            y += 1
+            lines.insert(y, "")
     return tally
 
 
@@ -239,6 +253,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--soak", type=int, default=0, help="N abandoned keystroke requests, with RSS")
+    ap.add_argument("--where", choices=("end", "middle"), default="end",
+                    help="type at the end of the file, or between two functions (a long suffix)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     ours = ServerProcess(["--model", str(args.model), "--ctx", "4096", "--threads", str(args.threads)])
@@ -255,7 +271,7 @@ def main() -> int:
             tallies: dict[str, list[Tally]] = {name: [] for name in servers}
             for r in range(args.rounds):
                 for name, url in servers.items():
-                    tallies[name].append(asyncio.run(session(url)))
+                    tallies[name].append(asyncio.run(session(url, args.where == "middle")))
                     print(f"round {r + 1} {name}: done", file=sys.stderr, flush=True)
     rows = [summary(name, t) for name, t in tallies.items()]
     print(json.dumps(rows, indent=1))

@@ -7,7 +7,7 @@ from fakes import EOS, FakeModel, counting
 
 from localspec.sampling.params import SamplingParams
 from localspec.spec.drafters import ModelDrafter
-from localspec.spec.loop import generate
+from localspec.spec.loop import MERGE_MAX, generate
 from localspec.spec.types import Draft
 from localspec.tuning.controller import FixedK
 
@@ -53,9 +53,21 @@ def test_all_drafts_accepted_bonus_token_and_drafter_fed_last_draft():
     assert draft_model.calls[:4] == [([1, 2, 3], 1), ([4], 1), ([5], 1), ([6], 1)]
     # round 2: the drafter's cache lacked the last draft (7) and the bonus (8): it decodes exactly those
     assert draft_model.calls[4] == ([7, 8], 1)
-    # the target verified [last, d1..d4] with exactly k+1 logit rows, never more
-    assert target.calls[1] == ([3, 4, 5, 6, 7], 5)
+    # the target verified [last, d1..d4] with exactly k+1 logit rows, never more; in round 1 the prompt's short
+    # tail [1, 2] shared that pass (MERGE_MAX), still with k+1 rows of logits
+    assert target.calls[0] == ([1, 2, 3, 4, 5, 6, 7], 5)
+    assert target.calls[1] == ([8, 9, 10, 11, 12], 5)
     assert steps[-1].finish == "length"
+
+
+def test_a_long_prompt_tail_gets_its_own_pass_a_short_one_shares_the_first_verify_pass():
+    for n, calls in [(MERGE_MAX + 1, [(list(range(1, MERGE_MAX + 2)), 1)]),
+                     (MERGE_MAX + 2, [(list(range(1, MERGE_MAX + 2)), 0), ([MERGE_MAX + 2], 1)])]:
+        target = FakeModel(counting())
+        steps, out = _run(target, list(range(1, n + 1)), max_tokens=1)
+        assert out == list(range(1, n + 2)) and target.calls == calls
+        merged = n - 1 <= MERGE_MAX
+        assert steps[0].n_prompt == n and (steps[0].t_verify == 0) == merged  # a shared pass is prompt time
 
 
 def test_first_draft_rejected_emits_target_token():

@@ -5,6 +5,7 @@ round is plain decoding: one target token per pass. Everything above this module
 
 KV invariant between rounds: the target's cache holds context[:-1]; the last context token is decoded at
 the start of the next round together with the drafts, so the first verify row scores draft position 0.
+A short prompt tail (MERGE_MAX) joins the first round's pass instead of a pass of its own.
 The random stream is plain decoding's whatever is drafted (verify.verify_same_seed: one draw per emitted
 token from the target's own rows), unless a drafter hands its q with a draft it drew with draws of its own
 (rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an
@@ -28,9 +29,14 @@ from .drafters import common_prefix
 from .types import EMPTY, Controller, Draft, Drafter, Step, Target
 from .verify import verify, verify_greedy
 
+MERGE_MAX = 8  # a prompt tail this short is evaluated in the first verify pass, not a pass of its own
 
-def prefill(target: Target, prompt: Sequence[int]) -> tuple[int, int]:
-    """Bring the target cache to prompt[:-1], reusing the longest common prefix. Returns (evaluated, cached)."""
+
+def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0) -> tuple[int, int, list[int]]:
+    """Bring the target cache to prompt[:-1], reusing the longest common prefix. Returns (evaluated, cached,
+    pending): a tail of at most `merge_max` new tokens is left pending for the first verify pass, which then
+    evaluates it with the last token and the drafts in one batch (an editor's keystroke changes a few tokens;
+    a pass of their own would cost a whole extra forward)."""
     if not prompt:
         raise ValueError("empty prompt: nothing to condition on (models add BOS; pass at least one token)")
     if len(prompt) >= target.n_ctx:
@@ -38,10 +44,11 @@ def prefill(target: Target, prompt: Sequence[int]) -> tuple[int, int]:
                               "shorten it or raise --ctx")
     keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1)
     target.rewind(keep)
-    rest = prompt[keep:-1]
-    if rest:
-        target.decode(rest, 0)
-    return len(rest) + 1, keep
+    rest = list(prompt[keep:-1])
+    if len(rest) <= merge_max:
+        return len(rest) + 1, keep, rest
+    target.decode(rest, 0)
+    return len(rest) + 1, keep, []
 
 
 def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None = None,
@@ -52,13 +59,13 @@ def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None =
     is left."""
     rng = rng if rng is not None else params.rng()
     t0 = time.perf_counter()
-    n_prompt, n_cached = prefill(target, prompt)
+    n_prompt, n_cached, pending = prefill(target, prompt, MERGE_MAX)
     t_prompt = time.perf_counter() - t0
     context = list(prompt)
     emitted = 0
     try:
         while True:
-            room = target.n_ctx - target.n_past  # positions left for [last, drafts...]
+            room = target.n_ctx - target.n_past - len(pending)  # positions left for [last, drafts...]
             budget = max_tokens - emitted
             k_r = min(controller.choose_k() if drafter and controller is not None else 0, budget - 1, room - 1)
             t1 = time.perf_counter()
@@ -66,7 +73,10 @@ def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None =
             if drafter and controller is not None and k_r > 0:
                 draft = _through_eog(target, drafter.propose(context, _capped(controller, k_r), params, rng))
             t2 = time.perf_counter()
-            n_acc, nxt, rows = _verify_round(target, context, draft, params, rng)
+            n_acc, nxt, rows = _verify_round(target, context, draft, params, rng, pending)
+            t_verify = time.perf_counter() - t2
+            if pending:  # the pass evaluated the prompt's tail too: it is prompt time, as llama-server counts it
+                t_prompt, t_verify, pending = t_prompt + t_verify, 0.0, []
             new, finish = _truncate(target, list(draft.tokens[:n_acc]) + [nxt], budget)
             logprobs = token_logprobs(rows, new, params.logprobs)
             context.extend(new)
@@ -74,7 +84,7 @@ def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None =
             if finish is None and target.n_past >= target.n_ctx:  # no position left for the pending token
                 finish = "context"
             step = Step(tokens=tuple(new), drafted=len(draft), accepted=n_acc, t_draft=t2 - t1,
-                        t_verify=time.perf_counter() - t2, source=draft.source, finish=finish, n_prompt=n_prompt,
+                        t_verify=t_verify, source=draft.source, finish=finish, n_prompt=n_prompt,
                         n_cached=n_cached, t_prompt=t_prompt, logprobs=logprobs)
             n_prompt = n_cached = 0
             t_prompt = 0.0
@@ -107,14 +117,14 @@ def _through_eog(target: Target, draft: Draft) -> Draft:
 
 
 def _verify_round(target: Target, context: Sequence[int], draft: Draft, params: SamplingParams,
-                  rng: np.random.Generator) -> tuple[int, int, np.ndarray]:
-    """One target pass over [context[-1], d_1..d_k]; logits for exactly those k+1 rows (row i has seen the
-    context and d_1..d_i), returned raw for logprobs. Rejected drafts are dropped from the cache before
-    returning, whatever happens."""
-    n_past = target.n_past
+                  rng: np.random.Generator, head: Sequence[int] = ()) -> tuple[int, int, np.ndarray]:
+    """One target pass over [*head, context[-1], d_1..d_k] (head: a prompt tail not yet in the cache); logits
+    for exactly the last k+1 rows (row i has seen the context and d_1..d_i), returned raw for logprobs.
+    Rejected drafts are dropped from the cache before returning, whatever happens."""
+    n_past = target.n_past + len(head)
     n_acc = 0
     try:
-        raw = target.decode([context[-1], *draft.tokens], len(draft) + 1)
+        raw = target.decode([*head, context[-1], *draft.tokens], len(draft) + 1)
         logits = constrain_rows(params, raw, context, draft.tokens)  # logit_bias, grammar: p as requested
         if params.greedy:
             n_acc, nxt = verify_greedy(greedy(logits, params, context, draft.tokens), draft.tokens)

@@ -123,7 +123,7 @@ class Adaptive:
 
     def observe(self, step: "Step") -> None:
         d = step.drafted
-        if not self.learn_costs:
+        if not self.learn_costs or step.t_verify <= 0:  # no verify timing: the pass also evaluated the prompt's tail
             if d:
                 self._learn_alpha(step)
             return

@@ -346,7 +346,8 @@ class ThreadControl:
     def observe(self, step: "Step", *, prompt_only: bool = False) -> None:
         if self.pinned_n is not None:
             return
-        if step.n_prompt > 8 and step.t_prompt > 0:  # a prompt long enough to time per token
+        if step.n_prompt > 8 and step.t_prompt > 0 and step.t_verify > 0:  # a prompt long enough to time per token,
+            # in a pass of its own (a short tail shares the first verify pass: spec/loop.py's MERGE_MAX)
             self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
         if prompt_only:
             return
