@@ -216,9 +216,11 @@ def summary(name: str, tallies: list[Tally]) -> dict:
 
 
 def rss_mib(pid: int) -> float:
+    """Resident memory of `pid` and its children (`localspec serve` runs in a child its parent watches)."""
+    kids = [int(k) for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1]) / 1024 + sum(rss_mib(k) for k in kids)
     return 0.0
 
 

@@ -32,10 +32,12 @@ GREEDY["temperature"] = 0.0
 
 
 def rss_mib(pid: int) -> float:
+    """Resident memory of `pid` and its children (`localspec serve` runs in a child its parent watches)."""
+    kids = [int(k) for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+            return int(line.split()[1]) / 1024 + sum(rss_mib(k) for k in kids)
+    return 0.0
 
 
 def metric(url: str, name: str) -> float:
