@@ -111,6 +111,43 @@ async def test_speculation_off_when_the_queue_is_long(smollm2_path):
     assert started[0].reason == "queue 2 > 1"
 
 
+async def test_a_client_rule_ends_the_job_on_the_worker_and_a_whole_answer_comes_in_one_piece(smollm2_path):
+    """`Job.until` (llama-server's editor rules) stops generation at the chunk it fires on, so no round runs
+    past it; the caches are rewound at once (the next job reuses them). `live=False` holds every event until
+    the end and delivers them in order."""
+    from localspec.engine.loader import EngineSpec, load_engine
+    from localspec.engine.session import Chunk
+    from localspec.server.worker import Done, Job, Started, Worker
+
+    engine = load_engine(EngineSpec(n_ctx=256), log=lambda *a: None)
+    worker = Worker(engine)
+    seen: list[int] = []
+
+    def until(ch: Chunk) -> bool:
+        seen.append(len(ch.step.tokens))
+        return len(seen) == 2
+
+    ruled = worker.submit(Job(lambda e: ("The planets are", False), max_tokens=32, until=until, live=False))
+    plain = worker.submit(Job(lambda e: ("The planets are", False), max_tokens=32, spec=False))
+    worker.start()
+    try:
+        events = [await ruled.next_event(60)]
+        while not isinstance(events[-1], Done):
+            events.append(await ruled.next_event(60))
+        assert isinstance(events[0], Started) and all(isinstance(e, Chunk) for e in events[1:-1])
+        assert len(events) == 4 and len(seen) == 2, "the rule fired on the 2nd chunk: nothing after it"
+        rest = [await plain.next_event(60)]
+        while not isinstance(rest[-1], Done):
+            rest.append(await plain.next_event(60))
+    finally:
+        worker.stop()
+        engine.close()
+    ruled_tokens = [t for e in events[1:-1] for t in e.step.tokens]
+    plain_tokens = [t for e in rest[1:-1] for t in e.step.tokens]
+    assert plain_tokens[:len(ruled_tokens)] == ruled_tokens  # greedy: the cut job left a consistent cache
+    assert rest[1].stats.n_cached > 0
+
+
 def test_schemathesis_finds_no_server_errors(smollm2_path, tmp_path):
     """A bounded fuzz run of every route in /openapi.json; generation capped at 4 tokens so valid cases are cheap."""
     exe = shutil.which("schemathesis") or shutil.which("st")

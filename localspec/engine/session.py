@@ -15,7 +15,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Generator, Iterator, Sequence
+from typing import Callable, Generator, Sequence
 
 from ..backend import Model
 from ..errors import LocalspecError
@@ -146,7 +146,7 @@ class Engine:
     def generate(self, prompt: str | Sequence[int], *, params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: Sequence[str] = (), spec: bool = True,
                  controller: Controller | None = None, should_stop: Callable[[], bool] | None = None,
-                 context_shift: bool = False, n_keep: int = 0) -> Iterator[Chunk]:
+                 context_shift: bool = False, n_keep: int = 0) -> Generator[Chunk, None, None]:
         """Stream a completion. Closing the iterator early (or `should_stop()` turning true) ends generation
         after the current round; caches stay consistent either way. `context_shift`: a full context drops old
         tokens and goes on (`_shifting`), keeping the first `n_keep` (-1: the whole prompt)."""

@@ -196,8 +196,9 @@ def _job(state: State, req: CompletionRequest, choice: Choice) -> Job:
                            json_schema=req.json_schema, response_format=req.response_format, logprobs=ask)
     params = chained(chain, state, sampling(req.temperature, req.top_k, req.top_p, req.min_p, choice.seed,
                                             defaults=DEFAULTS, penalties=req, **extra))
+    until = EditorRules(req).ends if req.n_indent > 0 or (req.t_max_predict_ms or 0) > 0 else None
     return Job(choice.build, params=params, max_tokens=state.budget(req.n_predict), stop=stops(req.stop),
-               context_shift=state.config.context_shift, n_keep=req.n_keep)
+               context_shift=state.config.context_shift, n_keep=req.n_keep, live=bool(req.stream), until=until)
 
 
 def _probs(state: State, run: Run, req: CompletionRequest, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
@@ -253,24 +254,40 @@ async def _collect(state: State, run: Run, req: CompletionRequest, index: int) -
     return _project(body, req.response_fields)
 
 
-async def _policed(run: Run, req: CompletionRequest) -> AsyncIterator[tuple[str, str, Chunk]]:
-    """(text, stop_type, chunk) per round, applying llama-server's editor rules: `n_indent` ends the completion
-    at a line indented less than the cursor; `t_max_predict_ms` ends it at a newline once over budget."""
-    text = ""
-    async for ch in run.chunks():
-        new = text + ch.text
-        cut = indent_cut(new, req.n_indent)
+class EditorRules:
+    """llama-server's editor rules, round by round: `n_indent` ends the completion at a line indented less than
+    the cursor; `t_max_predict_ms` ends it at a newline once over budget. The worker applies them too
+    (`Job.until`), so generation stops at the cut, not a round later while the next keystroke's request waits."""
+
+    def __init__(self, req: CompletionRequest) -> None:
+        self.n_indent = req.n_indent
+        self.budget = req.t_max_predict_ms or 0.0
+        self.text = ""
+
+    def push(self, ch: Chunk) -> tuple[str, str]:
+        """(this round's text to send, stop_type); stop_type "none" goes on."""
+        new = self.text + ch.text
+        cut = indent_cut(new, self.n_indent)
         if cut is not None:
-            yield new[len(text):cut] if cut > len(text) else "", "limit", ch
-            return
-        text = new
-        budget = req.t_max_predict_ms or 0.0
-        over = budget > 0 and ch.stats.gen_ms > budget and "\n" in text
+            return new[len(self.text):cut] if cut > len(self.text) else "", "limit"
+        self.text = new
+        over = self.budget > 0 and ch.stats.gen_ms > self.budget and "\n" in new
         if ch.finish or over:
-            stop_type = ("eos" if ch.step.finish == "stop" else "word") if ch.finish == "stop" else "limit"
-            yield ch.text, stop_type, ch
+            return ch.text, ("eos" if ch.step.finish == "stop" else "word") if ch.finish == "stop" else "limit"
+        return ch.text, "none"
+
+    def ends(self, ch: Chunk) -> bool:
+        return self.push(ch)[1] != "none"
+
+
+async def _policed(run: Run, req: CompletionRequest) -> AsyncIterator[tuple[str, str, Chunk]]:
+    """(text, stop_type, chunk) per round, with the editor rules applied."""
+    rules = EditorRules(req)
+    async for ch in run.chunks():
+        piece, stop_type = rules.push(ch)
+        yield piece, stop_type, ch
+        if stop_type != "none":
             return
-        yield ch.text, "none", ch
 
 
 def generation_settings(state: State, run: Run, req: CompletionRequest) -> dict[str, Any]:

@@ -157,7 +157,7 @@ async def _answer(state: State, options: OllamaOptions | None, stream: bool, req
     job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS,
                                      penalties=o, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop),
-              context_shift=state.config.context_shift)
+              context_shift=state.config.context_shift, live=stream)
     run = Run(state, job, request)
     await run.start()  # a client gone before the start is a 499 (app.py)
     if stream:

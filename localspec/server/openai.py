@@ -130,7 +130,7 @@ def _job(state: State, req: OAICompletionRequest | OAIChatRequest, choice: Choic
                                                                    req.min_p, choice.seed, defaults=DEFAULTS,
                                                                    penalties=req, **extra))
     return Job(choice.build, params=params, max_tokens=state.budget(req.max_tokens, "max_tokens"),
-               stop=stops(req.stop), context_shift=state.config.context_shift, n_keep=n_keep)
+               stop=stops(req.stop), context_shift=state.config.context_shift, n_keep=n_keep, live=bool(req.stream))
 
 
 async def _answer(state: State, req: OAICompletionRequest | OAIChatRequest, request: Request, builds: list[Build],

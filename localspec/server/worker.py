@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -75,11 +76,14 @@ class Job:
     spec: bool = True  # the client's wish; load may still turn it off
     context_shift: bool = False  # --context-shift: a full context drops old tokens and goes on
     n_keep: int = 0  # tokens a shift keeps from the start (-1: the whole prompt)
+    live: bool = True  # False (an answer sent whole): events reach the event loop at the end, in one wake-up
+    until: Callable[[Chunk], bool] | None = None  # a client's stop rule, checked here after each chunk
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
     _loop: asyncio.AbstractEventLoop | None = None
     _events: asyncio.Queue | None = None
+    _held: list = field(default_factory=list)  # events not yet sent (live=False)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -91,11 +95,22 @@ class Job:
         return await asyncio.wait_for(self._events.get(), timeout)
 
     def _emit(self, ev: Event) -> None:
+        """Send `ev` to the event loop. A job answered whole holds its Started and Chunk events until the end:
+        waking the event loop each round costs the worker ~1 ms a round on a 2-core machine (the loop's thread
+        takes a core from llama.cpp's threads mid-pass), and nobody reads those events before the end."""
+        if not self.live and isinstance(ev, (Started, Chunk)):
+            self._held.append(ev)
+            return
+        events, self._held = [*self._held, ev], []
         if self._loop is not None and not self._loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(self._events.put_nowait, ev)  # type: ignore[union-attr]
+                self._loop.call_soon_threadsafe(self._put, events)
             except RuntimeError:  # the loop closed between the check and the call (server shutting down)
                 pass
+
+    def _put(self, events: list[Event]) -> None:
+        for ev in events:
+            self._events.put_nowait(ev)  # type: ignore[union-attr]
 
 
 class Worker:
@@ -166,13 +181,16 @@ class Worker:
                                        spec=spec, should_stop=job.cancelled.is_set,
                                        context_shift=job.context_shift, n_keep=job.n_keep)
             first = True
-            for chunk in gen:
-                if first:  # prefill succeeded: the prompt fits
-                    job.first = chunk.stats
-                    job._emit(started)
-                    first = False
-                last = chunk
-                job._emit(chunk)
+            with closing(gen):  # leaving early (job.until) rewinds the caches now
+                for chunk in gen:
+                    if first:  # prefill succeeded: the prompt fits
+                        job.first = chunk.stats
+                        job._emit(started)
+                        first = False
+                    last = chunk
+                    job._emit(chunk)
+                    if job.until is not None and job.until(chunk):
+                        break  # the client's rule ends it here: no round past it for the next request to wait on
         except (LocalspecError, ValueError) as e:  # bad input: a 4xx for the client
             error = e
         except Exception as e:  # a bug: logged, reported as 500, the worker lives on
