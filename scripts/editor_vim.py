@@ -8,7 +8,7 @@ server's request log; exits 1 if a step did not happen.
 
 Usage: python scripts/editor_vim.py --llama-vim DIR [--model FIM.gguf] [--out DIR]
 (DIR: `git clone https://github.com/ggml-org/llama.vim`; the model must have FIM tokens, e.g. a Qwen2.5-Coder
-GGUF; the default is the FIM-tagged SmolLM2 that tests/test_server_fim.py writes.)
+GGUF; the default is the FIM-tagged SmolLM2 that the test fixtures write, tests/conftest.py.)
 """
 
 import argparse

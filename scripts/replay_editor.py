@@ -106,6 +106,8 @@ def infill_body(lines: list[str], y: int, x: int, prev: list[str] | None = None,
 class Tally:
     """One session's requests against one server."""
     waits: list[float] = field(default_factory=list)  # time to suggestion at a pause, seconds
+    inside: list[float] = field(default_factory=list)  # of a wait, the server's own prompt_ms + predicted_ms
+    outside: list[float] = field(default_factory=list)  # the rest: HTTP, parsing, tokenizing, queueing
     prefetch: list[float] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)  # prompt tokens each answered request evaluated
     cached: list[int] = field(default_factory=list)
@@ -155,6 +157,9 @@ async def session(url: str, middle: bool = False) -> Tally:
                         tally.timeouts += 1
                         continue
                     tally.waits.append(wait)
+                    t = out.get("timings", {})
+                    tally.inside.append((t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000)
+                    tally.outside.append(wait - tally.inside[-1])
                     if x == len(text) and out["content"]:
                         prev = out["content"].split("\n")
                         dt, _ = await ask(client, infill_body(lines, y, x, prev, t_max=1000), tally)
@@ -206,6 +211,8 @@ def summary(name: str, tallies: list[Tally]) -> dict:
     n_draft = sum(t.draft_n for t in tallies)
     return {"server": name, "pauses": len(waits), "median_ms": 1000 * statistics.median(waits),
             "p95_ms": 1000 * waits[max(0, round(0.95 * len(waits)) - 1)],
+            "inside_median_ms": 1000 * statistics.median([o for t in tallies for o in t.inside]),
+            "outside_median_ms": 1000 * statistics.median([o for t in tallies for o in t.outside]),
             "prefetch_median_ms": 1000 * statistics.median([w for t in tallies for w in t.prefetch] or [0]),
             "sent": sum(t.sent for t in tallies), "abandoned": sum(t.abandoned for t in tallies),
             "timeouts": sum(t.timeouts for t in tallies),
