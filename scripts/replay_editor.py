@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from localspec.models.paths import cache_dir
-from localspec.server.testing import ServerProcess
+from localspec.server.testing import ServerProcess, rss_mib
 
 KEY_S = 0.12  # a key every 120 ms: a quick typist
 WAIT_S = 10.0  # how long a paused typist waits for a suggestion
@@ -220,15 +220,6 @@ def summary(name: str, tallies: list[Tally]) -> dict:
             "cached_median": statistics.median([c for t in tallies for c in t.cached]),
             "predicted_mean": statistics.mean([p for t in tallies for p in t.predicted]),
             "draft_n": n_draft, "accepted": sum(t.draft_accepted for t in tallies)}
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of `pid` and its children (`localspec serve` runs in a child its parent watches)."""
-    kids = [int(k) for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024 + sum(rss_mib(k) for k in kids)
-    return 0.0
 
 
 async def soak(url: str, pid: int, n: int) -> None:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from pathlib import Path
 
 import httpx
 
-from localspec.server.testing import ServerProcess
+from localspec.server.testing import ServerProcess, rss_mib
 
 LINES = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(40)]
 TYPED = "def total(values):\n    return sum(f(v) for v in values)\n"
@@ -29,15 +28,6 @@ def body(typed: str, **extra) -> dict:
 
 GREEDY = {k: v for k, v in body("def total(values):\n    return ").items() if k not in ("samplers", "t_max_predict_ms")}
 GREEDY["temperature"] = 0.0
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of `pid` and its children (`localspec serve` runs in a child its parent watches)."""
-    kids = [int(k) for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024 + sum(rss_mib(k) for k in kids)
-    return 0.0
 
 
 def metric(url: str, name: str) -> float:

@@ -74,3 +74,13 @@ class ServerProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory (MiB) of `pid` and its children, from /proc (Linux): `localspec serve` runs in a child
+    its parent watches, so the server's memory is the tree's."""
+    kids = [int(k) for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024 + sum(rss_mib(k) for k in kids)
+    return 0.0
