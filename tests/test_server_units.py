@@ -40,7 +40,7 @@ def test_fim_tokens_from_metadata_new_and_old_keys():
 
 def test_psm_layout_with_prompt_and_bos():
     p = build_infill(FimTokens(PRE, SUF, MID), tok, prefix="ab", suffix="yz", prompt="c", bos=BOS, n_ctx=4096)
-    assert p.tokens == [BOS, PRE, *tok("abc"), SUF, *tok("yz"), MID]
+    assert p.tokens == [BOS, PRE, *tok("ab"), SUF, *tok("yz"), MID, *tok("c")]  # the prompt after FIM_MID
     assert not p.truncated
 
 

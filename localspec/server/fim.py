@@ -6,15 +6,20 @@ other files; the model must see them in the token order it was trained on. That 
 plus `fim_rep`/`fim_sep` for the repo-level form. We never guess FIM tokens from token text: a model that does
 not declare them gets a clear error (`FimUnsupported`), not a silently wrong prompt.
 
-Layout (PSM, llama-server's `format_infill`):
-    [extra] [BOS] FIM_PRE prefix prompt FIM_SUF suffix FIM_MID
+Layout (PSM, as llama-server's README documents it: `prompt` "added after the FIM_MID token"):
+    [extra] [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID prompt
 where extra is, with FIM_REP/FIM_SEP:  FIM_REP "myproject\\n" (FIM_SEP filename "\\n" text)* FIM_SEP "filename\\n"
 and without them: ("\\n\\n--- snippet ---\\n\\n" text)*.
 Budgets follow llama-server: the prefix keeps its last 3/4 of a batch, the suffix its first 1/4 (minus the
 prompt), extra chunks fill what the context has left after a batch and twice n_predict (the most recent text).
-One difference, for the prompt cache: a long prefix loses whole lines from its start in blocks of
-`PREFIX_BLOCK` lines rather than single tokens, so a one-line edit near the cursor does not shift where the
-prompt starts (which would leave nothing of the cached prefix reusable).
+Two differences from llama-server's code, both for the prompt cache:
+- `prompt` (the cursor line up to the cursor, which changes on every key) comes last, after FIM_MID, where the
+  README puts it; llama-server's code appends it to the prefix, before FIM_SUF, so each key evaluates the
+  whole suffix again (llama.cpp PR #22761 moves it to the README's place). A typed key then evaluates only
+  the cursor line's changed tokens, whatever follows the cursor.
+- A long prefix loses whole lines from its start in blocks of `PREFIX_BLOCK` lines rather than single tokens, so
+  a one-line edit near the cursor does not shift where the prompt starts (which would leave nothing of the
+  cached prefix reusable); a cut suffix gives way to the cursor line in blocks of `PROMPT_BLOCK` tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 REPO_NAME = "myproject\n"
 CURRENT_FILE = "filename\n"
 PREFIX_BLOCK = 16  # lines dropped at a time from the start of a prefix that does not fit
+PROMPT_BLOCK = 32  # tokens: the cursor line's share of the suffix budget grows in these steps
 
 
 class FimUnsupported(LocalspecError):
@@ -104,12 +110,18 @@ def build_infill(fim: FimTokens, tokenize: Callable[[str], list[int]], *, prefix
     t_suffix, t_prompt = tokenize(suffix), tokenize(prompt)
     t_prefix, cut_prefix = fit_prefix(tokenize, prefix, 3 * (n_batch // 4))
     t_extra = _extra_tokens(fim, tokenize, extra)
-    n_suffix = min(len(t_suffix), max(0, n_batch // 4 - (2 + len(t_prompt))))
+    n_suffix = min(len(t_suffix), max(0, n_batch // 4 - (2 + _rounded(len(t_prompt)))))
     n_extra = min(max(0, n_ctx - n_batch - 2 * max(n_predict, 0)), len(t_extra))
     truncated = cut_prefix or n_suffix < len(t_suffix) or n_extra < len(t_extra)
     head = t_extra[len(t_extra) - n_extra:] + ([bos] if bos is not None else [])
-    body = [fim.pre] + t_prefix + t_prompt + [fim.suf] + t_suffix[:n_suffix] + [fim.mid]
+    body = [fim.pre] + t_prefix + [fim.suf] + t_suffix[:n_suffix] + [fim.mid] + t_prompt
     return InfillPrompt(head + body, truncated)
+
+
+def _rounded(n_prompt: int) -> int:
+    """The prompt's share of the suffix budget, in whole PROMPT_BLOCKs: a key that adds a token to the cursor
+    line then leaves a cut suffix as it was (a suffix one token shorter would be evaluated again)."""
+    return -(-n_prompt // PROMPT_BLOCK) * PROMPT_BLOCK
 
 
 def fit_prefix(tokenize: Callable[[str], list[int]], prefix: str, budget: int) -> tuple[list[int], bool]:
