@@ -8,7 +8,8 @@ flight when the next key comes (the client hangs up). At a word's end the typist
 follows (llama.vim's next request, built as if the suggestion were accepted, `t_max_predict_ms` 1000). The same
 session runs against each server in turn, A B A B, so the ratio is measured in one run.
 
-Usage: python scripts/replay_editor.py [--model FIM.gguf] [--llama-server PATH] [--rounds 2] [--soak N]
+Usage: python scripts/replay_editor.py [--model FIM.gguf] [--llama-server PATH] [--rounds 2] [--where end|middle]
+       [--same-tokens] [--soak N]
 (llama-server: built from the llama.cpp that llama-cpp-python vendors, `cmake --build build --target
 llama-server`; started as llama.vim's README suggests, `--cache-reuse 256`, one slot, the same threads.)
 `--soak N` instead sends N keystroke requests to localspec alone, abandoning each after a random 10-200 ms,
@@ -27,6 +28,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -83,6 +85,13 @@ EXTRA = [{"filename": "pricing.py", "time": 0,
           "text": "def discount(price, rate):\n    return round(price * (1 - rate), 2)\n"}]
 
 
+def in_prefix(body: dict) -> dict:
+    """`--same-tokens`: the cursor line moved from `prompt` to the end of `input_prefix`. Both servers then lay
+    out the same tokens (llama-server's code puts `prompt` there; localspec puts it after FIM_MID), so the model
+    sees the same text and the comparison is of the servers alone."""
+    return {**body, "input_prefix": body["input_prefix"] + body["prompt"], "prompt": ""}
+
+
 def infill_body(lines: list[str], y: int, x: int, prev: list[str] | None = None, t_max: int = 250) -> dict:
     """llama.vim's request for the cursor at line y, column x (its s:fim_ctx_local), with `prev` the
     suggestion a prefetch assumes accepted."""
@@ -105,6 +114,7 @@ def infill_body(lines: list[str], y: int, x: int, prev: list[str] | None = None,
 @dataclass
 class Tally:
     """One session's requests against one server."""
+    shape: Callable[[dict], dict] = lambda body: body  # what the session does to each request body
     waits: list[float] = field(default_factory=list)  # time to suggestion at a pause, seconds
     inside: list[float] = field(default_factory=list)  # of a wait, the server's own prompt_ms + predicted_ms
     outside: list[float] = field(default_factory=list)  # the rest: HTTP, parsing, tokenizing, queueing
@@ -130,17 +140,17 @@ class Tally:
 async def ask(client: httpx.AsyncClient, body: dict, tally: Tally) -> tuple[float, dict]:
     tally.sent += 1
     t0 = time.perf_counter()
-    r = await client.post("/infill", json=body)
+    r = await client.post("/infill", json=tally.shape(body))
     r.raise_for_status()
     out = r.json()
     tally.answered(out)
     return time.perf_counter() - t0, out
 
 
-async def session(url: str, middle: bool = False) -> Tally:
+async def session(url: str, middle: bool = False, same_tokens: bool = False) -> Tally:
     """Type TYPED under HEADER, key by key, as described in the module docstring; `middle`: with FOOTER's
     functions below the cursor (a long `input_suffix`), as when a function is added inside a file."""
-    tally = Tally()
+    tally = Tally(shape=in_prefix) if same_tokens else Tally()
     lines = HEADER.split("\n") + (FOOTER if middle else [])
     y = len(HEADER.split("\n")) - 1
     async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
@@ -255,6 +265,8 @@ def main() -> int:
     ap.add_argument("--soak", type=int, default=0, help="N abandoned keystroke requests, with RSS")
     ap.add_argument("--where", choices=("end", "middle"), default="end",
                     help="type at the end of the file, or between two functions (a long suffix)")
+    ap.add_argument("--same-tokens", action="store_true",
+                    help="the cursor line in input_prefix, so both servers evaluate the same tokens")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     ours = ServerProcess(["--model", str(args.model), "--ctx", "4096", "--threads", str(args.threads)])
@@ -271,7 +283,7 @@ def main() -> int:
             tallies: dict[str, list[Tally]] = {name: [] for name in servers}
             for r in range(args.rounds):
                 for name, url in servers.items():
-                    tallies[name].append(asyncio.run(session(url, args.where == "middle")))
+                    tallies[name].append(asyncio.run(session(url, args.where == "middle", args.same_tokens)))
                     print(f"round {r + 1} {name}: done", file=sys.stderr, flush=True)
     rows = [summary(name, t) for name, t in tallies.items()]
     print(json.dumps(rows, indent=1))
