@@ -306,3 +306,18 @@ def test_a_prior_by_position_lets_a_long_copy_draft_far():
     rising = Adaptive(sources=("lookup",), k_max=63, v=v, t1=0.01, c={"lookup": 0.0},
                       prior={"lookup": (0.97, 0.95, 0.97, 0.99, 0.995)}, learn_costs=False)
     assert rising.choose_k() > 32 > flat.choose_k()
+
+
+def test_policy_is_the_states_label_and_k_now():
+    """`policy()` (what a server reads for every answer) says what `state()` says, on and off."""
+    fixed = FixedK(3)
+    assert fixed.policy() == (fixed.state().label, fixed.state().k_now) == ("3", 3)
+    ctl = Adaptive(sources=("lookup", "model"), v=CPU_V, t1=0.005, c={"lookup": 0.0, "model": 0.1}, warmup=2)
+    seen = set()
+    for i in range(60):
+        k = ctl.choose_k()
+        ctl.observe(step(k, k if i < 20 else 0) if k else step(0, 0))  # accepted, then every draft rejected
+        st = ctl.state()
+        assert ctl.policy() == (st.label, st.k_now)
+        seen.add(st.k_now > 0)
+    assert seen == {True, False}

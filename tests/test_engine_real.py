@@ -194,3 +194,20 @@ def test_f16_target_with_q4_drafter_pair(smollm2_f16_path, smollm2_path):
     finally:
         d.close()
         t.close()
+
+
+def test_long_texts_are_tokenized_once_and_callers_get_their_own_list(target):
+    """Model.tokenize remembers long texts (an editor's prefix, suffix and extra chunks on every key): the same
+    tokens as llama.cpp gives, a fresh list each call, and at most TOKENIZED_KEPT texts kept."""
+    from localspec.backend.model import TOKENIZED_KEPT, TOKENIZED_MIN_CHARS
+
+    text = "def f(x):\n    return x * 2\n" * 40
+    assert len(text) >= TOKENIZED_MIN_CHARS
+    direct = target._model.tokenize(text.encode(), False, False)
+    first = target.tokenize(text, add_special=False)
+    first.append(-1)  # a caller's change must not reach the next caller
+    assert target.tokenize(text, add_special=False) == direct
+    assert target.tokenize(text, add_special=True) == target._model.tokenize(text.encode(), True, False)
+    for i in range(TOKENIZED_KEPT + 8):
+        target.tokenize(f"# {i}\n" + text, add_special=False)
+    assert len(target._tokenized) == TOKENIZED_KEPT

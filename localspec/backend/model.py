@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -36,6 +37,8 @@ from .machine import cpu_count
 from .memory import huge_page_advisor, read_into_huge_pages
 
 _GGUF_MAGIC = b"GGUF"
+TOKENIZED_KEPT = 64  # texts whose tokens Model.tokenize remembers (a prefix, a suffix, 16 extra chunks, ...)
+TOKENIZED_MIN_CHARS = 256  # shorter texts (a cursor line) are cheap to tokenize again and would only evict
 T = TypeVar("T")
 
 
@@ -187,6 +190,9 @@ class Model:
     weights: str = "mmap"  # where the weights were loaded: "mmap" (llama.cpp's choice) or "read" (memory.py)
     fast_path: FastPath = field(default_factory=FastPath)  # which extra CPU buffer types it uses, and why
     _pieces: dict[int, bytes] = field(default_factory=dict, repr=False)
+    _tokenized: OrderedDict[tuple[str, bool, bool], tuple[int, ...]] = field(default_factory=OrderedDict,
+                                                                              repr=False, compare=False)
+    _tokenized_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _views: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # see _logits_view
     _eog: dict[int, bool] = field(default_factory=dict, repr=False)
     _n_vocab: int = field(default=0, repr=False)  # set by load: fixed per model ...
@@ -287,7 +293,22 @@ class Model:
     # -- text <-> tokens --------------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self._model.tokenize(text.encode("utf-8"), add_special, parse_special)
+        """Text -> tokens. The last TOKENIZED_KEPT long texts are remembered: an editor sends the same prefix,
+        suffix and extra chunks on every key, and llama.cpp's tokenizer takes milliseconds per 10 KB of them."""
+        if len(text) < TOKENIZED_MIN_CHARS:
+            return self._model.tokenize(text.encode("utf-8"), add_special, parse_special)
+        key = (text, add_special, parse_special)
+        with self._tokenized_lock:  # the server tokenizes on its event loop too (/tokenize)
+            hit = self._tokenized.get(key)
+            if hit is not None:
+                self._tokenized.move_to_end(key)
+                return list(hit)
+        tokens = self._model.tokenize(text.encode("utf-8"), add_special, parse_special)
+        with self._tokenized_lock:
+            self._tokenized[key] = tuple(tokens)
+            if len(self._tokenized) > TOKENIZED_KEPT:
+                self._tokenized.popitem(last=False)
+        return tokens
 
     def piece(self, token: int) -> bytes:
         """Bytes of one token (special tokens render empty); cached, since the hot loop asks per token."""

@@ -262,8 +262,7 @@ def spec_policy(engine: Engine) -> tuple[str, int]:
     engine's draft-length policy."""
     if engine.drafter is None:
         return "off", 0
-    st = engine.controller.state()
-    return st.label, st.k_now
+    return engine.controller.policy()
 
 
 def speculative(state: State, run: "Run") -> dict[str, Any]:

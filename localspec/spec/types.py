@@ -126,6 +126,11 @@ class Controller(Protocol):
 
     def state(self) -> "ControllerState": ...
 
+    def policy(self) -> tuple[str, int]:
+        """(how γ is chosen: "auto" or the pinned γ, the longest draft any source would make now): `state()`'s
+        label and k_now without the rest, which a server reads for every answer."""
+        ...
+
 
 class Target(Protocol):
     """What the loop needs of the target model (backend.Model; tests/fakes.FakeModel). Between rounds its

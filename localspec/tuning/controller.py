@@ -64,6 +64,9 @@ class FixedK:
     def state(self) -> "ControllerState":
         return ControllerState(False, dict(self.k_hist), {}, (), {}, {}, {}, None, label=str(self.k), k_now=self.k)
 
+    def policy(self) -> tuple[str, int]:
+        return str(self.k), self.k
+
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
@@ -283,9 +286,13 @@ class Adaptive:
             return None
         return "; ".join(e.reason for e in self.src.values() if e.reason) or None
 
+    def policy(self) -> tuple[str, int]:
+        return ("auto" if self.k_min < self.k_max else str(self.k_min),
+                max((e.k if e.on else 0 for e in self.src.values()), default=0))
+
     def state(self) -> ControllerState:
         k = {s: (e.k if e.on else 0) for s, e in self.src.items()}
-        label = "auto" if self.k_min < self.k_max else str(self.k_min)
+        label = self.policy()[0]
         return ControllerState(
             adaptive=True, k_chosen=dict(self.k_hist), c={s: e.c for s, e in self.src.items()},
             v=tuple(self.v), alpha={s: tuple(e.alphas(self.k_max)) for s, e in self.src.items()},
