@@ -364,7 +364,8 @@ def _fault(mode: str) -> None:
 def _child(path: str, mode: str, counts: str) -> int:
     """The test load: `counts` is "1,2"; exit 0 when every decode ran, 3 when the file would not load."""
     from ..errors import LocalspecError
-    from .model import LoadOptions, Model
+    from .loading import LoadOptions
+    from .model import Model
 
     try:
         model = Model.load(path, LoadOptions(n_ctx=128, n_batch=64, fast_path=mode, mmap=True))

@@ -1,4 +1,5 @@
 """One GGUF model and its llama context: load, tokenize, decode, rewind, thread and flash-attention settings.
+(How to load: loading.py.)
 
 A `Model` is one GGUF loaded with one llama context (one sequence, batch 1). It knows which tokens are in
 its KV cache (`tokens`), decodes a batch at the end of that cache and returns logits only for the rows asked
@@ -29,14 +30,12 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
-from ..errors import ContextOverflow, ModelLoadError
+from ..errors import ContextOverflow
 from . import fastpath
 from .fastpath import FastPath
-from .ggml import _devices_param, _init_backend, add_rpc_servers, supports_gpu_offload
-from .machine import cpu_count
-from .memory import huge_page_advisor, read_into_huge_pages
+from .ggml import _devices_param, _init_backend, add_rpc_servers
+from .loading import LoadOptions, check_gguf_file, load_weights, new_context, place_weights
 
-_GGUF_MAGIC = b"GGUF"
 TOKENIZED_KEPT = 64  # texts whose tokens Model.tokenize remembers (a prefix, a suffix, 16 extra chunks, ...)
 TOKENIZED_MIN_CHARS = 256  # shorter texts (a cursor line) are cheap to tokenize again and would only evict
 T = TypeVar("T")
@@ -58,110 +57,6 @@ def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if "error" in box:
         raise box["error"]
     return box["result"]
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How to load a model: the knobs llama.cpp exposes per model (target and drafter separately)."""
-
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    n_batch: int = 512
-    n_gpu_layers: int = 0  # -1 = all
-    main_gpu: int = 0
-    tensor_split: tuple[float, ...] | None = None
-    flash_attn: bool | None = None  # None = llama.cpp decides
-    type_k: int | None = None
-    type_v: int | None = None
-    verbose: bool = False
-    rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml-rpc-server processes (needs a GGML_RPC=on build)
-    mmap: bool | None = None  # True: map the file (llama.cpp's way); False: read it in; None: memory.py decides
-    fast_path: str | None = None  # llama.cpp's extra CPU buffer types: "all", "repack", "none"; None: fastpath.py
-    # tests which survive on this machine (--repack = "all", --no-repack = "none")
-
-    def local(self) -> "LoadOptions":
-        """These options without the RPC servers, for a drafter: it runs γ times a round, so a network hop per
-        draft token would cost more than drafting saves. A split meant for RPC + local devices goes too."""
-        return replace(self, rpc_servers=(), tensor_split=None if self.rpc_servers else self.tensor_split)
-
-
-def check_gguf_file(path: str | Path) -> Path:
-    """Refuse a missing, non-GGUF or truncated file with a one-line reason, before llama.cpp sees it."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelLoadError(f"model file not found: {p}")
-    if not p.is_file():
-        raise ModelLoadError(f"not a file: {p}")
-    with p.open("rb") as f:
-        magic = f.read(4)
-    if magic != _GGUF_MAGIC:
-        raise ModelLoadError(f"{p} is not a GGUF file (magic {magic!r}, expected b'GGUF'); "
-                             "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf")
-    return p
-
-
-def _check_not_truncated(p: Path) -> None:
-    """Read the header with the gguf package; it fails fast when tensor data runs past the end of the file."""
-    from gguf import GGUFReader
-
-    try:
-        r = GGUFReader(str(p))
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in r.tensors), default=0)
-        if end > p.stat().st_size:
-            raise ValueError(f"tensor data ends at byte {end}, file has {p.stat().st_size}")
-    except Exception as e:  # gguf raises ValueError/IndexError/struct errors on damaged files
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ModelLoadError(f"{p} is a damaged or truncated GGUF ({msg}); download it again") from None
-
-
-def _new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) -> _internals.LlamaContext:
-    """A llama context for one sequence. Threads: all cores until the thread controller (threads.py) sets them
-    per round; flash attention: as calibrated (None = llama.cpp's auto)."""
-    threads = options.n_threads or cpu_count()
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = options.n_ctx
-    cparams.n_batch = options.n_batch
-    cparams.n_ubatch = options.n_batch
-    cparams.n_seq_max = 1
-    cparams.n_threads = threads
-    cparams.n_threads_batch = threads
-    cparams.no_perf = True
-    cparams.swa_full = True  # we rewind the cache every round; a pruned sliding window could not be restored
-    if options.flash_attn is not None:
-        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attn
-                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    if options.type_k is not None:
-        cparams.type_k = options.type_k
-    if options.type_v is not None:
-        cparams.type_v = options.type_v
-    try:
-        return _internals.LlamaContext(model=model, params=cparams, verbose=options.verbose)
-    except ValueError as e:
-        raise ModelLoadError(f"could not create a context for {p} (n_ctx={options.n_ctx}): {e}") from None
-
-
-def _weights_placement(mparams: llama_cpp.llama_model_params, p: Path, options: LoadOptions) -> tuple[str, Any]:
-    """("read", the load-progress callback that marks the buffers, to keep alive; None off Linux) where memory.py
-    says reading into huge pages pays, else ("mmap", None) with llama.cpp's mmap as asked."""
-    on_cpu = options.n_gpu_layers == 0 or not supports_gpu_offload()
-    if not read_into_huge_pages(p.stat().st_size, on_cpu, options.mmap):
-        if options.mmap:
-            mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
-        return "mmap", None
-    mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
-    advisor = huge_page_advisor()
-    if advisor is not None:
-        mparams.progress_callback = advisor
-    return "read", advisor
-
-
-def _load_weights(p: Path, mparams: llama_cpp.llama_model_params, options: LoadOptions) -> _internals.LlamaModel:
-    try:
-        return _internals.LlamaModel(path_model=str(p), params=mparams, verbose=options.verbose)
-    except ValueError:
-        _check_not_truncated(p)  # a precise reason when the header or data is damaged
-        raise ModelLoadError(f"llama.cpp could not load {p}: unsupported architecture or damaged file "
-                             "(rerun with --verbose to see llama.cpp's log)") from None
 
 
 def _address_of(name: str) -> Callable[..., int]:
@@ -216,13 +111,13 @@ class Model:
         if options.tensor_split:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
-        weights, advisor = _weights_placement(mparams, p, options)
+        weights, advisor = place_weights(mparams, p, options)
         # the fast-path test load (a child process) runs while this process loads: crashes come at compute
         choice = fastpath.begin(p, mode=options.fast_path, n_threads=options.n_threads,
                                 n_gpu_layers=options.n_gpu_layers)
         overrides = fastpath.apply(mparams, choice.guess)
         try:
-            model = _load_weights(p, mparams, options)
+            model = load_weights(p, mparams, options)
         except BaseException:
             choice.cancel()
             raise
@@ -230,8 +125,8 @@ class Model:
         if plan.mode != choice.guess.mode:  # its test load died: load again without what failed
             model.close()
             overrides = fastpath.apply(mparams, plan)
-            model = _load_weights(p, mparams, options)
-        ctx = _new_context(model, p, options)
+            model = load_weights(p, mparams, options)
+        ctx = new_context(model, p, options)
         # llama.cpp may clamp n_batch to n_ctx (and pad n_ctx): chunk by what the context really accepts
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
@@ -348,7 +243,7 @@ class Model:
         self._ctx.close()
         self._views.clear()
         self.options = replace(self.options, flash_attn=on)
-        self._ctx = _new_context(self._model, self.path, self.options)
+        self._ctx = new_context(self._model, self.path, self.options)
         self._n_ctx = self._ctx.n_ctx()
         self._threads_set = None  # a new context: set them again
         self.set_threads(*threads)
