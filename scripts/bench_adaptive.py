@@ -24,7 +24,7 @@ from localspec.bench import tables
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 from localspec.engine.loader import EngineSpec, make_controller
 from localspec.engine.session import Engine
-from localspec.models.registry import resolve_model
+from localspec.models.resolve import resolve_model
 from localspec.spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
 from localspec.spec.types import Controller
 from localspec.tuning.calibration import Calibration, measure_calibration

@@ -21,7 +21,7 @@ from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
 from localspec.engine.session import Engine
 from localspec.models.gguf_tools import write_dequantized
 from localspec.models.paths import cache_dir
-from localspec.models.registry import resolve_model
+from localspec.models.resolve import resolve_model
 from localspec.spec.drafters import ModelDrafter, PromptLookup
 from localspec.tuning.controller import FixedK
 

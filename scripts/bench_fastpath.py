@@ -26,7 +26,8 @@ import numpy as np
 def _paths(names: list[str]):
     from pathlib import Path
 
-    from localspec.models.registry import entry_path, load_registry
+    from localspec.models.registry import load_registry
+    from localspec.models.resolve import entry_path
 
     reg = load_registry()
     return {Path(n).name if Path(n).is_file() else n:

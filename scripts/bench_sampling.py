@@ -122,7 +122,7 @@ def real_share(model: str, k: int, tokens: int, threads: int, params: SamplingPa
     """Share of each round spent in warp + verify, timed inside the real loop (lookup drafter, fixed k)."""
     from localspec.backend import LoadOptions, Model
     from localspec.bench.tasks import builtin_prompts
-    from localspec.models.registry import resolve_model
+    from localspec.models.resolve import resolve_model
     from localspec.spec import loop as speculative
     from localspec.spec.drafters import PromptLookup
     from localspec.tuning.controller import FixedK

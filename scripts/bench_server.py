@@ -101,7 +101,7 @@ def main() -> None:
     if a.fim:
         from localspec.models.gguf_tools import write_with_metadata
         from localspec.models.paths import cache_dir
-        from localspec.models.registry import resolve_model
+        from localspec.models.resolve import resolve_model
 
         src = model or str(resolve_model(None, log=lambda *x: None).path)
         out = cache_dir() / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf"

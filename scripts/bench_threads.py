@@ -41,7 +41,7 @@ from localspec.backend.machine import cpu_count
 from localspec.bench import tables
 from localspec.bench.busy import Hogs, busy
 from localspec.models.paths import calibration_dir
-from localspec.models.registry import resolve_model
+from localspec.models.resolve import resolve_model
 from localspec.tuning.threads import ThreadControl
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")

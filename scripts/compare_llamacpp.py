@@ -17,7 +17,7 @@ from localspec.bench import tables
 from localspec.bench.samples import PROSE
 from localspec.engine.session import Engine
 from localspec.models.paths import cache_dir
-from localspec.models.registry import resolve_model
+from localspec.models.resolve import resolve_model
 from localspec.spec.drafters import ModelDrafter
 from localspec.tuning.controller import FixedK
 

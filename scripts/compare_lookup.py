@@ -47,7 +47,7 @@ from localspec.bench.samples import (
 from localspec.engine.loader import EngineSpec, load_calibration, make_controller
 from localspec.engine.session import Engine
 from localspec.errors import LocalspecError
-from localspec.models.registry import resolve_model
+from localspec.models.resolve import resolve_model
 from localspec.spec.drafters import PromptLookup
 from localspec.spec.reindent import Indents
 from localspec.spec.suffix import SuffixCache

@@ -27,7 +27,7 @@ from typing import Iterator
 
 from localspec.bench import tables
 from localspec.bench.tasks import builtin_prompts
-from localspec.models.registry import resolve_model
+from localspec.models.resolve import resolve_model
 
 CTX = 4096
 

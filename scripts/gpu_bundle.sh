@@ -86,7 +86,7 @@ ls "$B1/wheels"
 pip download --quiet --no-deps --only-binary :all: -d "$CPU/wheels" numpy  # the CPU rehearsal's venv only
 
 step "3. SmolLM2 tokenizer (for the random-weight targets) and the split model"
-SMOL=${SMOL:-$(python3 -c "from localspec.models.registry import resolve_model; print(resolve_model(None).path)")}
+SMOL=${SMOL:-$(python3 -c "from localspec.models.resolve import resolve_model; print(resolve_model(None).path)")}
 [ -f "$SMOL" ] || fail "SmolLM2 not found: $SMOL"
 python3 scripts/gpu_model.py tokenizer "$SMOL" "$B1/tok.gguf"
 TREE=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)

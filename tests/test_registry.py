@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from localspec.errors import ModelNotFound
-from localspec.models.registry import RegistryError, load_registry, parse_registry, resolve_model, shipped_file
+from localspec.models.registry import RegistryError, load_registry, parse_registry, shipped_file
+from localspec.models.resolve import resolve_model
 
 SHIPPED = (shipped_file(), shipped_file().read_text())
 
@@ -98,7 +99,7 @@ def test_package_assemble_source_calls_the_packages_assemble(home, tmp_path, mon
     monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path / "cache"))
     overlay(home, '[models.parts]\npackage = "fake_parts_gguf/whole.gguf"\npip = "fake-parts-gguf==1.0"\n'
                   'assemble = true\n')
-    from localspec.models.registry import entry_path
+    from localspec.models.resolve import entry_path
 
     with pytest.raises(ModelNotFound, match="localspec models pull parts"):
         entry_path(load_registry().models["parts"], fetch=False)

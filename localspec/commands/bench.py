@@ -191,7 +191,8 @@ def _progress(bar, total: int):
 def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
     from ..bench.runner import TargetSpec
     from ..engine.loader import pair_problems
-    from ..models.registry import load_registry, resolve_model
+    from ..models.registry import load_registry
+    from ..models.resolve import resolve_model
 
     quiet = log_err
     want_lookup = lookup or all_drafters or not (drafts or pairs)

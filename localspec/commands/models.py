@@ -30,7 +30,8 @@ def _local_path(spec: str):
     """A registry name, pulled hub id or file -> (display name, path, entry); never downloads."""
     from pathlib import Path
 
-    from ..models.registry import ResolvedModel, entry_path, load_registry, resolve_model
+    from ..models.registry import load_registry
+    from ..models.resolve import ResolvedModel, entry_path, resolve_model
 
     reg = load_registry()
     entry = reg.models.get(spec)
@@ -54,7 +55,8 @@ def list_(as_json: bool) -> None:
     from ..errors import LocalspecError
     from ..models.hub import quant_of
     from ..models.model_facts import quick_facts
-    from ..models.registry import entry_path, load_registry
+    from ..models.registry import load_registry
+    from ..models.resolve import entry_path
 
     reg = load_registry()
     rows: list[dict[str, Any]] = []
@@ -92,7 +94,8 @@ def pull(spec: str, verbose: bool) -> None:
     """Download a model (or both models of a pair) into the Hugging Face cache; resumes, verifies sha256."""
     from ..errors import ModelNotFound
     from ..models import LOOKUP, hub
-    from ..models.registry import entry_path, load_registry
+    from ..models.registry import load_registry
+    from ..models.resolve import entry_path
 
     reg = load_registry()
     if spec in reg.pairs:
@@ -239,7 +242,8 @@ def rm(spec: str) -> None:
     """Delete a downloaded model from the cache (never a file that models.toml points to with path =)."""
     from ..errors import LocalspecError, ModelNotFound
     from ..models import hub
-    from ..models.registry import entry_path, load_registry
+    from ..models.registry import load_registry
+    from ..models.resolve import entry_path
 
     reg = load_registry()
     e = reg.models.get(spec)

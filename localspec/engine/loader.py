@@ -16,7 +16,8 @@ from ..errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
 from ..models import LOOKUP
 from ..models.model_facts import kv_cache_bytes, trained_context
 from ..models.pairing import check_pair
-from ..models.registry import load_registry, resolve_model
+from ..models.registry import load_registry
+from ..models.resolve import resolve_model
 from ..spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
 from ..spec.reindent import Indents
 from ..spec.suffix import SuffixCache

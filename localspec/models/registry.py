@@ -1,18 +1,14 @@
-"""models.toml -> frozen entries; resolve a model name, hub id or path to a GGUF file on disk.
+"""models.toml -> frozen entries and pairs (resolve.py turns a name into a GGUF file on disk).
 
 Two files, parsed once with `tomllib`: the shipped `models.toml` and the user's overlay
 `$LOCALSPEC_HOME/models.toml`. Each file is checked by pydantic models of its tables (strict: TOML has real
 types, so nothing is coerced). An overlay entry that names a source replaces the shipped entry; one without a
 source only overrides the keys it sets (e.g. `n_ctx`). Every bad key or value is refused with the file, line,
 table and key, and what was expected, because a models file is edited by hand.
-
-Resolving never touches the network: hub models come from the Hugging Face cache, and a missing one says
-which `localspec models pull` to run. Only `localspec models pull` downloads.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -27,13 +23,11 @@ if sys.version_info >= (3, 11):  # a version check, not try/except: type checker
 else:
     import tomli as tomllib
 
-from ..errors import LocalspecError, ModelNotFound
+from ..errors import LocalspecError
 from . import (
     LOOKUP,  # noqa: E402  (one spelling of "prompt lookup" everywhere)
-    hub,
-)
-from .embedded import package_file
-from .paths import cache_dir, home
+    )
+from .paths import home
 
 SOURCES = ("hf", "path", "package")
 
@@ -134,13 +128,6 @@ class Registry:
 
     def pairs_with(self, model: str) -> list[PairEntry]:
         return [p for p in self.pairs.values() if model in (p.target, p.drafter)]
-
-
-@dataclass(frozen=True)
-class ResolvedModel:
-    name: str
-    path: Path
-    entry: ModelEntry | None
 
 
 # -- parsing and validation -----------------------------------------------------------------------------------
@@ -315,108 +302,3 @@ def load_registry() -> Registry:
         _cache.clear()
         _cache[key] = parse_registry(files)
     return _cache[key]
-
-
-# -- resolving ------------------------------------------------------------------------------------------------
-
-def _offline() -> bool:
-    return hub.is_offline()
-
-
-def _package(entry: ModelEntry) -> str:
-    """A package entry's "import_pkg/rel/path.gguf" (entry_path sends only package entries here)."""
-    assert entry.package is not None, entry.name
-    return entry.package
-
-
-def assembled_file(entry: ModelEntry) -> Path:
-    dist = (entry.pip or _package(entry).split("/")[0]).split("==")[0]
-    return cache_dir() / "packages" / dist / _package(entry).split("/")[-1]
-
-
-def _package_path(entry: ModelEntry, *, fetch: bool, log) -> Path:
-    dist, _, version = (entry.pip or "").partition("==")
-    if not entry.assemble:
-        return package_file(dist or _package(entry).split("/")[0], _package(entry), version or None,
-                            fetch=fetch and not _offline(), log=log)
-    found = next((p for p in assembled_candidates(entry) if p.is_file()), None)
-    if found is not None:
-        return found
-    if not fetch:
-        raise ModelNotFound(f"model '{entry.name}' is not assembled yet; run 'localspec models pull {entry.name}'")
-    out = assembled_file(entry)
-    mod = _assembler(entry)
-    if mod is None:
-        top = _package(entry).split("/")[0]
-        raise ModelNotFound(f"model '{entry.name}' needs the package {dist or top}: pip install {entry.pip or top}")
-    log(f"localspec: assembling {out.name} from package {mod.__name__} (once, into {out.parent}) ...")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_suffix(out.suffix + ".part")
-    mod.assemble(output_path=part, overwrite=True)
-    part.replace(out)
-    return out
-
-
-def _assembler(entry: ModelEntry):
-    """The package whose `assemble()` writes the entry's file, or None when it is not installed."""
-    import importlib
-
-    try:
-        return importlib.import_module(_package(entry).split("/")[0])
-    except ImportError:
-        return None
-
-
-def assembled_candidates(entry: ModelEntry) -> list[Path]:
-    """Where an assembled file may already be: localspec's cache, then the package's own default output
-    (`assemble()` with no path writes there), so a file assembled once is never copied a second time."""
-    out = [assembled_file(entry)]
-    mod = _assembler(entry)
-    default = getattr(mod, "default_output_path", None)
-    if callable(default):
-        try:
-            p = Path(default())
-        except (OSError, TypeError):
-            return out
-        if p.name == out[0].name:
-            out.append(p)
-    return out
-
-
-def entry_path(entry: ModelEntry, *, fetch: bool = True, log=print) -> Path:
-    """The local file of a registry entry. `fetch` allows PyPI downloads/assembly, never the hub."""
-    if entry.path:
-        p = Path(entry.path)
-        if not p.exists():
-            raise ModelNotFound(f"model '{entry.name}': file not found: {p} (from {entry.origin}); "
-                                "fix its path or remove the entry")
-        return p
-    if entry.package:
-        return _package_path(entry, fetch=fetch, log=log)
-    assert entry.hf is not None, entry.name  # exactly one source (_build_model)
-    found = hub.cached_path(hub.HubRef(entry.hf, file=entry.file, quant=entry.quant, revision=entry.revision))
-    if found is None:
-        raise ModelNotFound(f"model '{entry.name}' ({entry.source_text}) is not downloaded; "
-                            f"run 'localspec models pull {entry.name}'")
-    return found
-
-
-def resolve_model(spec: str | None, registry: Registry | None = None, *, log=print) -> ResolvedModel:
-    """None -> the default model; a registry name; an existing path; or a pulled hub id owner/repo[:QUANT]."""
-    reg = registry or load_registry()
-    if spec is None:
-        spec = reg.default
-    entry = reg.models.get(spec)
-    if entry is not None:
-        return ResolvedModel(spec, entry_path(entry, log=log), entry)
-    p = Path(spec).expanduser()
-    if p.suffix == ".gguf" or p.exists() or os.sep in spec and not hub.looks_like_hub_id(spec):
-        return ResolvedModel(p.name, p, None)
-    if hub.looks_like_hub_id(spec):
-        ref = hub.parse_hub_spec(spec)
-        found = hub.cached_path(ref)
-        if found is None:
-            raise ModelNotFound(f"'{spec}' is not downloaded; run 'localspec models pull {spec}'")
-        return ResolvedModel(spec, found, None)
-    raise ModelNotFound(f"unknown model '{spec}'; 'localspec models list' shows the names, or pass a .gguf path")
-
