@@ -83,7 +83,7 @@ class Job:
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
     _loop: asyncio.AbstractEventLoop | None = None
     _events: asyncio.Queue | None = None
-    _held: list = field(default_factory=list)  # events not yet sent (live=False)
+    _held: list[Event] = field(default_factory=list)  # events not yet sent (live=False)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -96,8 +96,8 @@ class Job:
 
     def _emit(self, ev: Event) -> None:
         """Send `ev` to the event loop. A job answered whole holds its Started and Chunk events until the end:
-        waking the event loop each round costs the worker ~1 ms a round on a 2-core machine (the loop's thread
-        takes a core from llama.cpp's threads mid-pass), and nobody reads those events before the end."""
+        nobody reads them before, and each wake-up of the event loop mid-pass puts its thread on a core that
+        llama.cpp's threads are using."""
         if not self.live and isinstance(ev, (Started, Chunk)):
             self._held.append(ev)
             return

@@ -286,13 +286,16 @@ class Adaptive:
             return None
         return "; ".join(e.reason for e in self.src.values() if e.reason) or None
 
+    @property
+    def _label(self) -> str:
+        return "auto" if self.k_min < self.k_max else str(self.k_min)
+
     def policy(self) -> tuple[str, int]:
-        return ("auto" if self.k_min < self.k_max else str(self.k_min),
-                max((e.k if e.on else 0 for e in self.src.values()), default=0))
+        return self._label, max((e.k if e.on else 0 for e in self.src.values()), default=0)
 
     def state(self) -> ControllerState:
         k = {s: (e.k if e.on else 0) for s, e in self.src.items()}
-        label = self.policy()[0]
+        label = self._label
         return ControllerState(
             adaptive=True, k_chosen=dict(self.k_hist), c={s: e.c for s, e in self.src.items()},
             v=tuple(self.v), alpha={s: tuple(e.alphas(self.k_max)) for s, e in self.src.items()},
