@@ -104,7 +104,7 @@ def test_t_max_predict_ms_stops_at_a_newline_once_over_budget(http):
     r = http.post("/infill", json=body).json()
     content = r["content"]
     if r["tokens_predicted"] < 200 and r["stop_type"] == "limit":
-        assert "\n" in content and len(content) - content.find("\n") < 80  # stopped within a round of it
+        assert content.endswith("\n")  # cut right after the first newline generated over budget: whole lines
     else:
         assert "\n" not in content or r["stop_type"] == "eos"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from localspec.engine.session import Chunk
+from localspec.engine.stats import Stats
 from localspec.server.app import ApiKeyMiddleware, CorsMiddleware
 from localspec.server.fim import (
     CURRENT_FILE,
@@ -16,7 +18,9 @@ from localspec.server.fim import (
     indent_cut,
     require_fim,
 )
-from localspec.server.llamacpp import _project
+from localspec.server.llamacpp import EditorRules, _project
+from localspec.server.schemas import InfillRequest
+from localspec.spec.types import Step
 
 PRE, SUF, MID, REP, SEP, BOS = 901, 902, 903, 904, 905, 1
 
@@ -77,6 +81,19 @@ def test_budgets_keep_the_end_of_the_prefix_and_the_start_of_the_suffix():
 ])
 def test_indent_cut(text, n, cut):
     assert indent_cut(text, n) == cut
+
+
+def test_t_max_predict_ms_stops_upon_a_newline_generated_over_budget():
+    """llama-server's rule: a newline before the budget runs out does not stop; once over, the next newline
+    does, and it is kept (whole lines), the rest of that round dropped."""
+    def at(text: str, ms: float) -> Chunk:
+        return Chunk(text, Step(tokens=(1,), drafted=0, accepted=0, t_draft=0.0, t_verify=0.0), Stats(gen_ms=ms))
+
+    rules = EditorRules(InfillRequest(t_max_predict_ms=250, n_indent=0))
+    assert rules.push(at("def f():\n", 100)) == ("def f():\n", "none")
+    assert rules.push(at("    return", 260)) == ("    return", "none")  # over budget, no newline yet
+    assert rules.push(at(" 1\n\ndef", 270)) == (" 1\n", "limit")
+    assert rules.text == "def f():\n    return 1\n"
 
 
 def test_response_fields_projection_is_flat_by_path():

@@ -256,7 +256,9 @@ async def _collect(state: State, run: Run, req: CompletionRequest, index: int) -
 
 class EditorRules:
     """llama-server's editor rules, round by round: `n_indent` ends the completion at a line indented less than
-    the cursor; `t_max_predict_ms` ends it at a newline once over budget. The worker applies them too
+    the cursor; `t_max_predict_ms`, once generation has run that long, ends it at the next newline generated
+    (kept: a suggestion ends with whole lines), as llama-server checks it token by token. A round's tokens
+    arrive together, so a round over budget is cut after its first newline. The worker applies the rules too
     (`Job.until`), so generation stops at the cut, not a round later while the next keystroke's request waits."""
 
     def __init__(self, req: CompletionRequest) -> None:
@@ -271,8 +273,11 @@ class EditorRules:
         if cut is not None:
             return new[len(self.text):cut] if cut > len(self.text) else "", "limit"
         self.text = new
-        over = self.budget > 0 and ch.stats.gen_ms > self.budget and "\n" in new
-        if ch.finish or over:
+        nl = ch.text.find("\n")
+        if self.budget > 0 and ch.stats.gen_ms > self.budget and nl >= 0:  # llama-server: "only upon a new line"
+            self.text = new[:len(new) - len(ch.text) + nl + 1]
+            return ch.text[:nl + 1], "limit"
+        if ch.finish:
             return ch.text, ("eos" if ch.step.finish == "stop" else "word") if ch.finish == "stop" else "limit"
         return ch.text, "none"
 
