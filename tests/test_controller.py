@@ -4,12 +4,14 @@ hysteresis and re-probing, per-source decisions for the hybrid drafter. No model
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from localspec.spec.drafters import HybridDrafter
 from localspec.spec.types import EMPTY, Draft, Step
 from localspec.tuning.controller import PROBE_SHARE, Adaptive, FixedK
+from localspec.tuning.estimate import SourceEstimate
 from localspec.tuning.rate import best_k, expected_tokens, round_rate, v_at
 
 # SmolLM2 Q4_1 on 2 cores (an earlier quiet-machine measurement: v(3) ≈ 2.4)
@@ -321,3 +323,15 @@ def test_policy_is_the_states_label_and_k_now():
         assert ctl.policy() == (st.label, st.k_now)
         seen.add(st.k_now > 0)
     assert seen == {True, False}
+
+
+def test_alphas_are_remembered_until_the_counts_change():
+    """`state()` reads every source's α per request, so they are kept between updates; a copy made with
+    `replace` (the controller's what-if of a probe) has its own, and its update leaves the original's alone."""
+    e = SourceEstimate(alpha_prior=0.8, later=(0.9,))
+    before = e.alphas(8)
+    what_if = replace(e, n=list(e.n), a=list(e.a))
+    what_if.update(4, 4, 0.95)
+    assert e.alphas(8) == before and what_if.alphas(8) != before
+    e.update(3, 1, 0.95)
+    assert e.alphas(8) == SourceEstimate(alpha_prior=0.8, later=(0.9,), n=list(e.n), a=list(e.a)).alphas(8) != before

@@ -31,11 +31,18 @@ class SourceEstimate:
     reason: str | None = None
     hopeless: bool = False  # off and not probed: no α could make it pay, or no probe could turn it on yet
     probe_due: bool = False  # off, and a probe is owed the next round this source drafts
+    # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
+    # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
+    _alphas: dict[tuple[int, float], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)  # not shared by `replace`
 
     def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
         """α_1..α_k: each position's counts over its prior, which is `alpha_prior` for the first and the
         position's value of `later` (by `PRIOR_FROM`) when the drafter declared one, else the estimate of the
         position before."""
+        hit = self._alphas.get((k, prior_n))
+        if hit is not None:
+            return list(hit)
         out: list[float] = []
         prev = self.alpha_prior
         for i in range(k):
@@ -44,6 +51,7 @@ class SourceEstimate:
             prior = prev if i == 0 or not self.later else self._later_at(i)
             prev = (a + prior_n * prior) / (n + prior_n)
             out.append(prev)
+        self._alphas[(k, prior_n)] = tuple(out)
         return out
 
     def _later_at(self, i: int) -> float:
@@ -52,6 +60,7 @@ class SourceEstimate:
 
     def update(self, drafted: int, accepted: int, decay: float) -> None:
         self.rounds += 1
+        self._alphas.clear()
         # position i is reached iff all before it were accepted: i <= accepted; accepted iff i < accepted
         for i in range(min(drafted, accepted + 1)):
             while len(self.n) <= i:
