@@ -91,10 +91,28 @@ def wait_for(pattern: re.Pattern, seconds: float) -> str | None:
     return None
 
 
-def suggestion(shown: str) -> str:
-    """The ghost text on the typed line: what follows the typed text, up to llama.vim's info line."""
-    line = next(row for row in shown.splitlines() if TYPED in row and INFO.search(row))
-    return line.split(TYPED, 1)[1].split("    | c: ", 1)[0]
+def suggestion(shown: str) -> list[str]:
+    """The ghost text: on the typed line, what follows the typed text up to llama.vim's info line; then the
+    lines llama.vim shows below it (the cursor is on the file's last line, so every row after it up to Vim's
+    `~` filler is ghost text)."""
+    rows = shown.splitlines()
+    at = next(i for i, row in enumerate(rows) if TYPED in row and INFO.search(row))
+    below = []
+    for row in rows[at + 1:]:
+        if row.startswith("~"):
+            break
+        below.append(row)
+    return [rows[at].split(TYPED, 1)[1].split("    | c: ", 1)[0]] + below
+
+
+def landed(ghost: list[str], added: str) -> bool:
+    """Tab put the suggestion into the buffer: its first line after the typed text, the rest as the next lines
+    (compared without their leading blanks: the ghost lines are drawn further in than Tab inserts them)."""
+    lines = added.splitlines()
+    at = next((i for i, line in enumerate(lines) if TYPED + ghost[0] in line), None)
+    if at is None or not "".join(ghost).strip():
+        return False
+    return [g.strip() for g in ghost[1:]] == [line.strip() for line in lines[at + 1:at + len(ghost)]]
 
 
 def type_keys(text: str, delay: float = 0.08) -> None:
@@ -144,7 +162,7 @@ def main() -> int:
         ghost = suggestion(shown)
         added = src.read_text()[len(SOURCE):]
         print(f"--- the ghost text was {ghost!r}; the buffer gained:\n{added}")
-        ok = bool(ghost) and TYPED + ghost in added
+        ok = landed(ghost, added)
         if not ok:
             print("error: Tab did not insert the suggestion")
     finally:

@@ -9,7 +9,7 @@ follows (llama.vim's next request, built as if the suggestion were accepted, `t_
 session runs against each server in turn, A B A B, so the ratio is measured in one run.
 
 Usage: python scripts/replay_editor.py [--model FIM.gguf] [--llama-server PATH] [--rounds 2] [--where end|middle]
-       [--same-tokens] [--soak N]
+       [--same-tokens | --readme-layout] [--soak N]
 (llama-server: built from the llama.cpp that llama-cpp-python vendors, `cmake --build build --target
 llama-server`; started as llama.vim's README suggests, `--cache-reuse 256`, one slot, the same threads.)
 `--soak N` instead sends N keystroke requests to localspec alone, abandoning each after a random 10-200 ms,
@@ -32,7 +32,9 @@ from typing import Callable
 
 import httpx
 
+from localspec.models.gguf_header import read_header
 from localspec.models.paths import cache_dir
+from localspec.server.fim import Extra, FimTokens, build_infill
 from localspec.server.testing import ServerProcess, rss_mib
 
 KEY_S = 0.12  # a key every 120 ms: a quick typist
@@ -92,6 +94,27 @@ def in_prefix(body: dict) -> dict:
     return {**body, "input_prefix": body["input_prefix"] + body["prompt"], "prompt": ""}
 
 
+def readme_layout(model: Path) -> Callable[[dict], dict]:
+    """`--readme-layout`: llama-server gets each /infill body as a /completion whose prompt is localspec's own
+    layout (the cursor line after FIM_MID, as llama-server's README has it), a mixed list: the FIM token ids
+    as ids, the texts between them as strings, each tokenized on its own as localspec tokenizes them. Both
+    servers then evaluate the same tokens in the layout llama.cpp's open PR moves llama-server to, with the
+    same sampling fields, editor rules and prompt cache."""
+    kv = read_header(model, tokens=False).kv
+    fim = FimTokens.from_metadata(kv)
+    assert fim is not None, f"{model} declares no FIM tokens"
+    bos = kv["tokenizer.ggml.bos_token_id"] if kv.get("tokenizer.ggml.add_bos_token") else None
+
+    def shape(body: dict) -> dict:
+        p = build_infill(fim, lambda text: [text] if text else [],  # type: ignore[arg-type, return-value]
+                         prefix=body["input_prefix"], suffix=body["input_suffix"], prompt=body["prompt"],
+                         extra=[Extra(c["text"], c.get("filename", "tmp")) for c in body["input_extra"]],
+                         bos=bos, n_ctx=4096, n_predict=body["n_predict"])
+        rest = {k: v for k, v in body.items() if k not in ("input_prefix", "input_suffix", "input_extra", "prompt")}
+        return {**rest, "prompt": p.tokens}
+    return shape
+
+
 def infill_body(lines: list[str], y: int, x: int, prev: list[str] | None = None, t_max: int = 250) -> dict:
     """llama.vim's request for the cursor at line y, column x (its s:fim_ctx_local), with `prev` the
     suggestion a prefetch assumes accepted."""
@@ -115,6 +138,7 @@ def infill_body(lines: list[str], y: int, x: int, prev: list[str] | None = None,
 class Tally:
     """One session's requests against one server."""
     shape: Callable[[dict], dict] = lambda body: body  # what the session does to each request body
+    route: str = "/infill"  # where it sends them
     waits: list[float] = field(default_factory=list)  # time to suggestion at a pause, seconds
     inside: list[float] = field(default_factory=list)  # of a wait, the server's own prompt_ms + predicted_ms
     outside: list[float] = field(default_factory=list)  # the rest: HTTP, parsing, tokenizing, queueing
@@ -140,17 +164,18 @@ class Tally:
 async def ask(client: httpx.AsyncClient, body: dict, tally: Tally) -> tuple[float, dict]:
     tally.sent += 1
     t0 = time.perf_counter()
-    r = await client.post("/infill", json=tally.shape(body))
+    r = await client.post(tally.route, json=tally.shape(body))
     r.raise_for_status()
     out = r.json()
     tally.answered(out)
     return time.perf_counter() - t0, out
 
 
-async def session(url: str, middle: bool = False, same_tokens: bool = False) -> Tally:
+async def session(url: str, middle: bool = False, tally: Tally | None = None) -> Tally:
     """Type TYPED under HEADER, key by key, as described in the module docstring; `middle`: with FOOTER's
-    functions below the cursor (a long `input_suffix`), as when a function is added inside a file."""
-    tally = Tally(shape=in_prefix) if same_tokens else Tally()
+    functions below the cursor (a long `input_suffix`), as when a function is added inside a file. `tally`
+    says how each body is shaped and where it goes (`--same-tokens`, `--readme-layout`)."""
+    tally = tally or Tally()
     lines = HEADER.split("\n") + (FOOTER if middle else [])
     y = len(HEADER.split("\n")) - 1
     async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
@@ -267,6 +292,8 @@ def main() -> int:
                     help="type at the end of the file, or between two functions (a long suffix)")
     ap.add_argument("--same-tokens", action="store_true",
                     help="the cursor line in input_prefix, so both servers evaluate the same tokens")
+    ap.add_argument("--readme-layout", action="store_true",
+                    help="llama-server gets localspec's layout (cursor line after FIM_MID) as a /completion")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     ours = ServerProcess(["--model", str(args.model), "--ctx", "4096", "--threads", str(args.threads)])
@@ -281,9 +308,16 @@ def main() -> int:
             if theirs:
                 servers["llama-server"] = theirs.url
             tallies: dict[str, list[Tally]] = {name: [] for name in servers}
+            def tally(name: str) -> Tally:
+                if args.same_tokens:
+                    return Tally(shape=in_prefix)
+                if args.readme_layout and name == "llama-server":
+                    return Tally(shape=readme_layout(args.model), route="/completion")
+                return Tally()
+
             for r in range(args.rounds):
                 for name, url in servers.items():
-                    tallies[name].append(asyncio.run(session(url, args.where == "middle", args.same_tokens)))
+                    tallies[name].append(asyncio.run(session(url, args.where == "middle", tally(name))))
                     print(f"round {r + 1} {name}: done", file=sys.stderr, flush=True)
     rows = [summary(name, t) for name, t in tallies.items()]
     print(json.dumps(rows, indent=1))
