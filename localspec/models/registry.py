@@ -24,9 +24,7 @@ else:
     import tomli as tomllib
 
 from ..errors import LocalspecError
-from . import (
-    LOOKUP,  # noqa: E402  (one spelling of "prompt lookup" everywhere)
-    )
+from . import LOOKUP  # noqa: E402  (one spelling of "prompt lookup" everywhere)
 from .paths import home
 
 SOURCES = ("hf", "path", "package")
