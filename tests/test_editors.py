@@ -225,7 +225,8 @@ def test_seeded_infill_chain_same_text_with_and_without_speculation(others):
     """The infill step warps the drafter's rows as the target's: a seed gives plain decoding's text."""
     lines = [f"    t{i} = f(v[{i}])" for i in range(30)]
     vim = dict(LLAMA_VIM_BODY, input_prefix="\n".join(lines[:20]) + "\n", prompt="    t20 = f(v[",
-               input_suffix="\n".join(lines[21:]) + "\n", seed=11, response_fields=["content", "timings/draft_n"])
+               input_suffix="\n".join(lines[21:]) + "\n", seed=11, response_fields=["content", "timings/draft_n"],
+               t_max_predict_ms=0)  # no time budget: a slower server (the model drafter's) would stop sooner
     story = {"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
              "n_predict": 24, "samplers": ["top_k", "top_p", "infill", "temperature"], "top_k": 40, "top_p": 0.9,
              "temperature": 1.3, "seed": 5, "return_tokens": True}
