@@ -22,11 +22,11 @@ from typing import Callable
 from localspec.backend import LoadOptions, Model
 from localspec.bench import tables
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
-from localspec.engine.loader import EngineSpec, make_controller
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
+from localspec.engine.loader import EngineConfig, make_controller
 from localspec.models.resolve import resolve_model
-from localspec.spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
-from localspec.spec.types import Controller
+from localspec.speculative.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.speculative.types import Controller
 from localspec.tuning.calibration import Calibration, measure_calibration
 from localspec.tuning.controller import DEFAULT_K, Adaptive, FixedK
 
@@ -53,7 +53,7 @@ def run_once(target: Model, drafter, controller: Controller | None, prompt: list
 
 def adaptive(cal: Calibration, drafter, k_max: int = 8) -> Controller:
     """The controller `localspec run` builds (loader.make_controller), over this calibration and up to k_max."""
-    return make_controller(EngineSpec(k_max=k_max, k_max_lookup=k_max), DEFAULT_K, drafter, cal)
+    return make_controller(EngineConfig(k_max=k_max, k_max_lookup=k_max), DEFAULT_K, drafter, cal)
 
 
 def bench(title: str, configs: dict[str, Callable[[], tuple]], prompts: list[list[int]], n: int,

@@ -18,11 +18,11 @@ from pathlib import Path
 from localspec.backend import LoadOptions, Model
 from localspec.bench import tables
 from localspec.bench.samples import PROSE, REWRITE, REWRITE_START
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
 from localspec.models.gguf_tools import write_dequantized
 from localspec.models.paths import cache_dir
 from localspec.models.resolve import resolve_model
-from localspec.spec.drafters import ModelDrafter, PromptLookup
+from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.tuning.controller import FixedK
 
 

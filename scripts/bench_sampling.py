@@ -31,7 +31,7 @@ import numpy as np
 from localspec.bench import tables
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import stack, warp
-from localspec.spec.verify import verify
+from localspec.speculative.verify import verify
 
 # ---- the old dense implementation (before issue 15), kept here for the comparison ------------------------
 
@@ -123,8 +123,8 @@ def real_share(model: str, k: int, tokens: int, threads: int, params: SamplingPa
     from localspec.backend import LoadOptions, Model
     from localspec.bench.tasks import builtin_prompts
     from localspec.models.resolve import resolve_model
-    from localspec.spec import loop as speculative
-    from localspec.spec.drafters import PromptLookup
+    from localspec.speculative import loop as speculative
+    from localspec.speculative.drafters import PromptLookup
     from localspec.tuning.controller import FixedK
 
     spent = [0.0]

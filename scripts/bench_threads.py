@@ -150,9 +150,9 @@ def part_pairs(model: str, tokens: int, depth: int, hogs: list[int], pairs: int)
 
 def part_trace(model: str, total: float, start: float, duration: float, n_hogs: int) -> None:
     """One long generation; hogs from `start` to `start + duration` seconds."""
-    from localspec.engine.loader import EngineSpec, load_engine
+    from localspec.engine.loader import EngineConfig, load_engine
 
-    engine = load_engine(EngineSpec(model=model, draft="none"), log=lambda *a: None)
+    engine = load_engine(EngineConfig(model=model, draft="none"), log=lambda *a: None)
     prompt = engine.tokenize(PROMPT)
     hogs = Hogs(n_hogs)
     events: list[tuple[float, int, int]] = []  # (t, tokens this round, threads in use)

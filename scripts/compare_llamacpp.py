@@ -15,10 +15,10 @@ import time
 from localspec.backend import LoadOptions, Model
 from localspec.bench import tables
 from localspec.bench.samples import PROSE
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
 from localspec.models.paths import cache_dir
 from localspec.models.resolve import resolve_model
-from localspec.spec.drafters import ModelDrafter
+from localspec.speculative.drafters import ModelDrafter
 from localspec.tuning.controller import FixedK
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "build/bin")

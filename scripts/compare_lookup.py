@@ -44,13 +44,13 @@ from localspec.bench.samples import (
     NEW_CHAT_TURNS,
     TEST_REQUESTS,
 )
-from localspec.engine.loader import EngineSpec, load_calibration, make_controller
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
+from localspec.engine.loader import EngineConfig, load_calibration, make_controller
 from localspec.errors import LocalspecError
 from localspec.models.resolve import resolve_model
-from localspec.spec.drafters import PromptLookup
-from localspec.spec.reindent import Indents
-from localspec.spec.suffix import SuffixCache
+from localspec.speculative.drafters import PromptLookup
+from localspec.speculative.reindent import Indents
+from localspec.speculative.suffix import SuffixCache
 
 Request = list[dict] | str  # chat messages, or a completion prompt as text
 CPP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")  # llama.cpp's n-gram drafters, defaults
@@ -117,7 +117,7 @@ class Bench:
         self.a, self.path, self.name = a, path, Path(path).name
         self.target = Model.load(path, LoadOptions(n_ctx=a.ctx, n_threads=a.threads))
         self.plain = Engine(self.target, None)
-        spec, lookup = EngineSpec(model=path, threads=a.threads), PromptLookup()
+        spec, lookup = EngineConfig(model=path, threads=a.threads), PromptLookup()
         # the default controller, calibrated once; each prompt starts from a copy (a fresh `localspec run`)
         self.ctl0 = make_controller(spec, 4, lookup, load_calibration(spec, self.target, lookup, None))
 

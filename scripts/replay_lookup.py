@@ -14,7 +14,8 @@ numerics). A round that drafts d tokens costs v(d) single-token steps (the model
 
 `--replay` runs localspec's own `PromptLookup` with the default adaptive controller (fed the rounds it would see),
 a re-implementation of llama.cpp's ngram-cache drafting rule, and the rules named in `RULES` ("localspec-verbatim":
-without reindented copies); it loads each recorded model again for its indentation tokens (localspec/spec/reindent.py).
+without reindented copies); it loads each recorded model again for its indentation tokens
+(localspec/speculative/reindent.py).
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ import numpy as np
 
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import LOOKUP_TASKS
-from localspec.engine.loader import EngineSpec
+from localspec.engine.loader import EngineConfig
 from localspec.sampling.params import SamplingParams
-from localspec.spec.drafters import PromptLookup
-from localspec.spec.reindent import Indents
-from localspec.spec.suffix import SuffixCache
-from localspec.spec.types import Step
+from localspec.speculative.drafters import PromptLookup
+from localspec.speculative.reindent import Indents
+from localspec.speculative.suffix import SuffixCache
+from localspec.speculative.types import Step
 from localspec.tuning.controller import Adaptive
 from localspec.tuning.estimate import PRIOR_FROM
 from localspec.tuning.rate import v_at
@@ -51,7 +52,7 @@ def record(path: str, models: list[str], max_tokens: int, threads: int, only: li
     from compare_lookup import Bench, converse, default_models, sequences  # noqa: the same prompts and rendering
 
     from localspec.bench.samples import LOOKUP_HELD_OUT, LOOKUP_PROSE
-    from localspec.spec.loop import generate
+    from localspec.speculative.loop import generate
 
     a = argparse.Namespace(ctx=4096, threads=threads)
     out = []
@@ -91,7 +92,7 @@ class Localspec:
                  **ctl) -> None:
         self.lookup = lookup or PromptLookup()
         self.v = list(v)
-        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=EngineSpec.k_max_lookup, v=v, t1=1.0,
+        self.ctl = Adaptive(sources=self.lookup.sources, k_min=1, k_max=EngineConfig.k_max_lookup, v=v, t1=1.0,
                             gammas=timed, c=dict(self.lookup.cost), prior=self.lookup.prior, **ctl)
 
     def __call__(self, context: list[int]) -> tuple[list[int], str]:

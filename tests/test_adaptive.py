@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from localspec.bench.samples import PROSE as PROSE_PROMPTS
 from localspec.bench.samples import REWRITE, REWRITE_START
 from localspec.cli import main
-from localspec.engine.session import Engine
-from localspec.spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
-from localspec.spec.types import LOOKUP_LONG
+from localspec.engine.engine import Engine
+from localspec.speculative.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from localspec.speculative.types import LOOKUP_LONG
 from localspec.tuning.calibration import measure_calibration
 from localspec.tuning.controller import Adaptive
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from localspec.bench.runner import AUTO, PLAIN, Config, Plan, TargetSpec, _Family, forget_requests
-from localspec.engine.loader import EngineSpec, load_engine
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
+from localspec.engine.loader import EngineConfig, load_engine
 from localspec.models import LOOKUP
-from localspec.spec.drafters import PromptLookup
+from localspec.speculative.drafters import PromptLookup
 from localspec.tuning.controller import Adaptive, FixedK
 
 N_CTX = 512
@@ -35,7 +35,7 @@ def family(smollm2_path):
 
 
 def shipped(smollm2_path, draft: str) -> dict:
-    e = load_engine(EngineSpec(model=str(smollm2_path), draft=draft, n_ctx=N_CTX), log=lambda *a: None)
+    e = load_engine(EngineConfig(model=str(smollm2_path), draft=draft, n_ctx=N_CTX), log=lambda *a: None)
     try:
         return shape(e)
     finally:
@@ -49,7 +49,7 @@ def test_the_auto_row_is_the_shipped_default(family, smollm2_path, bench_drafter
     assert got == want
     assert got["controller"] is Adaptive and got["threads"][1] is None  # adaptive γ, threads not pinned
     if bench_drafter == LOOKUP:  # lookup reaches k_max_lookup, keeps its measured priors and its SuffixCache
-        assert got["k"] == (EngineSpec.k_min, EngineSpec.k_max_lookup) and got["prior"] and got["cache"]
+        assert got["k"] == (EngineConfig.k_min, EngineConfig.k_max_lookup) and got["prior"] and got["cache"]
 
 
 def test_k_rows_pin_gamma_and_plain_has_no_drafter(family):

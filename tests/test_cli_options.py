@@ -1,4 +1,4 @@
-"""The option blocks: one declaration each, one value each (EngineSpec, SamplingParams), the same names on every
+"""The option blocks: one declaration each, one value each (EngineConfig, SamplingParams), the same names on every
 command, full --help summaries, and usage errors as one line."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def _options(command: str) -> set[str]:
 
 @click.command()
 @engine_options
-def spec_probe(spec):
-    click.echo(json.dumps({k: getattr(spec, k) for k in ("model", "draft", "k", "hybrid", "adaptive", "n_ctx")}))
+def config_probe(engine_config):
+    keys = ("model", "draft", "k", "hybrid", "adaptive", "n_ctx")
+    click.echo(json.dumps({k: getattr(engine_config, k) for k in keys}))
 
 
 @click.command()
@@ -71,16 +72,16 @@ def test_serve_help_does_not_advertise_options_it_ignores():
 
 
 def test_pair_is_resolved_once_with_one_precedence():
-    assert probe(spec_probe, "--pair", "smollm2-135m-lookup")["model"] == "smollm2-135m"
-    assert probe(spec_probe, "--pair", "smollm2-135m-lookup")["draft"] == "lookup"
-    assert probe(spec_probe, "--pair", "smollm2-135m-lookup", "--no-spec")["draft"] == "none"
-    assert probe(spec_probe, "--pair", "qwen2.5-coder-7b")["draft"] == "qwen2.5-coder-0.5b-instruct"
-    assert probe(spec_probe, "--pair", "qwen2.5-coder-7b", "--lookup")["draft"] == "lookup"
-    hybrid = probe(spec_probe, "--pair", "qwen2.5-coder-7b", "--hybrid")
+    assert probe(config_probe, "--pair", "smollm2-135m-lookup")["model"] == "smollm2-135m"
+    assert probe(config_probe, "--pair", "smollm2-135m-lookup")["draft"] == "lookup"
+    assert probe(config_probe, "--pair", "smollm2-135m-lookup", "--no-spec")["draft"] == "none"
+    assert probe(config_probe, "--pair", "qwen2.5-coder-7b")["draft"] == "qwen2.5-coder-0.5b-instruct"
+    assert probe(config_probe, "--pair", "qwen2.5-coder-7b", "--lookup")["draft"] == "lookup"
+    hybrid = probe(config_probe, "--pair", "qwen2.5-coder-7b", "--hybrid")
     assert hybrid["draft"] == "qwen2.5-coder-0.5b-instruct" and hybrid["hybrid"]
     # the pair does not pin γ: speculation stays adaptive unless -k is given
-    assert probe(spec_probe, "--pair", "qwen2.5-coder-7b")["k"] is None
-    assert probe(spec_probe, "--pair", "qwen2.5-coder-7b", "-k", "3")["k"] == 3
+    assert probe(config_probe, "--pair", "qwen2.5-coder-7b")["k"] is None
+    assert probe(config_probe, "--pair", "qwen2.5-coder-7b", "-k", "3")["k"] == 3
 
 
 @pytest.mark.parametrize("command", ["run", "chat", "serve", "bench"])
@@ -133,9 +134,9 @@ def test_usage_errors_are_one_line():
 def test_offload_options_reach_load_options():
     @click.command()
     @engine_options
-    def load_probe(spec):
-        click.echo(json.dumps({"ngl": spec.ngl, "ngl_draft": spec.ngl_draft, **{
-            k: getattr(spec.load, k) for k in ("main_gpu", "tensor_split", "flash_attn", "type_k", "type_v",
+    def load_probe(engine_config):
+        click.echo(json.dumps({"ngl": engine_config.ngl, "ngl_draft": engine_config.ngl_draft, **{
+            k: getattr(engine_config.load, k) for k in ("main_gpu", "tensor_split", "flash_attn", "type_k", "type_v",
                                                "rpc_servers", "mmap")}}))
 
     assert probe(load_probe, "--ngl", "-1", "--ngl-draft", "0", "--main-gpu", "1", "--tensor-split", "3,1",
@@ -178,7 +179,7 @@ def test_mode_and_k_report_what_happened():
     """One rule for every front end (outcome.outcome): k is the γ chosen in most of THIS request's rounds,
     auto-off only when the controller chose γ = 0 in every round, plain when nothing was drafted."""
     from localspec.engine.outcome import outcome
-    from localspec.spec.types import ControllerState
+    from localspec.speculative.types import ControllerState
 
     def st(k_chosen, off=None):
         return ControllerState(True, k_chosen, {}, (), {}, {}, {}, off)

@@ -16,7 +16,7 @@ from localspec.sampling.constrain import Constraint, ConstraintBroken
 from localspec.sampling.logprobs import log_softmax, token_logprobs
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import stack, warp
-from localspec.spec.verify import verify
+from localspec.speculative.verify import verify
 
 V = 12
 N = 20_000

@@ -13,8 +13,8 @@ import pytest
 from localspec.backend import Grammar, GrammarError, json_schema_grammar
 from localspec.sampling.constrain import build_constraint
 from localspec.sampling.params import SamplingParams
-from localspec.spec.drafters import ModelDrafter, PromptLookup
-from localspec.spec.loop import generate
+from localspec.speculative.drafters import ModelDrafter, PromptLookup
+from localspec.speculative.loop import generate
 from localspec.tuning.controller import FixedK
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from localspec.spec.drafters import HybridDrafter
-from localspec.spec.types import EMPTY, Draft, Step
+from localspec.speculative.drafters import HybridDrafter
+from localspec.speculative.types import EMPTY, Draft, Step
 from localspec.tuning.controller import PROBE_SHARE, Adaptive, FixedK
 from localspec.tuning.estimate import SourceEstimate
 from localspec.tuning.rate import best_k, expected_tokens, round_rate, v_at

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from localspec.backend import LoadOptions, Model
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
 from localspec.sampling.params import SamplingParams
-from localspec.spec.drafters import ModelDrafter, PromptLookup
-from localspec.spec.loop import generate
+from localspec.speculative.drafters import ModelDrafter, PromptLookup
+from localspec.speculative.loop import generate
 from localspec.tuning.controller import FixedK
 from localspec.tuning.threads import ThreadControl
 

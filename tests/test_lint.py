@@ -51,9 +51,10 @@ def test_mypy():
 
 
 def test_the_loop_does_not_load_llama_cpp():
-    """spec/ is Python and numpy: importing the loop, the drafters and verify must not load llama.cpp (the
+    """speculative/ is Python and numpy: importing the loop, the drafters and verify must not load llama.cpp (the
     backend's names load it lazily, on first use)."""
-    p = _run([sys.executable, "-c", "import localspec.spec.loop, localspec.spec.drafters, localspec.spec.verify, "
+    p = _run([sys.executable, "-c", "import localspec.speculative.loop, localspec.speculative.drafters, "
+              "localspec.speculative.verify, "
               "sys; assert 'llama_cpp' not in sys.modules, 'llama_cpp was imported'"], timeout=120)
     assert p.returncode == 0, _report(p)
 

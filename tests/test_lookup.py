@@ -8,9 +8,9 @@ import numpy as np
 
 from localspec.models import LOOKUP
 from localspec.sampling.params import SamplingParams
-from localspec.spec.drafters import PromptLookup
-from localspec.spec.suffix import SuffixCache
-from localspec.spec.types import (
+from localspec.speculative.drafters import PromptLookup
+from localspec.speculative.suffix import SuffixCache
+from localspec.speculative.types import (
     EMPTY,
     LOOKUP_CACHE,
     LOOKUP_GAPPED,

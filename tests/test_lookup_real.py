@@ -9,14 +9,14 @@ import pytest
 
 from localspec.backend import LoadOptions, Model
 from localspec.bench.samples import LOOKUP_TASKS, REWRITE, REWRITE_START
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import warp
-from localspec.spec.drafters import PromptLookup
-from localspec.spec.loop import generate
-from localspec.spec.reindent import Indents
-from localspec.spec.suffix import SuffixCache
-from localspec.spec.types import LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT
+from localspec.speculative.drafters import PromptLookup
+from localspec.speculative.loop import generate
+from localspec.speculative.reindent import Indents
+from localspec.speculative.suffix import SuffixCache
+from localspec.speculative.types import LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT
 from localspec.tuning.controller import Adaptive, FixedK
 
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75, 4.2, 4.65)

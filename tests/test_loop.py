@@ -6,9 +6,9 @@ import numpy as np
 from fakes import EOS, FakeModel, counting
 
 from localspec.sampling.params import SamplingParams
-from localspec.spec.drafters import ModelDrafter
-from localspec.spec.loop import MERGE_MAX, generate
-from localspec.spec.types import Draft
+from localspec.speculative.drafters import ModelDrafter
+from localspec.speculative.loop import MERGE_MAX, generate
+from localspec.speculative.types import Draft
 from localspec.tuning.controller import FixedK
 
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from localspec.cli import main
 from localspec.engine.metrics import MetricsLog, add_stats, prometheus_text, read_log, repair_tail, request_record
 from localspec.engine.stats import Stats
-from localspec.spec.types import ControllerState
+from localspec.speculative.types import ControllerState
 
 STATS = Stats(n_prompt=10, n_generated=20, gen_ms=100.0, rounds=8, draft_n=12, draft_n_accepted=9,
               drafted_at=(6, 4, 2), accepted_at=(5, 3, 1), by_source={"lookup": (12, 9)})
@@ -43,10 +43,10 @@ def test_run_writes_one_line_per_request(tmp_path, smollm2_path):
 CRASHER = r"""
 import sys, time
 from localspec.backend import LoadOptions
-from localspec.engine.loader import EngineSpec, load_engine
+from localspec.engine.loader import EngineConfig, load_engine
 from localspec.engine.metrics import MetricsLog, request_record
 log = MetricsLog(sys.argv[2])
-engine = load_engine(EngineSpec(model=sys.argv[1], draft="lookup", n_ctx=512), log=lambda *a: None)
+engine = load_engine(EngineConfig(model=sys.argv[1], draft="lookup", n_ctx=512), log=lambda *a: None)
 last = None
 for last in engine.generate("One, two, three,", max_tokens=4):
     pass

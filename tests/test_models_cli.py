@@ -167,7 +167,7 @@ def test_rpc_without_an_rpc_build_is_one_clear_line(home):
 
 
 def test_models_toml_offload_settings_reach_both_models(home, smollm2_f16_path):
-    from localspec.engine.loader import EngineSpec, load_engine
+    from localspec.engine.loader import EngineConfig, load_engine
 
     home.mkdir()
     (home / "models.toml").write_text(
@@ -175,13 +175,13 @@ def test_models_toml_offload_settings_reach_both_models(home, smollm2_f16_path):
         f'[models.f16]\npath = "{smollm2_f16_path}"\nn_gpu_layers = 7\n'
         '[pairs.f16-q4]\ntarget = "f16"\ndrafter = "smollm2-135m"\nk = 3\nn_gpu_layers_draft = -1\n')
     quiet = dict(n_ctx=256, adaptive=False, k=None)
-    e = load_engine(EngineSpec(model="f16", ngl=None, **quiet), log=lambda *a: None)
+    e = load_engine(EngineConfig(model="f16", ngl=None, **quiet), log=lambda *a: None)
     try:
         assert e.target.options.n_gpu_layers == 7 and e.drafter_name == "smollm2-135m" and e.controller.k == 3
         assert e.drafter.model.options.n_gpu_layers == -1  # the pair's n_gpu_layers_draft
     finally:
         e.close()
-    e = load_engine(EngineSpec(model="smollm2-135m", ngl=2, draft="none", **quiet), log=lambda *a: None)
+    e = load_engine(EngineConfig(model="smollm2-135m", ngl=2, draft="none", **quiet), log=lambda *a: None)
     try:
         assert e.target.options.n_gpu_layers == 2  # --ngl beats models.toml
     finally:

@@ -1,4 +1,4 @@
-"""Reindented copies (localspec/spec/reindent.py) on a made-up vocabulary: which tokens are indentation, the flat
+"""Reindented copies (localspec/speculative/reindent.py) on a made-up vocabulary: which tokens are indentation, the flat
 index kept beside the context's, and drafts that carry a copy on at its own depth."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 import numpy as np
 
 from localspec.sampling.params import SamplingParams
-from localspec.spec.drafters import PromptLookup
-from localspec.spec.reindent import Indents
-from localspec.spec.types import LOOKUP_REINDENT
+from localspec.speculative.drafters import PromptLookup
+from localspec.speculative.reindent import Indents
+from localspec.speculative.types import LOOKUP_REINDENT
 
 # token ids: 100 + w is "\n" and w spaces (w = 1..12), 200 + w is w spaces alone, 300 is "\n\n  " (two newlines);
 # below 100, words

@@ -14,8 +14,8 @@ from scipy import stats as sstats
 
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import warp
-from localspec.spec.drafters import ModelDrafter, PromptLookup
-from localspec.spec.loop import generate
+from localspec.speculative.drafters import ModelDrafter, PromptLookup
+from localspec.speculative.loop import generate
 from localspec.tuning.controller import FixedK
 
 V = 6  # token 0 is EOS: logit -inf, never emitted

@@ -21,13 +21,13 @@ import httpx
 import numpy as np
 import pytest
 
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
 from localspec.sampling.constrain import Constraint
 from localspec.sampling.params import SamplingParams
 from localspec.server.testing import ServerProcess
-from localspec.spec.drafters import ModelDrafter, PromptLookup
-from localspec.spec.loop import generate
-from localspec.spec.types import Step
+from localspec.speculative.drafters import ModelDrafter, PromptLookup
+from localspec.speculative.loop import generate
+from localspec.speculative.types import Step
 from localspec.tuning.controller import FixedK
 
 PROMPT = "I believe the meaning of life is"
@@ -110,7 +110,7 @@ def test_engine_generate_text_is_the_same(smollm2_target):
     """Engine.generate (the text layer every front end uses), spec on and off."""
     e = Engine(smollm2_target, PromptLookup(), controller=FixedK(4))
     params = PARAMS["warm"]
-    texts = ["".join(c.text for c in e.generate(COPY, params=params, max_tokens=40, spec=spec))
+    texts = ["".join(c.text for c in e.generate(COPY, params=params, max_tokens=40, speculate=spec))
              for spec in (False, True, True)]
     assert texts[0] == texts[1] == texts[2] and texts[0]
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from fakes import FakeModel, counting
 
-from localspec.engine.session import Engine
+from localspec.engine.engine import Engine
 from localspec.server.testing import ServerProcess
-from localspec.spec.drafters import PromptLookup
+from localspec.speculative.drafters import PromptLookup
 from localspec.tuning.controller import FixedK
 
 BODY = {"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 240, "temperature": 0, "n_keep": 4}

@@ -88,10 +88,10 @@ def test_two_concurrent_streaming_clients(http, server):
 
 async def test_speculation_off_when_the_queue_is_long(smollm2_path):
     """Three jobs queued before the worker starts, --spec-max-queue 1: the first starts with two waiting."""
-    from localspec.engine.loader import EngineSpec, load_engine
+    from localspec.engine.loader import EngineConfig, load_engine
     from localspec.server.worker import Done, Job, Started, Worker
 
-    engine = load_engine(EngineSpec(n_ctx=256), log=lambda *a: None)
+    engine = load_engine(EngineConfig(n_ctx=256), log=lambda *a: None)
     worker = Worker(engine, spec_max_queue=1)
     jobs = [worker.submit(Job(lambda e: ("Hello", False), max_tokens=4)) for _ in range(3)]
     worker.start()
@@ -107,7 +107,7 @@ async def test_speculation_off_when_the_queue_is_long(smollm2_path):
     finally:
         worker.stop()
         engine.close()
-    assert [s.spec for s in started] == [False, True, True]
+    assert [s.speculate for s in started] == [False, True, True]
     assert started[0].reason == "queue 2 > 1"
 
 
@@ -115,11 +115,11 @@ async def test_a_client_rule_ends_the_job_on_the_worker_and_a_whole_answer_comes
     """`Job.until` (llama-server's editor rules) stops generation at the chunk it fires on, so no round runs
     past it; the caches are rewound at once (the next job reuses them). `live=False` holds every event until
     the end and delivers them in order."""
-    from localspec.engine.loader import EngineSpec, load_engine
-    from localspec.engine.session import Chunk
+    from localspec.engine.engine import Chunk
+    from localspec.engine.loader import EngineConfig, load_engine
     from localspec.server.worker import Done, Job, Started, Worker
 
-    engine = load_engine(EngineSpec(n_ctx=256), log=lambda *a: None)
+    engine = load_engine(EngineConfig(n_ctx=256), log=lambda *a: None)
     worker = Worker(engine)
     seen: list[int] = []
 
@@ -128,7 +128,7 @@ async def test_a_client_rule_ends_the_job_on_the_worker_and_a_whole_answer_comes
         return len(seen) == 2
 
     ruled = worker.submit(Job(lambda e: ("The planets are", False), max_tokens=32, until=until, live=False))
-    plain = worker.submit(Job(lambda e: ("The planets are", False), max_tokens=32, spec=False))
+    plain = worker.submit(Job(lambda e: ("The planets are", False), max_tokens=32, speculate=False))
     worker.start()
     try:
         events = [await ruled.next_event(60)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.session import Chunk
+from localspec.engine.engine import Chunk
 from localspec.engine.stats import Stats
 from localspec.server.app import ApiKeyMiddleware, CorsMiddleware
 from localspec.server.fim import (
@@ -20,7 +20,7 @@ from localspec.server.fim import (
 )
 from localspec.server.llamacpp import EditorRules, _project
 from localspec.server.schemas import InfillRequest
-from localspec.spec.types import Step
+from localspec.speculative.types import Step
 
 PRE, SUF, MID, REP, SEP, BOS = 901, 902, 903, 904, 905, 1
 

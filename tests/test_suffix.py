@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from localspec.spec.suffix import (
+from localspec.speculative.suffix import (
     CONSENSUS_MAX,
     GAP_MAX,
     GAP_MIN,

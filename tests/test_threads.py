@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from localspec.spec.types import Step
+from localspec.speculative.types import Step
 from localspec.tuning.threads import TIE, ThreadChooser, ThreadControl, candidates, neighbours, preferred
 
 # seconds per token by thread count: idle 2 cores, and the same with two CPU-bound neighbours (issue 12's numbers)

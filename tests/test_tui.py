@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from localspec.engine.loader import EngineSpec, load_engine
+from localspec.engine.engine import ChatTemplateError
+from localspec.engine.loader import EngineConfig, load_engine
 from localspec.engine.metrics import MetricsLog, read_log
-from localspec.engine.session import ChatTemplateError
 from localspec.tui.app import ChatApp
 from localspec.tui.controls import K_STEPS
 from localspec.tui.screens.loading import LoadingScreen
@@ -28,9 +28,9 @@ THREADS = 1  # one llama.cpp thread: on a shared 2-core CI box two threads spin 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    spec = EngineSpec(model=str(smollm2_path), draft="lookup", k=4, n_ctx=1024, adaptive=False,  # FixedK(4)
+    config = EngineConfig(model=str(smollm2_path), draft="lookup", k=4, n_ctx=1024, adaptive=False,  # FixedK(4)
                       threads=THREADS)
-    e = load_engine(spec, log=lambda *a: None)
+    e = load_engine(config, log=lambda *a: None)
     yield e
     e.close()
 
@@ -262,7 +262,8 @@ async def test_keys_colour_k_copy_history_and_palette(engine):
 
 
 async def test_loading_in_the_app(smollm2_path):
-    app = ChatApp(spec=EngineSpec(model=str(smollm2_path), draft="lookup", n_ctx=512, threads=THREADS), max_tokens=8)
+    config = EngineConfig(model=str(smollm2_path), draft="lookup", n_ctx=512, threads=THREADS)
+    app = ChatApp(config=config, max_tokens=8)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.engine is not None)
         await pilot.pause()
@@ -285,10 +286,10 @@ async def test_loading_in_the_app(smollm2_path):
 @pytest.mark.parametrize("which", ["missing", "incompatible"])
 async def test_load_errors_show_in_the_app(which, tmp_path, smollm2_path, request):
     if which == "missing":
-        spec = EngineSpec(model=str(tmp_path / "nope.gguf"))
+        config = EngineConfig(model=str(tmp_path / "nope.gguf"))
     else:
-        spec = EngineSpec(model=str(smollm2_path), draft=str(request.getfixturevalue("gemma_path")))
-    app = ChatApp(spec=spec)
+        config = EngineConfig(model=str(smollm2_path), draft=str(request.getfixturevalue("gemma_path")))
+    app = ChatApp(config=config)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
         error = app.screen.failed

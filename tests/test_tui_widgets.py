@@ -11,10 +11,10 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Markdown, Sparkline
 
-from localspec.engine.session import Chunk
+from localspec.engine.engine import Chunk
 from localspec.engine.stats import Stats
-from localspec.spec.drafters import PromptLookup
-from localspec.spec.types import ControllerState, Step
+from localspec.speculative.drafters import PromptLookup
+from localspec.speculative.types import ControllerState, Step
 from localspec.tui.answer import AnswerStats, cleared, ended, fold, reloaded
 from localspec.tui.controls import AUTO, K_STEPS, OFF, ON, SpecControls, SpecStatus
 from localspec.tui.palette import chat_commands

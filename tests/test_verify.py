@@ -13,8 +13,8 @@ from scipy import stats as sstats
 
 from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import Warped, stack, warp
-from localspec.spec.drafters import peek
-from localspec.spec.verify import residual, verify, verify_greedy, verify_rejection, verify_same_seed
+from localspec.speculative.drafters import peek
+from localspec.speculative.verify import residual, verify, verify_greedy, verify_rejection, verify_same_seed
 
 V = 12
 N = 20_000

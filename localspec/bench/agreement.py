@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..backend import Model
-from ..spec.drafters import common_prefix
+from ..speculative.drafters import common_prefix
 
 NEAR_TIE_LOGITS = 1.0  # top-2 gap below this is within batched-vs-single numeric noise on CPU
 

@@ -18,13 +18,13 @@ from typing import Callable, Sequence
 
 from ..backend import LoadOptions, Model
 from ..backend.machine import CpuMeter
-from ..engine.loader import EngineSpec, assemble, check_drafter
-from ..engine.session import Engine
+from ..engine.engine import Engine
+from ..engine.loader import EngineConfig, assemble, check_drafter
 from ..models import LOOKUP
 from ..sampling.params import SamplingParams
-from ..spec.drafters import PromptLookup
-from ..spec.suffix import SuffixCache
-from ..spec.types import NO_DRAFTER, Drafter
+from ..speculative.drafters import PromptLookup
+from ..speculative.suffix import SuffixCache
+from ..speculative.types import NO_DRAFTER, Drafter
 from ..tuning.costs import Costs, measure, merge
 from .agreement import Agreement, compare
 from .tasks import Prompt
@@ -32,7 +32,7 @@ from .tasks import Prompt
 AUTO = "auto"
 # the report's v(γ) reaches the default adaptive range (a model drafter's auto row; lookup's may draft longer, on
 # its own calibration): the table's predicted best k is chosen from it
-REPORT_K_MAX = EngineSpec.k_max
+REPORT_K_MAX = EngineConfig.k_max
 PLAIN = NO_DRAFTER  # the plain-decoding configuration
 
 
@@ -117,20 +117,20 @@ class TargetResult:
     chat_template: bool
 
 
-def configs_for(spec: TargetSpec, plan: Plan) -> list[Config]:
+def configs_for(target: TargetSpec, plan: Plan) -> list[Config]:
     ks: list[int | str] = list(plan.ks) + ([AUTO] if plan.auto else [])
-    drafters = ([LOOKUP] if spec.lookup else []) + [label for label, _ in spec.drafters]
+    drafters = ([LOOKUP] if target.lookup else []) + [label for label, _ in target.drafters]
     return [Config(PLAIN, 0)] + [Config(d, k) for d in drafters for k in ks]
 
 
-def row_spec(cfg: Config, plan: Plan) -> EngineSpec:
+def row_config(cfg: Config, plan: Plan) -> EngineConfig:
     """What a row runs, said as `run` would be told it: no drafter, a drafter with γ pinned (`--k N
     --no-adaptive`), or AUTO: the drafter with every other option at the default `run` ships."""
     if cfg.drafter == PLAIN:
-        return EngineSpec(draft=NO_DRAFTER, threads=plan.threads)
+        return EngineConfig(draft=NO_DRAFTER, threads=plan.threads)
     if cfg.k == AUTO:
-        return EngineSpec(draft=cfg.drafter, threads=plan.threads)
-    return EngineSpec(draft=cfg.drafter, k=int(cfg.k), adaptive=False, threads=plan.threads)
+        return EngineConfig(draft=cfg.drafter, threads=plan.threads)
+    return EngineConfig(draft=cfg.drafter, k=int(cfg.k), adaptive=False, threads=plan.threads)
 
 
 def count_runs(plan: Plan) -> int:
@@ -149,20 +149,20 @@ class _Family:
     """One loaded target and its drafter models, and an Engine per configuration over them, all sharing the
     target Model (no file is loaded twice)."""
 
-    def __init__(self, spec: TargetSpec, plan: Plan) -> None:
-        for label, path in spec.drafters:
-            check_drafter(spec.path, path, target_name=spec.label, drafter_name=label)
+    def __init__(self, target: TargetSpec, plan: Plan) -> None:
+        for label, path in target.drafters:
+            check_drafter(target.path, path, target_name=target.label, drafter_name=label)
         meter = CpuMeter()  # as load_engine: started before the models load, shared by every row's controllers
         opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads, fast_path=plan.fast_path)
         self.models: list[Model] = []
         try:
-            self.target = self._load(spec.path, opts)
-            self.draft_models = {label: self._load(path, opts) for label, path in spec.drafters}
+            self.target = self._load(target.path, opts)
+            self.draft_models = {label: self._load(path, opts) for label, path in target.drafters}
             # each row calibrates as `run` would (cached per model, machine and k range: a first bench pays it)
             self.engines: dict[Config, Engine] = {
-                cfg: assemble(row_spec(cfg, plan), self.target, self.draft_models.get(cfg.drafter),
-                              name=spec.label, meter=meter)
-                for cfg in configs_for(spec, plan)}
+                cfg: assemble(row_config(cfg, plan), self.target, self.draft_models.get(cfg.drafter),
+                              name=target.label, meter=meter)
+                for cfg in configs_for(target, plan)}
         except BaseException:  # a failed load or Ctrl-C: free what is loaded
             self.close()
             raise
@@ -208,7 +208,7 @@ def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams
     out: list[int] = []
     last = None
     first: tuple[float, int] | None = None
-    for chunk in engine.generate(tokens, params=params, max_tokens=max_tokens, spec=cfg.drafter != PLAIN):
+    for chunk in engine.generate(tokens, params=params, max_tokens=max_tokens, speculate=cfg.drafter != PLAIN):
         out.extend(chunk.step.tokens)
         if first is None:
             first = ((chunk.step.t_draft + chunk.step.t_verify) * 1e3, len(chunk.step.tokens))
@@ -233,19 +233,19 @@ def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: 
     return ctx[: max(need, min(len(ctx), n_ctx // 2))]
 
 
-def bench_target(spec: TargetSpec, plan: Plan, progress: Callable[[str], None] = lambda s: None,
+def bench_target(target: TargetSpec, plan: Plan, progress: Callable[[str], None] = lambda s: None,
                  log: Callable[[str], None] = lambda s: None) -> TargetResult:
-    log(f"bench: loading {spec.label}; each configuration calibrates as `localspec run` does (cached)")
-    fam = _Family(spec, plan)
+    log(f"bench: loading {target.label}; each configuration calibrates as `localspec run` does (cached)")
+    fam = _Family(target, plan)
     try:
-        return _bench_family(fam, spec, plan, progress, log)
+        return _bench_family(fam, target, plan, progress, log)
     finally:
         fam.close()
 
 
-def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> TargetResult:
+def _bench_family(fam: _Family, target: TargetSpec, plan: Plan, progress, log) -> TargetResult:
     plain = fam.plain
-    cfgs = configs_for(spec, plan)
+    cfgs = configs_for(target, plan)
     k_hist = max(plan.ks, default=8)
     rendered = {p.id: render_prompt(plain, p) for p in plan.prompts}
     room = plan.n_ctx - plan.max_tokens - k_hist - 2
@@ -254,31 +254,31 @@ def _bench_family(fam: _Family, spec: TargetSpec, plan: Plan, progress, log) -> 
         log(f"bench: skipping {len(too_long)} prompt(s) longer than the context allows ({', '.join(too_long)})")
     prompts = [p for p in plan.prompts if p.id not in too_long]
 
-    log(f"bench: {spec.label}: CPU fast paths {fam.target.fast_path.describe()}")
-    log(f"bench: warming up {spec.label} ({len(cfgs)} configurations)")
+    log(f"bench: {target.label}: CPU fast paths {fam.target.fast_path.describe()}")
+    log(f"bench: warming up {target.label} ({len(cfgs)} configurations)")
     for cfg in cfgs:
         run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)
     k_cost = max(max(plan.ks, default=1), REPORT_K_MAX)  # the report's costs: measurement, not a controller
     cost_ctx = _cost_context(fam, list(rendered.values()), k_cost + 2, plan.n_ctx)
-    c_start = _measure(fam, cost_ctx, k_cost, spec.lookup, plan.cost_repeats)
+    c_start = _measure(fam, cost_ctx, k_cost, target.lookup, plan.cost_repeats)
 
     runs: list[Run] = []
     try:
-        _run_prompts(fam, spec, plan, prompts, cfgs, rendered, k_hist, progress, runs)
+        _run_prompts(fam, target, plan, prompts, cfgs, rendered, k_hist, progress, runs)
     except KeyboardInterrupt:  # keep the finished runs: the caller writes a partial report
-        raise Interrupted([TargetResult(spec.label, str(spec.path), fam.target.describe(), c_start, tuple(runs), (),
+        raise Interrupted([TargetResult(target.label, str(target.path), fam.target.describe(), c_start, tuple(runs), (),
                                         bool(plain.chat_template))] if runs else []) from None
 
-    costs = merge(c_start, _measure(fam, cost_ctx, k_cost, spec.lookup, plan.cost_repeats))
+    costs = merge(c_start, _measure(fam, cost_ctx, k_cost, target.lookup, plan.cost_repeats))
     fam.reset()
-    agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=spec.label,
+    agree = tuple(compare(fam.target, rendered[r.prompt_id], base.tokens, r.tokens, label=target.label,
                           drafter=r.drafter, k=r.k, task=r.task, prompt_id=r.prompt_id)
                   for r, base in _greedy_pairs(runs))
-    return TargetResult(spec.label, str(spec.path), fam.target.describe(), costs, tuple(runs), agree,
+    return TargetResult(target.label, str(target.path), fam.target.describe(), costs, tuple(runs), agree,
                         bool(plain.chat_template))
 
 
-def _run_prompts(fam: _Family, spec: TargetSpec, plan: Plan, prompts, cfgs, rendered, k_hist: int, progress,
+def _run_prompts(fam: _Family, target: TargetSpec, plan: Plan, prompts, cfgs, rendered, k_hist: int, progress,
                  runs: list[Run]) -> None:
     """Every prompt × temperature × repeat × configuration, appended to `runs` as each finishes."""
     for i, p in enumerate(prompts):
@@ -288,9 +288,9 @@ def _run_prompts(fam: _Family, spec: TargetSpec, plan: Plan, prompts, cfgs, rend
                                         repeat_penalty=plan.repeat_penalty, repeat_last_n=plan.repeat_last_n)
                 order = cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]  # rotate: no config always runs first
                 for cfg in order:
-                    progress(f"{spec.label} {p.id} {cfg.name} T={temp:g}")
+                    progress(f"{target.label} {p.id} {cfg.name} T={temp:g}")
                     r = run_one(fam, cfg, rendered[p.id], params, plan.max_tokens, k_hist)
-                    runs.append(Run(spec.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
+                    runs.append(Run(target.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
 
 
 def _measure(fam: _Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:

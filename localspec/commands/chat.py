@@ -18,7 +18,7 @@ from .options import engine_options, metrics_options, sampling_options
 @engine_options
 @sampling_options(chat=True)
 @metrics_options
-def chat(system, max_tokens, spec, params, metrics_log, task):
+def chat(system, max_tokens, engine_config, params, metrics_log, task):
     """Chat in the terminal with live tokens/s and draft acceptance.
 
     Samples like llama-server/Ollama by default (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty
@@ -31,7 +31,7 @@ def chat(system, max_tokens, spec, params, metrics_log, task):
     """
     from ..tui.app import ChatApp
 
-    app = ChatApp(spec=spec, system=system, params=params, max_tokens=max_tokens, metrics_log=metrics_log,
+    app = ChatApp(config=engine_config, system=system, params=params, max_tokens=max_tokens, metrics_log=metrics_log,
                   task=task)
     app.run()
     if app.load_error:  # shown in the app; repeated here so scripts and the shell see it too

@@ -1,6 +1,7 @@
 """The option blocks the model commands share, each declared once and handed to the command as ONE value.
 
-    @engine_options    --model/--pair/--draft/--lookup/--no-spec/-k/--ctx/..., offload, adaptive -> spec: EngineSpec
+    @engine_options    --model/--pair/--draft/--lookup/--no-spec/-k/--ctx/..., offload, adaptive
+                       -> engine_config: EngineConfig
     @sampling_options  --temp/--top-k/--top-p/--min-p/--repeat-penalty/--repeat-last-n/--seed -> params
     @metrics_options   --metrics-log/--task -> metrics_log: MetricsLog | None, task: str | None
 
@@ -52,7 +53,7 @@ class DraftLength(click.IntRange):
 
 def bundle(options: list[Callable], build: Callable[[dict, dict], dict]) -> Callable[[Callable], Callable]:
     """A decorator: declare `options`; at call time their values become `build(values, other_arguments)`, the new
-    keyword arguments of the command (one value per block, e.g. `spec`)."""
+    keyword arguments of the command (one value per block, e.g. `engine_config`)."""
 
     def decorate(f: Callable) -> Callable:
         existing = {id(p) for p in getattr(f, "__click_params__", ())}
@@ -169,7 +170,7 @@ def pair_models(name: str):
 def _drafter_choice(v: dict) -> tuple[str | None, str | None, bool]:
     """(model, draft, hybrid) from --model/--pair/--draft/--lookup/--no-spec/--hybrid, with the pair resolved."""
     from ..models import LOOKUP
-    from ..spec.types import NO_DRAFTER
+    from ..speculative.types import NO_DRAFTER
 
     model, draft, lookup, no_spec = v["model"], v["draft"], v["lookup"], v["no_spec"]
     if v["pair"]:
@@ -187,20 +188,20 @@ def _drafter_choice(v: dict) -> tuple[str | None, str | None, bool]:
     return model, draft or (LOOKUP if lookup else NO_DRAFTER if no_spec else None), hybrid
 
 
-def engine_spec_from(v: dict):
-    """The values of the engine options -> one EngineSpec (raises click usage errors for contradictions)."""
-    from ..engine.loader import EngineSpec
+def engine_config_from(v: dict):
+    """The values of the engine options -> one EngineConfig (raises click usage errors for contradictions)."""
+    from ..engine.loader import EngineConfig
 
     if v["k_min"] > v["k_max"]:
         raise click.UsageError(f"--k-min {v['k_min']} is above --k-max {v['k_max']}")
     model, draft, hybrid = _drafter_choice(v)
-    return EngineSpec(model=model, draft=draft, k=v["k"], n_ctx=v["n_ctx"], threads=v["threads"], ngl=v["ngl"],
+    return EngineConfig(model=model, draft=draft, k=v["k"], n_ctx=v["n_ctx"], threads=v["threads"], ngl=v["ngl"],
                       ngl_draft=v["ngl_draft"], verbose=v["verbose"], load=_load_options(v),
                       adaptive=not v["no_adaptive"], k_min=v["k_min"], k_max=v["k_max"], hybrid=hybrid,
                       p_min=v["draft_p_min"])
 
 
-engine_options = bundle(_ENGINE, lambda v, _rest: {"spec": engine_spec_from(v)})
+engine_options = bundle(_ENGINE, lambda v, _rest: {"engine_config": engine_config_from(v)})
 
 
 # -- sampling ----------------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from .options import engine_options, metrics_options, sampling_options
 @engine_options
 @sampling_options(chat_flag="chat")
 @metrics_options
-def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json, spec, params, metrics_log, task):
+def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json, engine_config, params, metrics_log,
+        task):
     """Generate a completion for PROMPT (or --prompt, --prompt-file, stdin).
 
     Text streams to stdout; a stats line (tokens/s, acceptance) goes to stderr. Without --chat decoding is
@@ -44,7 +45,7 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
         raise click.UsageError("--system needs --chat (a plain prompt has no system message)")
     if any(s == "" for s in stop):
         raise click.BadParameter("a stop string cannot be empty", param_hint="--stop")
-    engine = load_engine(spec, log=log_err)
+    engine = load_engine(engine_config, log=log_err)
     before = engine.controller.state() if engine.drafter else None
     thr_before = engine.threads.state() if engine.threads else None
     if chat:

@@ -42,7 +42,7 @@ def _url(host: str, port: int) -> str:
                    "and go on.")
 @engine_options
 def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
-          spec):
+          engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -60,7 +60,7 @@ def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, ta
     if not hosts:
         raise click.BadParameter("give at least one address", param_hint="--host")
     socks = _bind_all(bind, hosts, port)
-    engine = load_engine(spec, log=log_err)
+    engine = load_engine(engine_config, log=log_err)
     real_port = socks[0].getsockname()[1]
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,

@@ -18,20 +18,20 @@ from ..models.model_facts import kv_cache_bytes, trained_context
 from ..models.pairing import check_pair
 from ..models.registry import load_registry
 from ..models.resolve import resolve_model
-from ..spec.drafters import HybridDrafter, ModelDrafter, PromptLookup
-from ..spec.reindent import Indents
-from ..spec.suffix import SuffixCache
-from ..spec.types import NO_DRAFTER, Controller, Drafter
+from ..speculative.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from ..speculative.reindent import Indents
+from ..speculative.suffix import SuffixCache
+from ..speculative.types import NO_DRAFTER, Controller, Drafter
 from ..tuning.calibration import Calibration
 from ..tuning.controller import DEFAULT_K, K_MAX, K_MAX_LOOKUP, K_MIN, Adaptive, FixedK, k_range
 from ..tuning.threads import ThreadControl
-from .session import Engine
+from .engine import Engine
 
 DEFAULT_CTX = 4096
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineConfig:
     """What to load. `draft` is a model name/path, LOOKUP, NO_DRAFTER, or None for the registry's pairing."""
 
     model: str | None = None
@@ -52,11 +52,11 @@ class EngineSpec:
     k_max_lookup: int = K_MAX_LOOKUP  # with lookup and k_max left at its default (tuning/controller.k_range)
 
 
-def choose_drafter(spec: EngineSpec, model_name: str) -> tuple[str, int]:
+def choose_drafter(config: EngineConfig, model_name: str) -> tuple[str, int]:
     """(drafter, k): explicit choice first, else what models.toml pairs with the model, else prompt lookup."""
     pair = load_registry().pair_for(model_name)
-    draft = spec.draft or (pair.drafter if pair else LOOKUP)
-    k = spec.k if spec.k is not None else (pair.k if pair else DEFAULT_K)
+    draft = config.draft or (pair.drafter if pair else LOOKUP)
+    k = config.k if config.k is not None else (pair.k if pair else DEFAULT_K)
     return draft, k
 
 
@@ -64,19 +64,19 @@ def _entry_ngl(entry, default: int) -> int:
     return entry.n_gpu_layers if entry is not None and entry.n_gpu_layers is not None else default
 
 
-def _draft_ngl(spec: EngineSpec, target_name: str, draft_ref, ngl: int) -> int:
+def _draft_ngl(config: EngineConfig, target_name: str, draft_ref, ngl: int) -> int:
     """--ngl-draft, else the pair's n_gpu_layers_draft, else the drafter's n_gpu_layers, else --ngl (if given)."""
     pair = load_registry().pair_for(target_name)
-    if spec.ngl is None and pair and pair.drafter == draft_ref.name and pair.n_gpu_layers_draft is not None:
+    if config.ngl is None and pair and pair.drafter == draft_ref.name and pair.n_gpu_layers_draft is not None:
         return pair.n_gpu_layers_draft
-    return spec.ngl if spec.ngl is not None else _entry_ngl(draft_ref.entry, ngl)
+    return config.ngl if config.ngl is not None else _entry_ngl(draft_ref.entry, ngl)
 
 
-def context_length(spec: EngineSpec, ref) -> int:
+def context_length(config: EngineConfig, ref) -> int:
     """--ctx (refused above the trained context), else models.toml's n_ctx or 4096, capped at the trained one."""
-    if spec.n_ctx:
-        check_context(ref.path, ref.name, spec.n_ctx, spec.load)
-        return spec.n_ctx
+    if config.n_ctx:
+        check_context(ref.path, ref.name, config.n_ctx, config.load)
+        return config.n_ctx
     n_ctx = ref.entry.n_ctx if ref.entry and ref.entry.n_ctx else DEFAULT_CTX
     try:
         return min(n_ctx, trained_context(ref.path) or n_ctx)
@@ -97,23 +97,25 @@ def check_context(path, name: str, n_ctx: int, load: LoadOptions) -> None:
                               f"cache of {n_ctx} tokens would take {gb:.1f} GB): use --ctx {trained} or less")
 
 
-def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=print) -> Engine:
+def load_engine(config: EngineConfig, *, controller: Controller | None = None, log=print) -> Engine:
     """Resolve, check, load and calibrate: the Engine a front end generates from."""
     meter = CpuMeter()  # reads the machine while the models load: how busy calibration found it
-    target_ref = resolve_model(spec.model, log=log)
-    if spec.load.rpc_servers:  # a dead or wrong address is one line before any model loads
-        add_rpc_servers(spec.load.rpc_servers)
-    draft, k = choose_drafter(spec, target_ref.name)
-    n_ctx = context_length(spec, target_ref)
-    ngl = spec.ngl if spec.ngl is not None else _entry_ngl(target_ref.entry, 0)
-    opts = replace(spec.load, n_ctx=n_ctx, n_threads=spec.threads, n_gpu_layers=ngl, verbose=spec.verbose)
+    target_ref = resolve_model(config.model, log=log)
+    if config.load.rpc_servers:  # a dead or wrong address is one line before any model loads
+        add_rpc_servers(config.load.rpc_servers)
+    draft, k = choose_drafter(config, target_ref.name)
+    n_ctx = context_length(config, target_ref)
+    ngl = config.ngl if config.ngl is not None else _entry_ngl(target_ref.entry, 0)
+    opts = replace(config.load, n_ctx=n_ctx, n_threads=config.threads, n_gpu_layers=ngl, verbose=config.verbose)
     draft_model: Model | None = None
     if draft not in (LOOKUP, NO_DRAFTER):
         draft_ref = resolve_model(draft, log=log)
         check_drafter(target_ref.path, draft_ref.path, target_name=target_ref.name, drafter_name=draft_ref.name)
-        if spec.n_ctx:
-            check_context(draft_ref.path, draft_ref.name, n_ctx, spec.load)
-        ngl_d = spec.ngl_draft if spec.ngl_draft is not None else _draft_ngl(spec, target_ref.name, draft_ref, ngl)
+        if config.n_ctx:
+            check_context(draft_ref.path, draft_ref.name, n_ctx, config.load)
+        ngl_d = config.ngl_draft
+        if ngl_d is None:
+            ngl_d = _draft_ngl(config, target_ref.name, draft_ref, ngl)
         draft_model = Model.load(draft_ref.path, replace(opts.local(), n_gpu_layers=ngl_d))  # stays local
         draft = draft_ref.name
     target = Model.load(target_ref.path, opts)
@@ -121,34 +123,34 @@ def load_engine(spec: EngineSpec, *, controller: Controller | None = None, log=p
         if m is not None:
             tell_fast_path(m, log)
     template = target_ref.entry.chat_template if target_ref.entry else None
-    return assemble(replace(spec, draft=draft), target, draft_model, name=target_ref.name, template=template, k=k,
+    return assemble(replace(config, draft=draft), target, draft_model, name=target_ref.name, template=template, k=k,
                     meter=meter, controller=controller)
 
 
-def assemble(spec: EngineSpec, target: Model, draft_model: Model | None = None, *, name: str = "",
+def assemble(config: EngineConfig, target: Model, draft_model: Model | None = None, *, name: str = "",
              template: str | None = None, k: int = DEFAULT_K, meter: CpuMeter | None = None,
              controller: Controller | None = None) -> Engine:
     """The Engine over models already loaded: drafter, calibration, γ controller and thread control, built the
     one way every front end gets them (`load_engine`, and the bench, which loads a target once for all its
-    rows). `spec.draft` is resolved here: LOOKUP, NO_DRAFTER, or the name of `draft_model`. FixedK's γ is
-    `spec.k`, else `k` (the registry pair's)."""
-    k = spec.k if spec.k is not None else k
-    draft = spec.draft or NO_DRAFTER
+    rows). `config.draft` is resolved here: LOOKUP, NO_DRAFTER, or the name of `draft_model`. FixedK's γ is
+    `config.k`, else `k` (the registry pair's)."""
+    k = config.k if config.k is not None else k
+    draft = config.draft or NO_DRAFTER
     drafter: Drafter | None = None
     if draft == LOOKUP:
-        drafter = make_lookup(spec, target)
+        drafter = make_lookup(config, target)
     elif draft != NO_DRAFTER:
         if draft_model is None:
             raise ValueError(f"drafter {draft} needs its loaded model")
-        model = ModelDrafter(draft_model, p_min=spec.p_min)
-        drafter = HybridDrafter(make_lookup(spec, target), model) if spec.hybrid else model
-        draft = f"{LOOKUP}+{draft}" if spec.hybrid else draft
-    cal = load_calibration(spec, target, drafter, draft_model, meter)
+        model = ModelDrafter(draft_model, p_min=config.p_min)
+        drafter = HybridDrafter(make_lookup(config, target), model) if config.hybrid else model
+        draft = f"{LOOKUP}+{draft}" if config.hybrid else draft
+    cal = load_calibration(config, target, drafter, draft_model, meter)
     if controller is None and drafter is not None:
-        controller = make_controller(spec, k, drafter, cal)
+        controller = make_controller(config, k, drafter, cal)
     return Engine(target, drafter, controller=controller, name=name,
                   drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
-                  threads=make_threads(spec, target, draft_model, cal, meter))
+                  threads=make_threads(config, target, draft_model, cal, meter))
 
 
 def pair_problems(target: str | Path, drafter: str | Path) -> list[str]:
@@ -178,50 +180,50 @@ def tell_fast_path(model: Model, log=print) -> None:
         log(f"localspec: {notice}")
 
 
-def make_lookup(spec: EngineSpec, target: Model) -> PromptLookup:
+def make_lookup(config: EngineConfig, target: Model) -> PromptLookup:
     """Prompt lookup with its own cross-request cache: one per engine, so per model (token ids are per vocab),
     and the target's indentation tokens (reindented copies)."""
-    return PromptLookup(cache=SuffixCache(spec.lookup_cache) if spec.lookup_cache > 0 else None,
+    return PromptLookup(cache=SuffixCache(config.lookup_cache) if config.lookup_cache > 0 else None,
                         indents=Indents.of(target))
 
 
-def _k_range(spec: EngineSpec, drafter: Drafter | None = None) -> tuple[int, int]:
-    return k_range(drafter.sources if drafter is not None else (), k=spec.k, k_min=spec.k_min, k_max=spec.k_max,
-                   k_max_lookup=spec.k_max_lookup)
+def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int, int]:
+    return k_range(drafter.sources if drafter is not None else (), k=config.k, k_min=config.k_min, k_max=config.k_max,
+                   k_max_lookup=config.k_max_lookup)
 
 
-def load_calibration(spec: EngineSpec, target: Model, drafter: Drafter | None,
+def load_calibration(config: EngineConfig, target: Model, drafter: Drafter | None,
                      draft_model: Model | None, meter: CpuMeter | None = None) -> Calibration | None:
     """One budgeted, cached calibration (calibration.py) seeds both controllers: γ's v and c, and the step
     time per thread count. None when neither needs it (threads pinned and no adaptive drafting). The meter
     says how busy the machine is, so thread times measured on a busy one are not kept for a quiet one."""
-    adaptive = drafter is not None and spec.adaptive
-    if spec.threads and not adaptive:
+    adaptive = drafter is not None and config.adaptive
+    if config.threads and not adaptive:
         return None
     from ..tuning.calibration import calibrate
 
     # off this thread: a server loads on its main thread and decodes on a worker (backend/model.py, "Threads")
-    k_max = _k_range(spec, drafter)[1] if adaptive else 0
+    k_max = _k_range(config, drafter)[1] if adaptive else 0
     return in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model,
-                         threads=spec.threads, others=meter.others if meter is not None else None)
+                         threads=config.threads, others=meter.others if meter is not None else None)
 
 
-def make_threads(spec: EngineSpec, target: Model, draft_model: Model | None,
+def make_threads(config: EngineConfig, target: Model, draft_model: Model | None,
                  cal: Calibration | None, meter: CpuMeter | None = None) -> ThreadControl:
     """`--threads N` pins every phase; else the thread controller starts from the calibrated step times, with a
     CPU meter (started before the models loaded, so the first round already knows whether the machine is busy)."""
-    if spec.threads:
-        return ThreadControl.pinned(target, draft_model, spec.threads)
+    if config.threads:
+        return ThreadControl.pinned(target, draft_model, config.threads)
     return ThreadControl(target, draft_model, prior=cal.threads if cal else None, v=cal.v if cal else (),
                          meter=meter or CpuMeter())
 
 
-def make_controller(spec: EngineSpec, k: int, drafter: Drafter, cal: Calibration | None) -> Controller:
+def make_controller(config: EngineConfig, k: int, drafter: Drafter, cal: Calibration | None) -> Controller:
     """FixedK(k) with adaptive=False; else an `Adaptive` controller seeded by the load-time calibration of
     v(γ) (and c for a model drafter). An explicit -k pins γ but keeps auto-off."""
-    if not spec.adaptive:
+    if not config.adaptive:
         return FixedK(k)
-    k_min, k_max = _k_range(spec, drafter)
+    k_min, k_max = _k_range(config, drafter)
     costs = cal.costs if cal else None
     measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v if cal else (),

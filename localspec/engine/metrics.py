@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from ..spec.types import ControllerState
+from ..speculative.types import ControllerState
 from ..tuning.threads import ThreadState
 from .stats import Stats
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..spec.types import ControllerState
+from ..speculative.types import ControllerState
 
 SPEC, PLAIN, AUTO_OFF = "spec", "plain", "auto-off"
 

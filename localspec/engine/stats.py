@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..spec.types import Step
+from ..speculative.types import Step
 
 
 @dataclass(frozen=True)

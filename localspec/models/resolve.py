@@ -108,22 +108,22 @@ def entry_path(entry: ModelEntry, *, fetch: bool = True, log=print) -> Path:
     return found
 
 
-def resolve_model(spec: str | None, registry: Registry | None = None, *, log=print) -> ResolvedModel:
+def resolve_model(name: str | None, registry: Registry | None = None, *, log=print) -> ResolvedModel:
     """None -> the default model; a registry name; an existing path; or a pulled hub id owner/repo[:QUANT]."""
     reg = registry or load_registry()
-    if spec is None:
-        spec = reg.default
-    entry = reg.models.get(spec)
+    if name is None:
+        name = reg.default
+    entry = reg.models.get(name)
     if entry is not None:
-        return ResolvedModel(spec, entry_path(entry, log=log), entry)
-    p = Path(spec).expanduser()
-    if p.suffix == ".gguf" or p.exists() or os.sep in spec and not hub.looks_like_hub_id(spec):
+        return ResolvedModel(name, entry_path(entry, log=log), entry)
+    p = Path(name).expanduser()
+    if p.suffix == ".gguf" or p.exists() or os.sep in name and not hub.looks_like_hub_id(name):
         return ResolvedModel(p.name, p, None)
-    if hub.looks_like_hub_id(spec):
-        ref = hub.parse_hub_spec(spec)
+    if hub.looks_like_hub_id(name):
+        ref = hub.parse_hub_spec(name)
         found = hub.cached_path(ref)
         if found is None:
-            raise ModelNotFound(f"'{spec}' is not downloaded; run 'localspec models pull {spec}'")
-        return ResolvedModel(spec, found, None)
-    raise ModelNotFound(f"unknown model '{spec}'; 'localspec models list' shows the names, or pass a .gguf path")
+            raise ModelNotFound(f"'{name}' is not downloaded; run 'localspec models pull {name}'")
+        return ResolvedModel(name, found, None)
+    raise ModelNotFound(f"unknown model '{name}'; 'localspec models list' shows the names, or pass a .gguf path")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from typing import Callable, Sequence
 
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from .app import create_app
 from .common import ServerConfig
 

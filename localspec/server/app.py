@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
 from . import llamacpp, ollama, openai
 from .common import ApiError, ClientGone, ServerConfig, State

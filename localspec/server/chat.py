@@ -10,7 +10,7 @@ llama-server: only the last one could be continued.
 
 from __future__ import annotations
 
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from .common import ApiError, chat_prompt, chat_text
 from .schemas import OAIChatRequest
 

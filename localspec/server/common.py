@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import Request
 
-from ..engine.session import Chunk, Engine
+from ..engine.engine import Chunk, Engine
 from ..engine.stats import Stats
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
@@ -286,7 +286,7 @@ def speculative(state: State, run: "Run") -> dict[str, Any]:
 def _no_draft_reason(state: State, started: Started | None) -> str:
     if started is None:
         return "not started"
-    if not started.spec:
+    if not started.speculate:
         return started.reason
     reason = state.engine.controller.state().spec_disabled_reason
     if reason:
@@ -304,7 +304,7 @@ def chat_text(content: str | list[dict[str, Any]] | None) -> str:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, str]]) -> tuple[str, bool]:
-    from ..engine.session import ChatTemplateError
+    from ..engine.engine import ChatTemplateError
 
     try:
         return engine.chat_prompt(messages), False

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..engine.session import Chunk, Engine
+from ..engine.engine import Chunk, Engine
 from ..errors import LocalspecError
 from ..sampling.logprobs import TokenLogprob
 from .chat import chat_messages_prompt
@@ -307,7 +307,7 @@ def generation_settings(state: State, run: Run, req: CompletionRequest) -> dict[
              n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms, return_tokens=req.return_tokens,
              timings_per_token=req.timings_per_token, post_sampling_probs=req.post_sampling_probs,
              speculative={"drafter": state.engine.drafter_name, "k": spec_policy(state.engine)[0],
-                          "allowed": bool(run.started and run.started.spec)})
+                          "allowed": bool(run.started and run.started.speculate)})
     return d
 
 

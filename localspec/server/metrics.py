@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from ..engine.session import Chunk
+from ..engine.engine import Chunk
 from .worker import Job, Started
 
 # tokens/s histogram buckets (upper bounds)
@@ -42,7 +42,7 @@ class Metrics:
             if error is not None:
                 self.errors += 1
             if started is not None:
-                if started.spec:
+                if started.speculate:
                     self.spec_on += 1
                 else:
                     self.spec_off += 1

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from .common import Run, State, chat_prompt, sampling, speculative, stops
 from .fim import FimTokens, build_infill, require_fim
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions, OllamaShowRequest

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from ..errors import LocalspecError
 from ..sampling.logprobs import TokenLogprob
 from .chat import chat_messages_prompt, system_tokens

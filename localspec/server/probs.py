@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from ..sampling.logprobs import TokenLogprob
 from ..sampling.params import SamplingParams
 

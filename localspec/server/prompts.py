@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from .common import ApiError
 from .schemas import MAX_PROMPTS
 

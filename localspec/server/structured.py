@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ..backend import json_schema_grammar
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from ..sampling.constrain import build_constraint
 from .common import ApiError
 

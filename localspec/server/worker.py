@@ -20,7 +20,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..engine.session import Chunk, Engine
+from ..engine.engine import Chunk, Engine
 from ..engine.stats import Stats
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
@@ -44,7 +44,7 @@ class Started:
     """First event of a job: the prompt is built and fits; generation begins."""
 
     n_prompt_tokens: int
-    spec: bool  # speculation allowed for this job (drafts may still not be made: see Stats.draft_n)
+    speculate: bool  # speculation allowed for this job (drafts may still not be made: see Stats.draft_n)
     reason: str  # why it is off ("" when on)
     truncated: bool = False
     queued_ms: float = 0.0
@@ -73,7 +73,7 @@ class Job:
     params: SamplingParams = SamplingParams()
     max_tokens: int = 256
     stop: Sequence[str] = ()
-    spec: bool = True  # the client's wish; load may still turn it off
+    speculate: bool = True  # the client's wish; load may still turn it off
     context_shift: bool = False  # --context-shift: a full context drops old tokens and goes on
     n_keep: int = 0  # tokens a shift keeps from the start (-1: the whole prompt)
     live: bool = True  # False (an answer sent whole): events reach the event loop at the end, in one wake-up
@@ -170,15 +170,15 @@ class Worker:
             if job.cancelled.is_set():
                 return
             waiting = self._jobs.qsize()
-            spec, reason = self._speculate(job, waiting)
+            speculate, reason = self._speculate(job, waiting)
             prompt, truncated = job.build(self.engine)
             tokens = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
             if len(tokens) >= self.engine.target.n_ctx:
                 raise ExceedContext(len(tokens), self.engine.target.n_ctx)
-            started = Started(len(tokens), spec, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3,
+            started = Started(len(tokens), speculate, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3,
                               tuple(tokens))
             gen = self.engine.generate(tokens, params=job.params, max_tokens=job.max_tokens, stop=job.stop,
-                                       spec=spec, should_stop=job.cancelled.is_set,
+                                       speculate=speculate, should_stop=job.cancelled.is_set,
                                        context_shift=job.context_shift, n_keep=job.n_keep)
             first = True
             with closing(gen):  # leaving early (job.until) rewinds the caches now
@@ -209,7 +209,7 @@ class Worker:
     def _speculate(self, job: Job, waiting: int) -> tuple[bool, str]:
         if self.engine.drafter is None:
             return False, "no drafter (--no-spec)"
-        if not job.spec:
+        if not job.speculate:
             return False, "off by request"
         if waiting > self.spec_max_queue:
             return False, f"queue {waiting} > {self.spec_max_queue}"

@@ -16,7 +16,7 @@ from ..engine.outcome import PLAIN, SPEC, request_mode
 from ..engine.stats import Stats
 
 if TYPE_CHECKING:
-    from ..spec.types import ControllerState
+    from ..speculative.types import ControllerState
     from ..tuning.threads import ThreadState
     from .stream import Update
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from functools import partial
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -28,10 +28,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from ..engine.session import Engine
+from ..engine.engine import Engine
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
-from ..spec.types import ControllerState
+from ..speculative.types import ControllerState
 from ..tuning.threads import ThreadState
 from .controls import AUTO, OFF, ON, SpecControls, SpecStatus
 from .messages import EngineFailed, EngineReady, LoadProgress
@@ -42,6 +42,9 @@ from .widgets.chat import Chat
 from .widgets.conversation_list import ConversationList
 from .widgets.prompt_input import PromptInput
 from .widgets.stats_panel import StatsPanel
+
+if TYPE_CHECKING:
+    from ..engine.loader import EngineConfig
 
 NEEDS_ENGINE = ("new_chat", "regenerate", "cycle_spec", "spec", "cycle_k", "set_k", "copy_last", "toggle_colour")
 
@@ -63,14 +66,14 @@ class ChatApp(App):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, engine: Engine | None = None, *, spec=None, system: str | None = None,
+    def __init__(self, engine: Engine | None = None, *, config: EngineConfig | None = None, system: str | None = None,
                  params: SamplingParams = SamplingParams(), max_tokens: int = 1024,
                  store_path: Path | None = None, coloured: bool = True, metrics_log=None,
                  task: str | None = None) -> None:
-        """Pass a built `engine` (tests, embedding), or an `EngineSpec` to load in a worker (the CLI)."""
+        """Pass a built `engine` (tests, embedding), or an `EngineConfig` to load in a worker (the CLI)."""
         super().__init__()
         self.engine = engine
-        self.spec = spec
+        self.config = config
         self._owns_engine = engine is None
         self.store_path = store_path
         self._lock = threading.Lock()
@@ -99,16 +102,16 @@ class ChatApp(App):
         if self.engine is not None:
             self._engine_ready(self.engine)
         else:
-            name = getattr(self.spec, "model", None) or "the default model"
+            name = getattr(self.config, "model", None) or "the default model"
             self.push_screen(LoadingScreen(name))
             self.load()
 
     @work(thread=True, exclusive=True, group="load")
     def load(self) -> None:
-        from ..engine.loader import EngineSpec, load_engine
+        from ..engine.loader import EngineConfig, load_engine
 
         try:
-            engine = load_engine(self.spec or EngineSpec(), log=lambda m: self.post_message(LoadProgress(str(m))))
+            engine = load_engine(self.config or EngineConfig(), log=lambda m: self.post_message(LoadProgress(str(m))))
         except LocalspecError as e:
             self.post_message(EngineFailed(str(e), e.exit_code))
         except Exception as e:  # llama.cpp or the file system said no: still one line, in the app
@@ -159,7 +162,7 @@ class ChatApp(App):
             return
         event.input.value = ""
         self.query_one(PromptInput).remember(text)
-        await self.chat.send(text, spec=self.controls.drafting)
+        await self.chat.send(text, speculate=self.controls.drafting)
 
     @property
     def generating(self) -> bool:
@@ -217,7 +220,7 @@ class ChatApp(App):
     async def action_regenerate(self) -> None:
         if self.generating:
             self.notify("still answering; Esc stops it", severity="warning")
-        elif not await self.chat.regenerate(spec=self._controls.drafting):
+        elif not await self.chat.regenerate(speculate=self._controls.drafting):
             self.notify("no answer to regenerate", severity="warning")
 
     async def action_new_chat(self) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..spec.types import NO_DRAFTER, ControllerState
+from ..speculative.types import NO_DRAFTER, ControllerState
 from ..tuning.controller import DEFAULT_K, FixedK
 
 if TYPE_CHECKING:
-    from ..engine.session import Engine
+    from ..engine.engine import Engine
 
 AUTO, ON, OFF = "auto", "on", "off"
 K_STEPS = (1, 2, 3, 4, 6, 8)  # what ctrl+k cycles through (then back to auto, where the session has it)
@@ -65,7 +65,7 @@ class SpecControls:
 
     @property
     def drafting(self) -> bool:
-        """Whether the next answer runs with the drafter (`Engine.generate(spec=...)`)."""
+        """Whether the next answer runs with the drafter (`Engine.generate(speculate=...)`)."""
         return self.setting != OFF
 
     @property

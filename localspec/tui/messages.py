@@ -16,7 +16,7 @@ from textual.message import Message
 from .stream import Update
 
 if TYPE_CHECKING:
-    from ..engine.session import Engine
+    from ..engine.engine import Engine
 
 
 @dataclass

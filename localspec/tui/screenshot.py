@@ -18,10 +18,10 @@ PROMPTS = ("Write a haiku about the sea.", None,  # None: ctrl+n, a new chat
 
 
 async def capture(out_dir: str, *, after_tokens: int = 60) -> str:
-    from ..engine.loader import EngineSpec, load_engine
+    from ..engine.loader import EngineConfig, load_engine
     from .app import ChatApp
 
-    engine = load_engine(EngineSpec(threads=1, n_ctx=2048, adaptive=False), log=print)
+    engine = load_engine(EngineConfig(threads=1, n_ctx=2048, adaptive=False), log=print)
     app = ChatApp(engine, max_tokens=400)
     async with app.run_test(size=(150, 44)) as pilot:
         async def wait(cond) -> None:

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 from ..engine.outcome import request_mode
 from ..engine.stats import Stats
 from ..sampling.params import SamplingParams
-from ..spec.types import NO_DRAFTER
+from ..speculative.types import NO_DRAFTER
 
 if TYPE_CHECKING:
+    from ..engine.engine import Chunk, Engine
     from ..engine.metrics import MetricsLog
-    from ..engine.session import Chunk, Engine
-    from ..spec.types import ControllerState
+    from ..speculative.types import ControllerState
     from ..tuning.threads import ThreadState
 
 INTERVAL = 0.05  # seconds between UI updates: <= 20 repaints per second
@@ -136,7 +136,7 @@ class Batcher:
 
 
 def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = SamplingParams(),
-                   max_tokens: int = 512, spec: bool = True, should_stop: Callable[[], bool] | None = None,
+                   max_tokens: int = 512, speculate: bool = True, should_stop: Callable[[], bool] | None = None,
                    metrics_log: "MetricsLog | None" = None, task: str | None = None,
                    interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> Iterator[Update]:
     """Run one request on the calling thread; yield batched Updates, the last one with `finish` set; then, with
@@ -145,11 +145,11 @@ def stream_updates(engine: "Engine", prompt: str, *, params: SamplingParams = Sa
     batcher = Batcher(interval=interval, clock=clock)
     piece = engine.target.piece
     ctl, threads = engine.controller, engine.threads
-    drafting = spec and engine.drafter is not None
+    drafting = speculate and engine.drafter is not None
     before = ctl.state() if drafting else None
     threads_before = threads.state() if threads else None
     upd = None
-    for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, spec=spec, controller=ctl,
+    for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, speculate=speculate, controller=ctl,
                                  should_stop=should_stop):
         accepted = b"".join(piece(t) for t in chunk.step.tokens[:chunk.step.accepted])
         batcher.add(chunk, accepted.decode("utf-8", errors="ignore"))

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from ..engine.outcome import AUTO_OFF, PLAIN, SPEC
 from ..engine.stats import Stats
-from ..spec.types import NO_DRAFTER
+from ..speculative.types import NO_DRAFTER
 from .answer import AnswerStats
 
 

@@ -29,12 +29,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..models import LOOKUP
-from ..spec.types import ControllerState
+from ..speculative.types import ControllerState
 from .estimate import SourceEstimate
 from .rate import best_k, v_at
 
 if TYPE_CHECKING:
-    from ..spec.types import Step
+    from ..speculative.types import Step
 
 
 DEFAULT_K = 4  # the draft length when nothing else decides it (no pair, no -k, adaptive off)

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..backend import Model
 from ..sampling.params import SamplingParams
-from ..spec.drafters import PromptLookup
+from ..speculative.drafters import PromptLookup
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the calibration loop times a few decodes."
 

@@ -38,7 +38,7 @@ from ..backend.machine import CpuMeter, cpu_count, free_cores
 from .rate import v_at
 
 if TYPE_CHECKING:
-    from ..spec.types import Step
+    from ..speculative.types import Step
 
 PHASES = ("target", "draft", "prompt")
 def candidates(cores: int) -> list[int]:
@@ -347,7 +347,7 @@ class ThreadControl:
         if self.pinned_n is not None:
             return
         if step.n_prompt > 8 and step.t_prompt > 0 and step.t_verify > 0:  # a prompt long enough to time per token,
-            # in a pass of its own (a short tail shares the first verify pass: spec/loop.py's MERGE_MAX)
+            # in a pass of its own (a short tail shares the first verify pass: speculative/loop.py's MERGE_MAX)
             self._feed("prompt", step.t_prompt / (step.n_prompt - 1))
         if prompt_only:
             return

@@ -21,7 +21,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.worker import get_current_worker
 
-from ...engine.session import ChatTemplateError, Engine
+from ...engine.engine import ChatTemplateError, Engine
 from ...engine.stats import Stats
 from ...errors import LocalspecError
 from ...sampling.params import SamplingParams
@@ -83,17 +83,17 @@ class Chat(Vertical):
         return bool(self.running)
 
     # -- a turn: send -> worker -> Generated* -> GenerationEnded ----------------------------------------------
-    async def send(self, text: str, *, spec: bool) -> None:
-        """Add the user's message and start the answer; `spec`: with the drafter (the speculation setting)."""
+    async def send(self, text: str, *, speculate: bool) -> None:
+        """Add the user's message and start the answer; `speculate`: with the drafter (the speculation setting)."""
         assert self.engine is not None and self.store is not None
         if self.conv_id is None:
             self.conv_id = self.store.new_conversation(text[:60], model=self.engine.name, system=self.system or "")
         self.store.add_message(self.conv_id, "user", text)
         self.post_message(self.Saved(self.conv_id))
         self.history.append({"role": "user", "content": text})
-        await self._answer([UserMessage(text)], spec)
+        await self._answer([UserMessage(text)], speculate)
 
-    async def regenerate(self, *, spec: bool) -> bool:
+    async def regenerate(self, *, speculate: bool) -> bool:
         """Answer the last message again (LM Studio's and Open WebUI's "regenerate"): its answer leaves the log,
         the history and the saved chat. The engine's cross-request cache keeps it, but at the chat's sampling a
         new answer soon goes its own way (docs/bench/lookup.md, "Match buckets and the cache").
@@ -108,10 +108,10 @@ class Chat(Vertical):
         if self.conv_id is not None:
             self.store.drop_last_answer(self.conv_id)
         await last.remove()
-        await self._answer([], spec)
+        await self._answer([], speculate)
         return True
 
-    async def _answer(self, before: list, spec: bool) -> None:
+    async def _answer(self, before: list, speculate: bool) -> None:
         """Show `before` and an empty answer under it, and start writing the answer to the history."""
         log = self.query_one("#log", VerticalScroll)
         self.current = AssistantMessage(coloured=self.coloured, meta="… (Esc stops)")
@@ -120,10 +120,10 @@ class Chat(Vertical):
         self.gen_id += 1
         self.running.add(self.gen_id)
         msgs = ([{"role": "system", "content": self.system}] if self.system else []) + list(self.history)
-        self.generate(self.gen_id, msgs, spec)
+        self.generate(self.gen_id, msgs, speculate)
 
     @work(thread=True, exclusive=True, group="generate")
-    def generate(self, gen_id: int, messages: list[dict], spec: bool) -> None:
+    def generate(self, gen_id: int, messages: list[dict], speculate: bool) -> None:
         worker = get_current_worker()
         engine = self.engine
         assert engine is not None
@@ -131,7 +131,7 @@ class Chat(Vertical):
             with self.engine_lock:
                 prompt = engine.chat_prompt(messages)
                 for upd in stream_updates(engine, prompt, params=self.params, max_tokens=self.max_tokens,
-                                          spec=spec, should_stop=lambda: worker.is_cancelled,
+                                          speculate=speculate, should_stop=lambda: worker.is_cancelled,
                                           metrics_log=self.metrics_log, task=self.task_label):
                     self.post_message(Generated(gen_id, upd))
         except (LocalspecError, ChatTemplateError) as e:

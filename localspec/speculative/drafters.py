@@ -56,7 +56,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class PromptLookup:
     """Prompt lookup decoding (Saxena 2023), match-aware: find the longest earlier occurrence of the context's
-    ending (most recent first, from an index kept as tokens arrive: spec/suffix.py) and propose the tokens
+    ending (most recent first, from an index kept as tokens arrive: speculative/suffix.py) and propose the tokens
     that followed it. Free, and strong on edits, RAG and extraction.
 
     The match length names the draft's source, a bucket the controller keeps its own acceptance for
@@ -69,7 +69,7 @@ class PromptLookup:
     matches cost more than they gained: docs/bench/lookup.md, "Match buckets and the cache"). A long match whose
     occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
     end of the context. With the target's `Indents`, a match at least `verbatim_at` long and `reindent_margin`
-    longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, spec/reindent.py;
+    longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, speculative/reindent.py;
     not shorter: such matches are still learning the nesting's period, fail, and switch the bucket off). The context is
     handed to the cache when a request rewinds past it. Where a template's slot broke the match (a list number, a
     name), a match across that one token at least `gap_margin` longer than the plain one is `LOOKUP_GAPPED`

@@ -20,8 +20,8 @@ from typing import Callable, Generator, Sequence
 from ..backend import Model
 from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
-from ..spec.loop import generate
-from ..spec.types import NO_DRAFTER, Controller, Drafter, Step
+from ..speculative.loop import generate
+from ..speculative.types import NO_DRAFTER, Controller, Drafter, Step
 from ..tuning.controller import DEFAULT_K, FixedK
 from ..tuning.threads import ThreadControl
 from .outcome import Outcome, outcome
@@ -144,7 +144,7 @@ class Engine:
         return toks
 
     def generate(self, prompt: str | Sequence[int], *, params: SamplingParams = SamplingParams(),
-                 max_tokens: int = 256, stop: Sequence[str] = (), spec: bool = True,
+                 max_tokens: int = 256, stop: Sequence[str] = (), speculate: bool = True,
                  controller: Controller | None = None, should_stop: Callable[[], bool] | None = None,
                  context_shift: bool = False, n_keep: int = 0) -> Generator[Chunk, None, None]:
         """Stream a completion. Closing the iterator early (or `should_stop()` turning true) ends generation
@@ -152,7 +152,7 @@ class Engine:
         tokens and goes on (`_shifting`), keeping the first `n_keep` (-1: the whole prompt)."""
         t_start = time.perf_counter()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        drafter = self.drafter if spec else None
+        drafter = self.drafter if speculate else None
         counter = StatsCounter(t_start)
         text = TextStream(stop)
         ctl = controller or self.controller
