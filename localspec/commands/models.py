@@ -17,13 +17,9 @@ from .common import FullHelpGroup, friendly_errors, log_err
 
 
 def _human(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return "-"
+    from ..models.catalog import human_size  # the registry loads only when a subcommand runs
+
+    return human_size(n)
 
 
 def _local_path(spec: str):
@@ -52,26 +48,12 @@ def models() -> None:
 @friendly_errors
 def list_(as_json: bool) -> None:
     """Every registry model: source, size, quant, arch, whether it is on disk, and its pairs."""
-    from ..errors import LocalspecError
-    from ..models.hub import quant_of
-    from ..models.model_facts import quick_facts
-    from ..models.registry import load_registry
-    from ..models.resolve import entry_path
+    from ..models.catalog import catalog
 
-    reg = load_registry()
-    rows: list[dict[str, Any]] = []
-    for name, e in reg.models.items():
-        try:
-            path = entry_path(e, fetch=False)
-            facts = quick_facts(path)
-        except LocalspecError:
-            path, facts = None, {}
-        quant = facts.get("quant") or e.quant or (quant_of(e.file or e.package or e.path or "") if
-                                                   (e.file or e.package or e.path) else None)
-        pairs = [p.name for p in reg.pairs_with(name)]
-        rows.append({"name": name, "source": e.source_text, "size_bytes": facts.get("size_bytes"),
-                     "quant": quant, "arch": facts.get("arch"), "present": path is not None,
-                     "path": str(path) if path else None, "pairs": pairs, "default": name == reg.default})
+    rows: list[dict[str, Any]] = [
+        {"name": k.name, "source": k.entry.source_text, "size_bytes": k.size_bytes, "quant": k.quant, "arch": k.arch,
+         "present": k.present, "path": str(k.path) if k.path else None, "pairs": list(k.pairs), "default": k.default}
+        for k in catalog()]
     if as_json:
         for r in rows:
             click.echo(json.dumps(r))
