@@ -28,6 +28,7 @@ class Known:
     drafter: str  # the drafter it loads with: its pair's, else prompt lookup
     pairs: tuple[str, ...]  # the pairs it is part of (as target or drafter)
     default: bool
+    problem: str | None = None  # why a file that is there cannot be used (not a GGUF, truncated)
 
     @property
     def present(self) -> bool:
@@ -41,14 +42,19 @@ def _quant(e: ModelEntry, facts: dict) -> str | None:
 
 def known(name: str, reg: Registry) -> Known:
     e = reg.models[name]
+    path: Path | None = None
+    facts: dict = {}
+    problem = None
     try:
-        path: Path | None = entry_path(e, fetch=False)
-        facts = quick_facts(path) if path else {}
-    except LocalspecError:  # not downloaded, not assembled, or a damaged file: listed as absent
-        path, facts = None, {}
+        path = entry_path(e, fetch=False)
+        facts = quick_facts(path)
+    except LocalspecError as err:  # not downloaded or not assembled (absent), or a damaged file (a problem)
+        problem = str(err) if path is not None else None
+        path = None
     pair = reg.pair_for(name)
     return Known(name, e, path, facts.get("size_bytes"), _quant(e, facts), facts.get("arch"),
-                 pair.drafter if pair else LOOKUP, tuple(p.name for p in reg.pairs_with(name)), name == reg.default)
+                 pair.drafter if pair else LOOKUP, tuple(p.name for p in reg.pairs_with(name)), name == reg.default,
+                 problem)
 
 
 def catalog(registry: Registry | None = None) -> list[Known]:

@@ -9,14 +9,17 @@ The app is the wiring: the layout, the keys, loading the models, and the saved-c
 - `widgets/stats_panel.py`: renders the `AnswerStats`, the controls' `SpecStatus` and the engine's `ThreadState`
   (thread counts in use and why they changed); it never reads the engine.
 - `palette.py`: the command palette entries, as (title, help, action) data.
+- `screens/models.py` `ModelPicker` (ctrl+o): switch models without restarting; the chat goes on with the new one.
 
-Threading: the models load in a thread worker (`load`), answers are generated in the Chat's thread worker, and the
-UI thread never calls the model. One lock serialises workers on the engine; closing the app waits for it.
+Threading: the models load in a thread worker (`load`; after a switch it first closes the old engine), answers
+are generated in the Chat's thread worker, and the UI thread never calls the model. One lock serialises workers on
+the engine; closing the app waits for it.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -30,13 +33,15 @@ from textual.widgets import Footer, Header
 
 from ..engine.engine import Engine
 from ..errors import LocalspecError
+from ..models import LOOKUP
 from ..sampling.params import SamplingParams
-from ..speculative.types import ControllerState
+from ..speculative.types import NO_DRAFTER, ControllerState
 from ..tuning.threads import ThreadState
 from .controls import AUTO, OFF, ON, SpecControls, SpecStatus
 from .messages import EngineFailed, EngineReady, LoadProgress
 from .palette import chat_commands
 from .screens.loading import LoadingScreen
+from .screens.models import ModelPicker
 from .store import ChatStore
 from .widgets.chat import Chat
 from .widgets.conversation_list import ConversationList
@@ -61,6 +66,7 @@ class ChatApp(App):
         Binding("ctrl+t", "toggle_colour", "Colour drafts", priority=True),
         Binding("ctrl+y", "copy_last", "Copy answer", priority=True),
         Binding("ctrl+b", "toggle_sidebar", "Chats", priority=True),
+        Binding("ctrl+o", "pick_model", "Models", priority=True),
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+c", "stop_or_hint", "Stop", show=False, priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -107,9 +113,12 @@ class ChatApp(App):
             self.load()
 
     @work(thread=True, exclusive=True, group="load")
-    def load(self) -> None:
+    def load(self, previous: Engine | None = None) -> None:
         from ..engine.loader import EngineConfig, load_engine
 
+        if previous is not None:  # a switch: the old model's memory is freed before the new one loads
+            with self._lock:
+                previous.close()
         try:
             engine = load_engine(self.config or EngineConfig(), log=lambda m: self.post_message(LoadProgress(str(m))))
         except LocalspecError as e:
@@ -132,6 +141,44 @@ class ChatApp(App):
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         self._engine_ready(msg.engine)
+
+    # -- switching models -----------------------------------------------------------------------------------
+    def action_pick_model(self) -> None:
+        if self.generating:
+            self.notify("still answering; Esc stops it", severity="warning")
+            return
+        self._open_picker()
+
+    @work(thread=True, exclusive=True, group="catalog")
+    def _open_picker(self) -> None:
+        """The registry and the GGUF headers are read off the UI thread."""
+        from ..models.catalog import catalog
+
+        try:
+            models = catalog()
+        except LocalspecError as e:
+            self.call_from_thread(self.notify, str(e), severity="error")
+            return
+        current = self.engine.name if self.engine is not None else None
+        self.call_from_thread(self.push_screen, ModelPicker(models, current), self.switch_model)
+
+    def switch_model(self, name: str | None) -> None:
+        """Unload the current engine and load `name` with the same options. A model drafter given with --draft
+        is dropped (it may not share the new model's tokenizer): the new model's pair, else prompt lookup."""
+        from ..engine.loader import EngineConfig
+
+        if name is None or self.generating:
+            return
+        config = self.config or EngineConfig()
+        keep = config.draft in (LOOKUP, NO_DRAFTER)
+        self.config = replace(config, model=name, draft=config.draft if keep else None)
+        previous = self.engine if self._owns_engine else None  # an engine handed in belongs to its caller
+        self.engine = self.chat.engine = None
+        self.controls = None
+        self._owns_engine = True
+        self.refresh_bindings()
+        self.push_screen(LoadingScreen(name, back="pick_model"))
+        self.load(previous)
 
     def _engine_ready(self, engine: Engine) -> None:
         self.engine = self.chat.engine = engine

@@ -26,6 +26,7 @@ class Command(NamedTuple):
 def chat_commands(controls: SpecControls | None) -> Iterator[Command]:
     yield Command("New chat", "Start a new conversation (ctrl+n)", "new_chat")
     yield Command("Regenerate", "Answer the last message again (ctrl+r)", "regenerate")
+    yield Command("Switch model", "Load another model from the registry; the chat goes on (ctrl+o)", "pick_model")
     choices = controls.choices if controls is not None else ()
     for setting in choices:
         now = " (now)" if controls is not None and controls.setting == setting else ""

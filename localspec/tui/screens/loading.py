@@ -1,7 +1,7 @@
 """Shown while the models load (in a thread worker), so the terminal never looks frozen.
 
 A load error (missing model, incompatible drafter) replaces the spinner with the one-line message and
-what to do; no traceback.
+what to do; no traceback. After a model switch, Esc on a failed load goes back to the model picker.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ class LoadingScreen(Screen):
     LoadingScreen.-failed LoadingIndicator { display: none; }
     """
 
-    BINDINGS = [Binding("q,escape", "app.quit", "Quit")]
+    BINDINGS = [Binding("q", "app.quit", "Quit"), Binding("escape", "back", "Back")]
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, back: str | None = None) -> None:
+        """`back`: the app action Esc runs after a failed load (None: Esc quits, as at start-up)."""
         super().__init__()
         self.what = what
+        self.back = back
         self.failed: str | None = None
 
     def compose(self) -> ComposeResult:
@@ -40,10 +42,19 @@ class LoadingScreen(Screen):
             yield LoadingIndicator()
             yield Log(id="progress")
             yield Label("", id="error", markup=False)
-            yield Label("Press q to quit, fix the option, and start again.", id="hint")
+            hint = "Esc: pick another model · q: quit" if self.back else (
+                "Press q to quit, fix the option, and start again.")
+            yield Label(hint, id="hint")
 
     def progress(self, line: str) -> None:
         self.query_one("#progress", Log).write_line(line)
+
+    async def action_back(self) -> None:
+        if self.back is None or self.failed is None:
+            self.app.exit()
+            return
+        self.app.pop_screen()
+        await self.app.run_action(self.back)
 
     def fail(self, error: str) -> None:
         self.failed = error
