@@ -11,8 +11,7 @@
   costs                   (one subprocess per model) localspec's calibration and every γ timed
   report                  everything measured so far -> OUT/gpu_check.json and OUT/gpu_check.md
 
-Placement is read from llama.cpp's own load log (`localspec run --verbose`): per load, "offloaded N/M layers
-to GPU" (GPU builds only), "layer i assigned to device X", "X model buffer size", "X KV buffer size".
+Placement is read from llama.cpp's own load log (`localspec run --verbose`, localspec/bench/loadlog.py).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -79,65 +77,6 @@ def _run(cmd: list[str], *, timeout: float = 600, env: dict | None = None) -> su
 
 def _threads() -> int:
     return os.cpu_count() or 1
-
-
-# -- llama.cpp's load log --------------------------------------------------------------------------------------
-
-_LOAD = re.compile(r"loaded meta data with \d+ key-value pairs and \d+ tensors from (.+?) \(version")
-_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-_LAYER = re.compile(r"layer +(\d+) assigned to device (\S+?),")
-_MODEL_BUF = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
-_KV_BUF = re.compile(r"llama_kv_cache: +(\S+) KV buffer size = +([\d.]+) MiB")
-_COMPUTE_BUF = re.compile(r"sched_reserve: +(\S+) compute buffer size = +([\d.]+) MiB")
-
-
-def parse_load_log(text: str) -> list[dict]:
-    """One dict per model load, in load order: path, layers offloaded (GPU builds), the device of every layer,
-    model buffers (MiB per buffer type), KV cache and compute buffers (first context of that load)."""
-    loads: list[dict] = []
-    cur: dict | None = None
-    for line in text.splitlines():
-        if m := _LOAD.search(line):
-            cur = {"path": m.group(1), "offloaded": None, "layers": {}, "model_buffers": {}, "kv_buffers": {},
-                   "compute_buffers": {}}
-            loads.append(cur)
-            continue
-        if cur is None:
-            continue
-        if m := _OFFLOADED.search(line):
-            cur["offloaded"] = [int(m.group(1)), int(m.group(2))]
-        elif m := _LAYER.search(line):
-            cur["layers"][int(m.group(1))] = m.group(2)
-        elif m := _MODEL_BUF.search(line):
-            cur["model_buffers"][m.group(1)] = float(m.group(2))
-        elif (m := _KV_BUF.search(line)) and not cur.get("_kv_done"):
-            cur["kv_buffers"][m.group(1)] = float(m.group(2))
-        elif (m := _COMPUTE_BUF.search(line)) and not cur.get("_compute_done"):
-            cur["compute_buffers"][m.group(1)] = float(m.group(2))
-            cur["_kv_done"] = cur["_compute_done"] = True  # later contexts (flash-attention timing) repeat these
-    for d in loads:
-        d.pop("_kv_done", None)
-        d.pop("_compute_done", None)
-        devs = sorted(set(d["layers"].values()))
-        d["layer_devices"] = {dev: sum(1 for v in d["layers"].values() if v == dev) for dev in devs}
-        d["n_layers"] = len(d["layers"])
-        d.pop("layers")
-    return loads
-
-
-def placement_ok(load: dict, gpu: bool) -> tuple[bool, str]:
-    """All layers and the KV cache on one CUDA device (gpu), or all on the CPU."""
-    devs, kv, off = load["layer_devices"], load["kv_buffers"], load["offloaded"]
-    if gpu:
-        cuda_layers = sum(n for dev, n in devs.items() if dev.startswith("CUDA"))
-        ok = (off is not None and off[0] == off[1] and cuda_layers == load["n_layers"] > 0
-              and any(k.startswith("CUDA") for k in kv) and not any(k.startswith("CPU") for k in kv)
-              and any(k.startswith("CUDA") for k in load["model_buffers"]))
-    else:
-        ok = set(devs) == {"CPU"} and set(kv) <= {"CPU"} and bool(kv)
-    how = (f"offloaded {off[0]}/{off[1]}" if off else "no offload line") + \
-        f"; layers {devs}; KV {kv}; model buffers {load['model_buffers']}"
-    return ok, how
 
 
 # -- subcommands -----------------------------------------------------------------------------------------------
@@ -217,15 +156,6 @@ def _tokens(path: str, texts: list[str]) -> list[list[int]]:
         llm.close()
 
 
-def _agree(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _localspec_run(model: str, args: list[str], n: int = 64) -> tuple[dict | None, str, int]:
     p = _run([_bin("localspec"), "run", "--model", model, "--json", "-n", str(n), "--ctx", "2048", *args, PROMPT])
     try:
@@ -241,6 +171,9 @@ _RUN_KEYS = ("text", "tokens", "model", "drafter", "mode", "k", "tokens_per_seco
 
 def offload_checks(models: dict[str, str], smol: str, target: str, gpu: bool, work: Path) -> dict:
     """Placement, CPU vs GPU greedy text, and the drafter's placement with --ngl-draft."""
+    from localspec.bench.loadlog import parse_load_log, placement_ok
+    from localspec.speculative.drafters import common_prefix
+
     res: dict = {"models": {}, "draft": {}}
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
@@ -257,7 +190,7 @@ def offload_checks(models: dict[str, str], smol: str, target: str, gpu: bool, wo
                  "cpu_run": {k: cpu_run.get(k) for k in _RUN_KEYS} if cpu_run else None}
         if gpu_run and cpu_run:
             ta, tb = _tokens(path, [gpu_run["text"], cpu_run["text"]])
-            entry["agree_tokens"] = _agree(ta, tb)
+            entry["agree_tokens"] = common_prefix(ta, tb)
             entry["compared_tokens"] = min(len(ta), len(tb))
             entry["same_text"] = gpu_run["text"] == cpu_run["text"]
         res["models"][label] = entry

@@ -1,5 +1,6 @@
-"""scripts/gpu_check.sh's pieces: the load-log parser, the random-weight generator, and (marked `gpu`, skipped where
-llama.cpp was built without GPU offload) placement, greedy agreement and v(γ) on a real GPU.
+"""The GPU check's pieces (scripts/gpu_check.sh): the load-log parser (localspec/bench/loadlog.py), the random-weight
+models (localspec/models/gguf_tools.py), and (marked `gpu`, skipped where llama.cpp was built without GPU offload)
+placement, greedy agreement and v(γ) on a real GPU.
 
 The GPU check runs this file on the device (phase 1) with GPU_CHECK_TOKENIZER pointing at the carried SmolLM2
 tokenizer, since the device cannot fetch the model; elsewhere the tokenizer comes from the embedded SmolLM2.
@@ -7,27 +8,14 @@ tokenizer, since the device cannot fetch the model; elsewhere the tokenizer come
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gpu_check = _script("gpu_check")
-gpu_model = _script("gpu_model")
+from localspec.bench.loadlog import parse_load_log, placement_ok
+from localspec.models import gguf_tools
 
 
 def _gpu_offload() -> bool:
@@ -50,13 +38,13 @@ def tokenizer_gguf(tmp_path_factory) -> Path:
     from localspec.models.resolve import resolve_model
 
     smol = resolve_model(None, log=lambda *a: None).path
-    return gpu_model.write_tokenizer(smol, tmp_path_factory.mktemp("tok") / "tok.gguf")
+    return gguf_tools.write_tokenizer(smol, tmp_path_factory.mktemp("tok") / "tok.gguf")
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer_gguf, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gen") / "tiny.gguf"
-    return gpu_model.make_model(out, "tiny", "q4_k", tokenizer_gguf, log=lambda *a: None)
+    return gguf_tools.write_random_model(out, "tiny", "q4_k", tokenizer_gguf, log=lambda *a: None)
 
 
 CUDA_LOG = """\
@@ -81,19 +69,21 @@ llama_kv_cache:        CPU KV buffer size =    90.00 MiB
 
 
 def test_load_log_parser_reads_placement_per_load():
-    big, small = gpu_check.parse_load_log(CUDA_LOG)
+    big, small = parse_load_log(CUDA_LOG)
     assert big["path"] == "/m/big.gguf" and big["offloaded"] == [3, 3]
     assert big["layer_devices"] == {"CUDA0": 3} and big["kv_buffers"] == {"CUDA0": 256.0}  # later contexts ignored
     assert big["model_buffers"] == {"CPU_Mapped": 27.0, "CUDA0": 4096.0}
-    assert gpu_check.placement_ok(big, gpu=True)[0]
+    assert placement_ok(big, gpu=True)[0]
     assert small["layer_devices"] == {"CPU": 1, "CUDA0": 1}
-    assert not gpu_check.placement_ok(small, gpu=True)[0]  # a layer and the KV cache stayed on the CPU
-    assert not gpu_check.placement_ok(small, gpu=False)[0]
+    assert not placement_ok(small, gpu=True)[0]  # a layer and the KV cache stayed on the CPU
+    assert not placement_ok(small, gpu=False)[0]
 
 
 def test_agreement_counts_the_common_prefix():
-    assert gpu_check._agree([1, 2, 3, 4], [1, 2, 9, 4]) == 2
-    assert gpu_check._agree([1, 2], [1, 2, 3]) == 2
+    from localspec.speculative.drafters import common_prefix
+
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
 
 
 def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokenizer_gguf, capsys):
@@ -102,7 +92,7 @@ def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokeni
     from localspec.backend import LoadOptions, Model
 
     r = gguf.GGUFReader(str(tiny_model))
-    assert r.get_field("llama.block_count").contents() == gpu_model.SHAPES["tiny"].n_layer
+    assert r.get_field("llama.block_count").contents() == gguf_tools.SHAPES["tiny"].n_layer
     tok = gguf.GGUFReader(str(tokenizer_gguf))
     tokens = "tokenizer.ggml.tokens"
     assert r.get_field(tokens).contents()[:50] == tok.get_field(tokens).contents()[:50]
@@ -113,7 +103,7 @@ def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokeni
         assert np.isfinite(logits).all()  # the scales keep activations finite through every layer
     finally:
         m.close()
-    loads = gpu_check.parse_load_log(capsys.readouterr().err)
+    loads = parse_load_log(capsys.readouterr().err)
     assert loads and Path(loads[0]["path"]).name == tiny_model.name and loads[0]["n_layers"] == 3  # + the output layer
 
 
@@ -127,7 +117,7 @@ def test_random_model_pairs_with_smollm2(tiny_model):
 
 
 def test_shapes_are_real_sizes():
-    n = {s: gpu_model.n_params(gpu_model.SHAPES[s], 49152) / 1e9 for s in ("1b", "8b")}
+    n = {s: gguf_tools.n_params(gguf_tools.SHAPES[s], 49152) / 1e9 for s in ("1b", "8b")}
     assert 0.9 < n["1b"] < 1.3 and 6.5 < n["8b"] < 8.0
 
 
@@ -139,8 +129,8 @@ def test_gpu_offload_places_every_layer_and_the_kv_cache(tiny_model, capsys):
     assert any("CUDA" in str(d) for d in devices())
     m = Model.load(tiny_model, LoadOptions(n_ctx=256, n_gpu_layers=-1, verbose=True))
     m.close()
-    load = gpu_check.parse_load_log(capsys.readouterr().err)[0]
-    ok, how = gpu_check.placement_ok(load, gpu=True)
+    load = parse_load_log(capsys.readouterr().err)[0]
+    ok, how = placement_ok(load, gpu=True)
     assert ok, how
 
 

@@ -1,0 +1,66 @@
+"""Where llama.cpp put each model load, read from its verbose load log (`localspec run --verbose`).
+
+The GPU check (scripts/gpu_check.py) reads placement this way rather than trusting the options it passed: per
+load, "offloaded N/M layers to GPU" (GPU builds only), "layer i assigned to device X", "X model buffer size",
+"X KV buffer size" and "X compute buffer size" are what llama.cpp actually did.
+"""
+
+from __future__ import annotations
+
+import re
+
+_LOAD = re.compile(r"loaded meta data with \d+ key-value pairs and \d+ tensors from (.+?) \(version")
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_LAYER = re.compile(r"layer +(\d+) assigned to device (\S+?),")
+_MODEL_BUF = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
+_KV_BUF = re.compile(r"llama_kv_cache: +(\S+) KV buffer size = +([\d.]+) MiB")
+_COMPUTE_BUF = re.compile(r"sched_reserve: +(\S+) compute buffer size = +([\d.]+) MiB")
+
+
+def parse_load_log(text: str) -> list[dict]:
+    """One dict per model load, in load order: path, layers offloaded (GPU builds), the device of every layer,
+    model buffers (MiB per buffer type), KV cache and compute buffers (first context of that load)."""
+    loads: list[dict] = []
+    cur: dict | None = None
+    for line in text.splitlines():
+        if m := _LOAD.search(line):
+            cur = {"path": m.group(1), "offloaded": None, "layers": {}, "model_buffers": {}, "kv_buffers": {},
+                   "compute_buffers": {}}
+            loads.append(cur)
+            continue
+        if cur is None:
+            continue
+        if m := _OFFLOADED.search(line):
+            cur["offloaded"] = [int(m.group(1)), int(m.group(2))]
+        elif m := _LAYER.search(line):
+            cur["layers"][int(m.group(1))] = m.group(2)
+        elif m := _MODEL_BUF.search(line):
+            cur["model_buffers"][m.group(1)] = float(m.group(2))
+        elif (m := _KV_BUF.search(line)) and not cur.get("_kv_done"):
+            cur["kv_buffers"][m.group(1)] = float(m.group(2))
+        elif (m := _COMPUTE_BUF.search(line)) and not cur.get("_compute_done"):
+            cur["compute_buffers"][m.group(1)] = float(m.group(2))
+            cur["_kv_done"] = cur["_compute_done"] = True  # later contexts (flash-attention timing) repeat these
+    for d in loads:
+        d.pop("_kv_done", None)
+        d.pop("_compute_done", None)
+        devs = sorted(set(d["layers"].values()))
+        d["layer_devices"] = {dev: sum(1 for v in d["layers"].values() if v == dev) for dev in devs}
+        d["n_layers"] = len(d["layers"])
+        d.pop("layers")
+    return loads
+
+
+def placement_ok(load: dict, gpu: bool) -> tuple[bool, str]:
+    """All layers and the KV cache on one CUDA device (gpu), or all on the CPU."""
+    devs, kv, off = load["layer_devices"], load["kv_buffers"], load["offloaded"]
+    if gpu:
+        cuda_layers = sum(n for dev, n in devs.items() if dev.startswith("CUDA"))
+        ok = (off is not None and off[0] == off[1] and cuda_layers == load["n_layers"] > 0
+              and any(k.startswith("CUDA") for k in kv) and not any(k.startswith("CPU") for k in kv)
+              and any(k.startswith("CUDA") for k in load["model_buffers"]))
+    else:
+        ok = set(devs) == {"CPU"} and set(kv) <= {"CPU"} and bool(kv)
+    how = (f"offloaded {off[0]}/{off[1]}" if off else "no offload line") + \
+        f"; layers {devs}; KV {kv}; model buffers {load['model_buffers']}"
+    return ok, how
