@@ -1,6 +1,6 @@
 """Adaptive speculation on the real SmolLM2-135M (issue 4, must-show 2 and 3): the controller switches an
 expensive drafter off on open prose and says why, and keeps long lookup drafts on a code rewrite.
-Speed itself is measured by scripts/bench_adaptive.py, never asserted here."""
+Speed itself is measured by `localspec bench`, never asserted here."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_self_drafting_on_prose_is_switched_off_with_a_reason(target, self_draft
 def test_lookup_on_code_rewrite_keeps_long_drafts(target):
     """Must-show 3: lookup matches a code rewrite, so the controller drafts γ > 1 and stays on. Costs are
     pinned to the curve measured on a quiet machine (docs/bench/report.md) so the test depends on the real model's
-    acceptance, not on how busy the CI cores are; scripts/bench_adaptive.py measures the speed."""
+    acceptance, not on how busy the CI cores are; `localspec bench` measures the speed."""
     ctl = Adaptive(sources=PromptLookup.sources, k_max=6, v=QUIET_CPU_V, t1=0.005,
                    c=dict.fromkeys(PromptLookup.sources, 0.01), learn_costs=False)
     engine = Engine(target, PromptLookup(), controller=ctl)

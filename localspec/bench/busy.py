@@ -1,6 +1,6 @@
 """A busy machine on demand: N CPU-bound background processes for the duration of a measurement.
 
-`localspec bench --busy N` and scripts/bench_threads.py use it to show what other programs' load does to plain
+`localspec bench --busy N` uses it to show what other programs' load does to plain
 decoding, to speculation and to the thread choice. The hogs run in their own process group and are always
 stopped: on return, on an exception, on Ctrl-C (try/finally) and on SIGTERM (turned into SystemExit while they
 run). If this process dies without cleaning up, each hog notices its parent is gone and exits by itself.

@@ -1,4 +1,4 @@
-"""Reference prompts shared by the benchmark scripts and the tests that check the same claims.
+"""Reference prompts shared by `localspec bench` and the tests that check the same claims.
 
 PROSE: open prose, where prompt lookup barely matches. REWRITE + REWRITE_START: a code rewrite sent the way an
 editor's rewrite request is (the answer's first line already given), where the answer mostly copies the input.
@@ -21,7 +21,7 @@ CODE = '''def parse_config(path):
 REWRITE = f"Rename the variable `result` to `config` in this function:\n```python\n{CODE}```"
 REWRITE_START = "```python\ndef parse_config(path):"
 
-# -- copy-heavy work for prompt lookup (scripts/compare_lookup.py): several prompts per task, written for this
+# -- copy-heavy work for prompt lookup (docs/bench/lookup.md): several prompts per task, written for this
 # project. Each answer mostly repeats text the prompt gives, which is where lookup should beat llama.cpp's own.
 
 _NOTICE = ("The Harbour Street swimming pool will close for maintenance from 3 June to 17 June. During the closure "
@@ -94,7 +94,7 @@ LOOKUP_TASKS: dict[str, list[str]] = {
 LOOKUP_PROSE = PROSE + ["Describe a city at night in the rain, in a few vivid paragraphs."]
 
 # Held out: other documents and code, the same four kinds of task. A drafting rule tuned on LOOKUP_TASKS' answers
-# is checked on these before it is kept (scripts/replay_lookup.py --record runs.json --held-out).
+# is checked on these before it is kept (docs/bench/lookup.md#lookup-priors).
 _LIBRARY = ("The Riverside Library will move to a new building at 14 Mill Lane on 1 September. The old building on "
             "Church Road closes on 20 August, and books borrowed before then can be returned to either address until "
             "the end of September. The new library has a children's room on the ground floor, a quiet study area on "

@@ -1,6 +1,6 @@
 """The command line's tables, drawn by rich: colour and the terminal's width on a TTY, plain text in a pipe.
 
-It imports only rich, so `localspec models`, the bench report and the scripts draw the same tables (it sits in
+It imports only rich, so `localspec models` and the bench report draw the same tables (it sits in
 bench/, the lowest front end, so commands/ can import it too). Cells are plain text, never rich markup: model
 names, tokens and paths hold brackets.
 """

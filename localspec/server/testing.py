@@ -1,4 +1,7 @@
-"""Start a real `localspec serve` in a subprocess on a free port: for tests and scripts/bench_server.py."""
+"""A test and dev helper, not used by localspec itself: a real `localspec serve` in a subprocess on a free port.
+
+The tests and scripts/replay_editor.py start servers with it; it ships in the package so both import it by name.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Regenerate docs/chat.svg: a real chat, captured mid-answer (`python -m localspec.tui.screenshot`).
+"""Regenerate docs/chat.svg: a real chat, captured mid-answer (`python scripts/screenshot_chat.py [OUT_DIR]`).
 
 Uses the embedded SmolLM2-135M with prompt lookup at a fixed k=4, so the accepted drafts show in colour.
 Convert for the README with `rsvg-convert -z 0.8` after adding xml:space="preserve" to the <svg> element
@@ -18,8 +18,8 @@ PROMPTS = ("Write a haiku about the sea.", None,  # None: ctrl+n, a new chat
 
 
 async def capture(out_dir: str, *, after_tokens: int = 60) -> str:
-    from ..engine.loader import EngineConfig, load_engine
-    from .app import ChatApp
+    from localspec.engine.loader import EngineConfig, load_engine
+    from localspec.tui.app import ChatApp
 
     engine = load_engine(EngineConfig(threads=1, n_ctx=2048, adaptive=False), log=print)
     app = ChatApp(engine, max_tokens=400)
