@@ -1,4 +1,4 @@
-"""Adaptive speculation on the real SmolLM2-135M (issue 4, must-show 2 and 3): the controller switches an
+"""Adaptive speculation on the real SmolLM2-135M: the controller switches an
 expensive drafter off on open prose and says why, and keeps long lookup drafts on a code rewrite.
 Speed itself is measured by `localspec bench`, never asserted here."""
 
@@ -51,7 +51,7 @@ def test_calibration_leaves_caches_untouched(target, self_draft, cal):
 
 
 def test_self_drafting_on_prose_is_switched_off_with_a_reason(target, self_draft, cal):
-    """Must-show 2: the model as its own drafter costs c ≈ 1, so no γ beats plain decoding; lookup on open
+    """The model as its own drafter costs c ≈ 1, so no γ beats plain decoding; lookup on open
     prose barely matches. The controller turns the model source off and says why."""
     ctl = Adaptive(sources=("lookup", "model"), k_max=6, v=cal.v, t1=cal.costs.t1,
                    c={"lookup": 0.0, "model": cal.costs.c["model"]})
@@ -67,7 +67,7 @@ def test_self_drafting_on_prose_is_switched_off_with_a_reason(target, self_draft
 
 
 def test_lookup_on_code_rewrite_keeps_long_drafts(target):
-    """Must-show 3: lookup matches a code rewrite, so the controller drafts γ > 1 and stays on. Costs are
+    """Lookup matches a code rewrite, so the controller drafts γ > 1 and stays on. Costs are
     pinned to the curve measured on a quiet machine (docs/bench/report.md) so the test depends on the real model's
     acceptance, not on how busy the CI cores are; `localspec bench` measures the speed."""
     ctl = Adaptive(sources=PromptLookup.sources, k_max=6, v=QUIET_CPU_V, t1=0.005,

@@ -1,4 +1,4 @@
-"""One way to build an engine (issue 30): the bench's rows come from the loader, and its "auto" row is the
+"""One way to build an engine: the bench's rows come from the loader, and its "auto" row is the
 engine `run`, `chat` and `serve` ship by default, not a controller of the bench's own."""
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class ScriptedThreads:
 
 
 def test_every_token_is_target_argmax_across_thread_switches(target, self_drafter):
-    """Issue 12, must-show 6: the target and the drafter switch thread counts in the middle of a greedy
+    """The target and the drafter switch thread counts in the middle of a greedy
     generation (2 -> 1 -> 2), and every emitted token is still the target's own argmax of the logits it computed."""
     calls: list[tuple[str, int]] = []
     seen = _record_logits(target)

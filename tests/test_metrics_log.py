@@ -1,4 +1,4 @@
-"""The JSONL acceptance log (issue 4, must-show 4): one valid line per request, written by the real CLI,
+"""The JSONL acceptance log: one valid line per request, written by the real CLI,
 and no truncated line after a crash mid-request. Plus the Prometheus text helper over Stats."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One seed, one text (issue 33): a seeded request emits the same tokens with speculation off, with prompt
+"""One seed, one text: a seeded request emits the same tokens with speculation off, with prompt
 lookup, with a model drafter and with the adaptive default, streamed or not, greedy or sampled.
 
 The verify rule for these drafts (verify.verify_same_seed) samples every position from the target's own row with

@@ -1,4 +1,4 @@
-"""The rest of llama-server's API (issue 33) against a real `localspec serve` (embedded SmolLM2, prompt lookup),
+"""The rest of llama-server's API against a real `localspec serve` (embedded SmolLM2, prompt lookup),
 driven by the real `openai` client and httpx: several choices, token endpoints and prompt forms, `n_probs` in
 llama-server's shape, chat details, server facts and flags (`--alias` lists, `--tags`, `--host` lists, `-n`,
 `--cors-origins`).

@@ -43,7 +43,7 @@ class EngineConfig:
     ngl_draft: int | None = None
     verbose: bool = False
     load: LoadOptions = LoadOptions()
-    adaptive: bool = True  # choose γ per round and switch speculation off when it does not pay (issue 4)
+    adaptive: bool = True  # choose γ per round and switch speculation off when it does not pay
     k_min: int = K_MIN  # adaptive range; an explicit k pins γ (auto-off stays on unless adaptive=False)
     k_max: int = K_MAX
     hybrid: bool = False  # with a model drafter: prompt lookup first, the model when lookup has no match
