@@ -1,6 +1,7 @@
 """Cost measurement (localspec/tuning/costs.py) and load-time calibration (localspec/tuning/calibration.py) on the real
 SmolLM2-135M: caches are left as found, thread counts are restored, the budget cuts measurement short, and the
-cache makes the second start measure nothing. Behaviour only; speed is measured by `localspec bench --busy N` (docs/bench/threads.md)."""
+cache makes the second start measure nothing. Behaviour only; speed is measured by `localspec bench --busy N`
+(docs/bench/threads.md)."""
 
 from __future__ import annotations
 

@@ -70,3 +70,59 @@ def test_each_decision_lives_in_the_one_file_the_design_names(question: str, own
     rx = re.compile(pattern.replace("\\\\", "\\"), re.M)
     where = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if rx.search(p.read_text()))
     assert where == [owner], f"{question!r}: /{pattern}/ is found in {where}, the design says only in {owner}"
+
+
+# -- pointers into docs/bench -----------------------------------------------------------------------------------
+
+BENCH = ROOT / "docs" / "bench"
+_POINTER = re.compile(r"docs/bench/([\w.-]+\.md)#([\w-]+)")
+_RELATIVE = {ROOT / "docs": re.compile(r"\]\(bench/([\w.-]+\.md)#([\w-]+)\)"),
+             BENCH: re.compile(r"\]\(([\w.-]+\.md)#([\w-]+)\)")}
+_QUOTED = re.compile(r"docs/bench/[\w.-]+\.md\)?,\s+[\"'][A-Z]|\]\((?:bench/)?[\w.-]+\.md\),\s+\"")
+
+
+def _texts() -> list[Path]:
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    for top in ("localspec", "scripts", "tests"):
+        files += [p for p in (ROOT / top).rglob("*") if p.suffix in (".py", ".sh", ".md") and p.is_file()]
+    return sorted(p for p in files if p != Path(__file__).resolve())  # this file's messages name the pattern
+
+
+def _anchors(doc: Path) -> set[str]:
+    """Explicit `<a id="...">` anchors, and the GitHub slug of every heading."""
+    text = doc.read_text()
+    ids = set(re.findall(r"<a id=\"([\w-]+)\"", text))
+    for heading in re.findall(r"^#+ (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        ids.add(slug)
+    return ids
+
+
+def _pointers() -> list[tuple[str, str, str]]:
+    """(where, bench file, anchor) for every link into docs/bench that names an anchor."""
+    found = []
+    for path in _texts():
+        text = path.read_text(errors="replace")
+        rx = [_POINTER] + [r for folder, r in _RELATIVE.items() if path.parent == folder]
+        for r in rx:
+            for m in r.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                found.append((f"{path.relative_to(ROOT)}:{line}", m.group(1), m.group(2)))
+    return found
+
+
+def test_code_and_docs_point_into_docs_bench_by_anchor():
+    assert len(_pointers()) >= 20
+
+
+@pytest.mark.parametrize("where,doc,anchor", _pointers(), ids=[w for w, _, _ in _pointers()])
+def test_every_docs_bench_anchor_exists(where: str, doc: str, anchor: str):
+    path = BENCH / doc
+    assert path.exists(), f"{where} points to docs/bench/{doc}, which does not exist"
+    assert anchor in _anchors(path), f"{where} points to docs/bench/{doc}#{anchor}, which has no such anchor"
+
+
+def test_no_pointer_into_docs_bench_quotes_a_heading():
+    quoted = [f"{p.relative_to(ROOT)}:{p.read_text(errors='replace').count(chr(10), 0, m.start()) + 1}"
+              for p in _texts() for m in _QUOTED.finditer(p.read_text(errors="replace"))]
+    assert quoted == [], f"quoted headings move; point to an anchor (docs/bench/X.md#id) instead: {quoted}"

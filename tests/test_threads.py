@@ -12,7 +12,7 @@ import pytest
 from localspec.speculative.types import Step
 from localspec.tuning.threads import TIE, ThreadChooser, ThreadControl, candidates, neighbours, preferred
 
-# seconds per token by thread count: idle 2 cores, and the same with two CPU-bound neighbours (as measured on this project's 2-core VM)
+# seconds per token by thread count: idle 2 cores, and the same with two CPU-bound neighbours (measured on a 2-core VM)
 IDLE = {1: 1 / 90, 2: 1 / 150}
 BUSY = {1: 1 / 44, 2: 1 / 6.5}
 

@@ -19,7 +19,7 @@ reading a GGUF header.
   machine.py  the cores this process may use, the CPU's name, how busy the cores are, OpenMP's settings
 
 OpenMP's wait policy is read once, when llama.cpp loads its OpenMP runtime; localspec leaves it at libgomp's
-default (the fastest idle and busy: docs/bench/threads.md, "OpenMP"), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
+default (the fastest idle and busy: docs/bench/threads.md#openmp), and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
 is part of the calibration cache key.
 """
 

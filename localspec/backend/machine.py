@@ -31,7 +31,7 @@ def cpu_model() -> str:
 
 
 # OpenMP: libgomp's long default spin hurts only when a decode's threads outnumber the free cores, which the thread
-# controller avoids once the CPU meter says busy, so localspec sets nothing (docs/bench/threads.md, "OpenMP").
+# controller avoids once the CPU meter says busy, so localspec sets nothing (docs/bench/threads.md#openmp).
 
 
 def openmp_settings() -> dict[str, str | None]:

@@ -7,7 +7,7 @@ no huge pages (the page cache is 4 KiB); memory llama.cpp allocates and reads th
 kernel's transparent huge pages are `madvise` or `always` (most distributions: `madvise`).
 
 It gains a few per cent a token on both shipped models; reading instead of mapping costs load time (the file is
-read, and on a VM each fresh 2 MiB page may fault in slowly): docs/bench/threads.md, "Latest round".
+read, and on a VM each fresh 2 MiB page may fault in slowly): docs/bench/threads.md#huge-pages.
 
 So where the weights run on the CPU, the kernel offers huge pages and the file is small next to the memory
 available (a quarter, so a page-cache copy and the model fit twice over), localspec asks llama.cpp to read

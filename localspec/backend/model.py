@@ -9,8 +9,8 @@ Invariant: `len(self.tokens)` is the KV cache length `n_past`, and `self.tokens[
 
 Threads: decode a model from one thread at a time, and prefer one thread for its whole life. llama.cpp's CPU
 backend (OpenMP builds) keeps a thread pool per calling thread for as long as that thread lives; with two live
-pools on a small machine libgomp throttles its spin-waiting and decoding gets about twice as slow
-(docs/bench/threads.md, "Why these numbers"). One-shot compute on a thread that will not decode again
+pools on a small machine libgomp throttles its spin-waiting and decoding slows down
+(docs/bench/threads.md#thread-numbers). One-shot compute on a thread that will not decode again
 (load-time calibration on the main thread of a server) therefore runs through `in_own_thread`, whose pool dies
 with it. How many threads a decode uses is the thread controller's choice (threads.py), applied between
 decodes by `set_threads`; OpenMP's wait policy is fixed when llama.cpp loads, and localspec leaves it at

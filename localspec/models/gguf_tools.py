@@ -175,7 +175,8 @@ def tokenizer_fields(src: str | Path) -> list[tuple[str, Any, Any, Any]]:
 
 
 def write_tokenizer(src: str | Path, dst: str | Path) -> Path:
-    """A GGUF with only src's tokenizer keys (no tensors): what write_random_model needs, carried instead of the model."""
+    """A GGUF with only src's tokenizer keys (no tensors): what write_random_model needs, carried instead of the
+    model."""
     import gguf
 
     w = gguf.GGUFWriter(str(dst), arch="llama")

@@ -53,7 +53,7 @@ def _quant(h: GGUFHeader) -> str | None:
 # Q5_0, IQ4_NL) takes them, in the llama.cpp that llama-cpp-python 0.3.36 vendors; only an Intel AMX build
 # (ggml-cpu/amx) and SpacemiT's RISC-V kernels have a batched one, so on x86 desktops and ARM none. A verify round of
 # n rows then costs about n times a row's compute, where a batched kernel shares the work of loading and unpacking
-# each block of weights (timed: docs/bench/lookup.md, "What a verify row costs").
+# each block of weights (timed: docs/bench/lookup.md#verify-row-cost).
 ROW_BY_ROW = ("Q4_1", "Q5_1")
 
 
@@ -76,7 +76,7 @@ def verify_hint(path: str | Path) -> str | None:
         return None
     return (f"{100 * share:.0f} % of its weights are {'/'.join(slow)}, which llama.cpp multiplies a row at a time "
             f"on most CPUs: each token a verify round checks costs 1.3-1.8x what it does with a Q4_K_M or Q4_0 file of "
-            f"the same model, so drafts pay less (docs/bench/lookup.md)")
+            f"the same model, so drafts pay less (docs/bench/lookup.md#verify-row-cost)")
 
 
 def describe(path: str | Path) -> dict[str, Any]:

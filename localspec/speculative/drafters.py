@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 # How often a match of each strength is copied on (α of the first drafted token, α of the later ones; by draft
 # position for verbatim copies and loops): the controller's prior until this session's own rounds speak.
-# Replayed on recorded answers, then taken lower (docs/bench/lookup.md, "Priors: why these numbers").
+# Replayed on recorded answers, then taken lower (docs/bench/lookup.md#lookup-prior).
 LOOKUP_PRIOR = {LOOKUP_SHORT: (0.35, 0.8), LOOKUP_MID: (0.75, 0.9), LOOKUP_LONG: (0.9, 0.93),
                 LOOKUP_VERBATIM: (0.97, 0.95, 0.97, 0.99, 0.995), LOOKUP_CACHE: (0.9, 0.95),
                 LOOKUP_LOOP: (0.97, 0.97, 0.99, 0.995, 0.998), LOOKUP_GAPPED: (0.9, 0.93),
@@ -66,7 +66,7 @@ class PromptLookup:
     With a `SuffixCache`, earlier requests (previous turns, answers, the same file asked about again) are
     searched too, every round; a cache match is used when it is longer than the context's own
     (`LOOKUP_CACHE`), at least `cache_min` long, and its earlier requests agree on what follows (shorter cache
-    matches cost more than they gained: docs/bench/lookup.md, "Match buckets and the cache"). A long match whose
+    matches cost more than they gained: docs/bench/lookup.md#match-buckets). A long match whose
     occurrence overlaps the ending is a loop (`LOOKUP_LOOP`), drafted as an overlapping copy that runs past the
     end of the context. With the target's `Indents`, a match at least `verbatim_at` long and `reindent_margin`
     longer when indentation is ignored is a copy at another depth (`LOOKUP_REINDENT`, speculative/reindent.py;
@@ -99,7 +99,7 @@ class PromptLookup:
 
     def bucket(self, m: Match) -> str | None:
         """The match's strength: its length, one level down when the text continued it in more than one way
-        (such a match is copied on far less often: docs/bench/lookup.md, "Match buckets and the cache").
+        (such a match is copied on far less often: docs/bench/lookup.md#match-buckets).
         None: too weak to draft (a split 1-2-token match)."""
         level = sum(m.length >= n for n in (self.mid_at, self.long_at, self.verbatim_at)) - m.split
         return None if level < 0 else self.LEVELS[level]

@@ -6,9 +6,9 @@ round is plain decoding: one target token per pass. Everything above this module
 KV invariant between rounds: the target's cache holds context[:-1]; the last context token is decoded at
 the start of the next round together with the drafts, so the first verify row scores draft position 0.
 A short prompt tail (MERGE_MAX) joins the first round's pass instead of a pass of its own.
-The random stream is plain decoding's whatever is drafted (verify.verify_same_seed: one draw per emitted
-token from the target's own rows), unless a drafter hands its q with a draft it drew with draws of its own
-(rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an
+Whatever is drafted, the random stream is plain decoding's (verify.verify_same_seed: one draw per emitted
+token from the target's own rows), unless a drafter hands in its q with a draft it drew with draws of its own
+(then rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an
 exception or a closed generator leaves it consistent). The drafter owns its cache and re-syncs by common prefix.
 """
 
@@ -107,7 +107,7 @@ def _through_eog(target: Target, draft: Draft) -> Draft:
     (accepted, it ends the answer; rejected, the round ends there), so those verify rows would be computed for
     nothing, and dropping them changes no output, sampled or greedy. A copy from the prompt runs into the chat
     template where a pasted document or code block ends the user's message (`<|im_end|>`, `<|im_start|>assistant`,
-    the answer's start; counted in docs/bench/lookup.md, "Latest round")."""
+    the answer's start; counted in docs/bench/lookup.md#drafts-through-eog)."""
     for i, t in enumerate(draft.tokens[:-1]):
         if target.is_eog(t):
             q = draft.probs

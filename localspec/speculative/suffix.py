@@ -150,7 +150,7 @@ class MatchIndex:
         breaks the plain match at every slot; it resumes only once the new instance has its own run of tokens
         again (llama.cpp's ngram-simple waits for 12). Across the slot, A says which instance is being copied and
         B that the copy goes on after it. B must be there (g ≥ 1): drafting on the slot alone, as a guessed
-        substitution, lost (docs/bench/lookup.md, "Priors: why these numbers")."""
+        substitution, lost (docs/bench/lookup.md#lookup-priors)."""
         toks, n = self.tokens, len(self.tokens)
         best: Match | None = None
         for g in range(1, max_gap + 1):

@@ -36,11 +36,11 @@ from ..models.paths import calibration_dir
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .threads import ThreadControl, candidates, preferred
 
-SCHEMA = 5  # 2: v(γ) is a round among plain rounds (costs.timed_round); 3: timed where batches fill kernel tiles;
-# 4: v(γ) timed at V_DEPTH; 5: v(γ) the smallest ratio to the plain rounds beside each round (costs._verify_ratios)
+SCHEMA = 5  # raised whenever how an entry is measured changes, so older entries are measured again
+# (the versions: docs/bench/calibration.md#cache-schema)
 CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
 # v(γ) is timed this deep: the prompts speculation pays on are hundreds of tokens, and a verify batch's attention
-# grows with them; not deeper, because a first start pays the prefill (docs/bench/calibration.md, "128 tokens deep")
+# grows with them; not deeper, because a first start pays the prefill (docs/bench/calibration.md#v-depth)
 V_DEPTH = 128
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 MIN_LEFT = 0.1  # a later stage starts only with this share of the budget left
@@ -138,8 +138,7 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
         drafters = {"model": draft_model} if draft_model is not None else None
         depth = max(0, min(V_DEPTH, target.n_ctx - target.n_past - k_max - 2))  # a small context: shallower
         # v(γ) is timed in full when the controller drafts, whatever the budget: every one of its decisions rests
-        # on v. Budgeted, the stage was dropped at 2 of 4 first starts of Gemma-3-270M (the controller ran on the
-        # guess, 1.75 at γ = 3 against 3.0-4.6 timed) or cut to one repeat, where one stalled round is v
+        # on v, and a budgeted stage was dropped or cut short (docs/bench/calibration.md#calibration-budget)
         must = k_max > 0
         costs = stage(lambda d: measure(target, toks[:depth + k_max + 1], k_max, repeats=repeats,
                                         deadline=None if must else d, drafters=drafters), must=must)
@@ -228,7 +227,7 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
 def _counts_now(cores: int, others: float | None) -> list[int] | None:
     """The thread counts to time: all candidates (None), but on a busy machine none above its free cores. A
     decode at 2 threads among two CPU-bound neighbours on 2 cores waits at every barrier for a preempted thread
-    (docs/bench/calibration.md, "a busy start"), so timing it would make a busy first start slow; the thread
+    (docs/bench/calibration.md#calibration-budget), so timing it would make a busy first start slow; the thread
     controller never uses more than the free cores there either, and a quiet start times the rest
     (`measured_busier`)."""
     if others is None or others < ThreadControl.BUSY_AT:

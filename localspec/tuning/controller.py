@@ -19,7 +19,7 @@ One that has not drafted yet starts only above `on_above` too: a prior is an ave
 first draft costs several steps. While off, a source is re-probed with a short draft, the interval doubling
 while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed probe of γ costs
 v(γ) - 1 steps. A source that has not drafted is probed only if one fully accepted probe would turn it on.
-The measurements behind these rules: docs/bench/lookup.md, "When a source starts, stops and is probed".
+The measurements behind these rules: docs/bench/lookup.md#source-probing.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 DEFAULT_K = 4  # the draft length when nothing else decides it (no pair, no -k, adaptive off)
 K_MIN, K_MAX = 1, 8  # the adaptive range of γ when the user says nothing
-K_MAX_LOOKUP = 32  # a strong lookup match may copy this far; 63 was no faster (docs/bench/lookup.md)
+K_MAX_LOOKUP = 32  # a strong lookup match may copy this far; longer rounds cost more than they save
+# (docs/bench/lookup.md#k-max-lookup)
 
 
 class FixedK:
@@ -149,7 +150,7 @@ class Adaptive:
     def _learn_v(self, d: int, r: float) -> bool:
         """Learn from a verify round of d drafts that cost r plain rounds. The calibration is one moment's
         measurement at one depth: taken while something else ran, it is off at every γ alike (a stale curve made
-        drafts that did not pay: docs/bench/lookup.md, "When a source starts, stops and is probed"). So every
+        drafts that did not pay: docs/bench/lookup.md#source-probing). So every
         round moves a shared factor (v_scale) and, slowly, its own γ's point; True when the curve moved
         enough that every source's decision is due again."""
         r = min(max(r, 1.0), 2 * self._v[d])  # one noisy round moves v(d) by at most a factor of 2; never < 1 row
@@ -269,8 +270,8 @@ class Adaptive:
     def _probe_could_turn_on(self, est: SourceEstimate) -> bool:
         """Whether one probe (`_probe_k`), every token accepted, would turn this source on. For a source that has not
         drafted, all the controller knows is its prior (an average over tasks); a probe pays only by changing the
-        decision, so one that could not, even at its best outcome, is not made (docs/bench/lookup.md, "When a
-        source starts, stops and is probed"). A source that has drafted keeps being re-probed
+        decision, so one that could not, even at its best outcome, is not made (docs/bench/lookup.md#source-probing).
+        A source that has drafted keeps being re-probed
         with backoff: its rounds say more than the prior, and what it drafts on may have changed since."""
         k = self._probe_k(est)
         after = replace(est, n=list(est.n), a=list(est.a))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 # A prior's values after the first apply from these draft positions on: (first, 1-7, 8-15, 16-31, 32 on), a shorter
 # prior's last value to every position after it: a copy that has run on is likely to run on further
-# (docs/bench/lookup.md, "Priors: why these numbers"), which one value for every later position cannot say.
+# (docs/bench/lookup.md#lookup-prior), which one value for every later position cannot say.
 PRIOR_FROM = (1, 8, 16, 32)
 
 

@@ -1,8 +1,8 @@
 """How many CPU threads each phase uses, chosen and re-chosen at run time: the single owner of that decision.
 
 A desktop is never idle. One thread per core is fastest on a quiet machine, but when other programs want those
-cores the threads of one decode wait for each other at every barrier and speed collapses (docs/bench/threads.md,
-"Why these numbers"). So the thread count is measured, not configured, like the draft length.
+cores the threads of one decode wait for each other at every barrier and speed collapses
+(docs/bench/threads.md#thread-numbers). So the thread count is measured, not configured, like the draft length.
 
 `ThreadChooser` owns one phase (the target's verify rounds, the drafter's steps, prompt evaluation). It starts
 from the calibrated step time per thread count (cached per model + machine + build), keeps the fastest, and
@@ -23,7 +23,7 @@ reports a `ThreadState` (counts in use, the changes with their reasons) that eve
 `ThreadControl.pinned(n)` is `--threads N`: nothing is measured or changed.
 
 OpenMP's wait policy is read once, when llama.cpp's runtime loads, so it cannot follow the thread count.
-localspec leaves it at libgomp's default (docs/bench/threads.md, "OpenMP"): with the CPU meter moving a busy
+localspec leaves it at libgomp's default (docs/bench/threads.md#openmp): with the CPU meter moving a busy
 machine to the free cores at once, the long default spin no longer costs anything there.
 """
 
@@ -55,7 +55,7 @@ TIE = 0.05  # step times this close to the fastest are a tie
 
 def preferred(times: Mapping[int, float]) -> int | None:
     """The count to start from: the most threads among those within TIE of the fastest. A near-tie is noise,
-    and starting at fewer threads kept quiet runs there (docs/bench/threads.md, "Why these numbers"); a busy
+    and starting at fewer threads kept quiet runs there (docs/bench/threads.md#thread-numbers); a busy
     machine is the CPU meter's to notice, and it drops to the free cores at its first reading."""
     if not times:
         return None

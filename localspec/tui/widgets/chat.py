@@ -96,7 +96,7 @@ class Chat(Vertical):
     async def regenerate(self, *, speculate: bool) -> bool:
         """Answer the last message again (LM Studio's and Open WebUI's "regenerate"): its answer leaves the log,
         the history and the saved chat. The engine's cross-request cache keeps it, but at the chat's sampling a
-        new answer soon goes its own way (docs/bench/lookup.md, "Match buckets and the cache").
+        new answer soon goes its own way (docs/bench/lookup.md#match-buckets).
         False: no answer to replace (none yet, one being written, one that failed)."""
         log = self.query_one("#log", VerticalScroll)
         last = log.children[-1] if log.children else None
