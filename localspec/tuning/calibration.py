@@ -2,7 +2,7 @@
 
 At load the engine needs priors for its two controllers: the γ controller's v(γ), t1 and c, and the thread
 controller's step time per thread count and phase. Measuring them takes a few hundred decodes, tens of
-seconds on a busy machine (docs/bench/calibration.md), so:
+seconds on a busy machine (docs/bench/calibration.md#calibration-budget), so:
 
 - measurement (all of it in localspec/tuning/costs.py) is done most useful first: the target's step per thread count,
   the drafter's, v(γ) and c at the chosen counts, prompt evaluation per count, flash attention on/off; a stage

@@ -96,7 +96,7 @@ def timed_decode(model: Model, tokens: Sequence[int], rows: int) -> float:
 def timed_round(model: Model, tokens: Sequence[int]) -> float:
     """Seconds of a verify round of len(tokens) rows as the loop runs it among plain rounds, and of the plain
     round after it. llama.cpp keeps the compute graph of the last decode and reuses it for a batch of the same
-    shape, so a one-row decode after a one-row decode skips building its graph (docs/bench/calibration.md),
+    shape, so a one-row decode after a one-row decode skips building its graph (docs/bench/calibration.md#timed-round),
     while a verify round builds its own and makes the next plain round build one again. One row (γ = 0) is a
     plain round. Every call ends on a one-row decode, so in a sequence of them (`measure`'s interleaved timers)
     each starts from a one-row graph, as a round of the loop does. Everything is rewound."""
@@ -154,7 +154,8 @@ def timed_gammas(k_max: int) -> list[int]:
     and k_max: llama.cpp's CPU matrix kernels take rows in tiles of 4, and a batch that fills its last tile costs
     less than one row fewer. The controller drafts only timed lengths (`Costs.timed`), so it lands on those dips and
     never on an interpolated γ; long drafts need v measured where they are, not extrapolated. Past 32 rows (a copy
-    that has run on, a loop) coarser, every 16: such rounds are dear to time (docs/bench/calibration.md)."""
+    that has run on, a loop) coarser, every 16: such rounds are dear to time
+    (docs/bench/calibration.md#timed-gammas)."""
     dense = set(range(min(k_max, DENSE_TO) + 1))
     tiles = {g for g in range(DENSE_TO + 1, k_max + 1)
              if (g + 1) % (TILE if g < COARSE_FROM else COARSE_TILE) == 0}
@@ -214,7 +215,7 @@ def _verify_ratios(target: Model, follow: Sequence[int], gammas: Sequence[int], 
     with the plain round after it) over the faster of the plain rounds timed just before and just after it. The
     machine's speed drifts over seconds: a minimum of t1 and one of each t(γ), taken a second apart, divide one
     moment by another, while a round and the plain rounds beside it see one moment. The smallest, because a stall
-    lands in one round and inflates its ratio (docs/bench/calibration.md). Stops at the deadline once every γ
+    lands in one round and inflates its ratio (docs/bench/calibration.md#v-ratio). Stops at the deadline once every γ
     has a ratio; a hard one raises `OutOfTime` before that."""
     ratios: dict[int, list[float]] = {g: [] for g in gammas}
     t1 = before = timed_round(target, follow[:1])

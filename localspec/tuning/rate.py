@@ -52,7 +52,8 @@ ROW_GUESS = 0.45  # v with nothing measured: each extra verify row guessed at 0.
 def v_at(v: Sequence[float], k: int) -> float:
     """v(k): the measured value, else extrapolated linearly past the last measured point with the slope of the
     upper half of the measured range. v(0) → v(1) carries the fixed cost of a batch, and batch kernels get
-    cheaper per row as batches grow (docs/bench/calibration.md), so the far end predicts the rows beyond best."""
+    cheaper per row as batches grow (docs/bench/calibration.md#v-past-timed), so the far end predicts the rows
+    beyond best."""
     if k < len(v):
         return v[k]
     if len(v) >= 3:
