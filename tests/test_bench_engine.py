@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.bench.runner import AUTO, PLAIN, Config, Plan, TargetSpec, _Family, forget_requests
+from localspec.bench.runner import AUTO, PLAIN, Config, Family, Plan, TargetSpec, forget_requests
 from localspec.engine.engine import Engine
 from localspec.engine.loader import EngineConfig, load_engine
 from localspec.models import LOOKUP
@@ -29,7 +29,7 @@ def shape(engine: Engine) -> dict:
 def family(smollm2_path):
     """The bench's engines for SmolLM2 with prompt lookup and SmolLM2 itself as a model drafter, k=2 and auto."""
     spec = TargetSpec("smollm2", smollm2_path, drafters=(("twin", smollm2_path),))
-    fam = _Family(spec, Plan(targets=(spec,), prompts=(), ks=(2,), auto=True, n_ctx=N_CTX))
+    fam = Family(spec, Plan(targets=(spec,), prompts=(), ks=(2,), auto=True, n_ctx=N_CTX))
     yield fam
     fam.close()
 

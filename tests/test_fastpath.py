@@ -113,10 +113,10 @@ def test_offloading_every_layer_leaves_nothing_to_test(verdicts, smollm2_path, m
 
 def test_repack_rule_and_patterns():
     f = {"AVX2"}
-    assert fastpath._repacks("Q4_K", 1024, f) and fastpath._repacks("Q4_0", 64, f)
-    assert not fastpath._repacks("Q4_1", 1024, f) and not fastpath._repacks("Q4_K", 1020, f)
-    assert not fastpath._repacks("Q6_K", 1024, f) and fastpath._repacks("Q6_K", 1024, {"NEON", "DOTPROD"})
-    pats = fastpath._patterns(["blk.0.ffn_down.weight", "blk.12.ffn_down.weight", "output.weight"])
+    assert fastpath.repacks("Q4_K", 1024, f) and fastpath.repacks("Q4_0", 64, f)
+    assert not fastpath.repacks("Q4_1", 1024, f) and not fastpath.repacks("Q4_K", 1020, f)
+    assert not fastpath.repacks("Q6_K", 1024, f) and fastpath.repacks("Q6_K", 1024, {"NEON", "DOTPROD"})
+    pats = fastpath.tensor_patterns(["blk.0.ffn_down.weight", "blk.12.ffn_down.weight", "output.weight"])
     assert pats == [r"^blk\.(0|12)\.ffn_down\.weight$", r"^output\.weight$"]
 
 

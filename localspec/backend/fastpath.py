@@ -90,7 +90,7 @@ def _features() -> set[str]:
     return {k.strip() for k, v in re.findall(r"(\w+) = (\d)", system_info()) if v == "1"}
 
 
-def _repacks(type_name: str, ne1: int, f: set[str]) -> bool:
+def repacks(type_name: str, ne1: int, f: set[str]) -> bool:
     """ggml-cpu/repack.cpp's ggml_repack_get_optimal_repack_type for x86 and ARM: does CPU_REPACK have a
     layout for this weight type and row count? (A tensor overridden to CPU_REPACK without one aborts the load,
     which the test load of mode `repack` would catch.)"""
@@ -117,7 +117,7 @@ def repack_tensors(path: str | Path) -> list[str]:
         except ValueError:
             continue
         if len(dims) == 2 and name.endswith(".weight") and not _EMBEDDINGS.search(name) \
-                and _repacks(type_name, dims[1], f):
+                and repacks(type_name, dims[1], f):
             out.append(name)
     return out
 
@@ -128,7 +128,7 @@ class _Override(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _patterns(names: Sequence[str]) -> list[str]:
+def tensor_patterns(names: Sequence[str]) -> list[str]:
     """One regex per tensor role ("blk.N.ffn_up.weight" for the layers listed): llama.cpp compiles every
     pattern for every tensor it loads, so a few patterns rather than one per tensor."""
     roles: dict[str, list[str]] = {}
@@ -151,7 +151,7 @@ def apply(mparams: llama_cpp.llama_model_params, plan: FastPath) -> object:
     if plan.mode != REPACK or not plan.repacked:
         return None
     buft = extra_buffer_types().get("CPU_REPACK")
-    pats = [p.encode() for p in _patterns(plan.repacked)]
+    pats = [p.encode() for p in tensor_patterns(plan.repacked)]
     arr = (_Override * (len(pats) + 1))(*[_Override(p, buft) for p in pats], _Override(None, None))
     mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)  # type: ignore[assignment]  # as above
     return arr, pats

@@ -145,7 +145,7 @@ def render_prompt(engine: Engine, p: Prompt) -> list[int]:
     return engine.tokenize(text)
 
 
-class _Family:
+class Family:
     """One loaded target and its drafter models, and an Engine per configuration over them, all sharing the
     target Model (no file is loaded twice)."""
 
@@ -199,7 +199,7 @@ def forget_requests(drafter: Drafter | None) -> None:
             drafter.cache = SuffixCache(drafter.cache.max_tokens, drafter.cache.min_doc)
 
 
-def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams, max_tokens: int,
+def run_one(fam: Family, cfg: Config, tokens: list[int], params: SamplingParams, max_tokens: int,
             k_hist: int) -> tuple:
     """Generate once; returns the fields of `Run` that come from the generation."""
     fam.reset()
@@ -225,7 +225,7 @@ def run_one(fam: _Family, cfg: Config, tokens: list[int], params: SamplingParams
             s.drafted_at, s.accepted_at, tuple(hist), last.finish, *first, tuple(out), engine.threads.state().threads)
 
 
-def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: int) -> list[int]:
+def _cost_context(fam: Family, prompts: Sequence[list[int]], need: int, n_ctx: int) -> list[int]:
     """The longest prompt (a realistic position), padded by repetition if it is too short for the largest γ."""
     ctx = max(prompts, key=len)
     while len(ctx) < need:
@@ -236,14 +236,14 @@ def _cost_context(fam: _Family, prompts: Sequence[list[int]], need: int, n_ctx: 
 def bench_target(target: TargetSpec, plan: Plan, progress: Callable[[str], None] = lambda s: None,
                  log: Callable[[str], None] = lambda s: None) -> TargetResult:
     log(f"bench: loading {target.label}; each configuration calibrates as `localspec run` does (cached)")
-    fam = _Family(target, plan)
+    fam = Family(target, plan)
     try:
         return _bench_family(fam, target, plan, progress, log)
     finally:
         fam.close()
 
 
-def _bench_family(fam: _Family, target: TargetSpec, plan: Plan, progress, log) -> TargetResult:
+def _bench_family(fam: Family, target: TargetSpec, plan: Plan, progress, log) -> TargetResult:
     plain = fam.plain
     cfgs = configs_for(target, plan)
     k_hist = max(plan.ks, default=8)
@@ -278,7 +278,7 @@ def _bench_family(fam: _Family, target: TargetSpec, plan: Plan, progress, log) -
                         bool(plain.chat_template))
 
 
-def _run_prompts(fam: _Family, target: TargetSpec, plan: Plan, prompts, cfgs, rendered, k_hist: int, progress,
+def _run_prompts(fam: Family, target: TargetSpec, plan: Plan, prompts, cfgs, rendered, k_hist: int, progress,
                  runs: list[Run]) -> None:
     """Every prompt × temperature × repeat × configuration, appended to `runs` as each finishes."""
     for i, p in enumerate(prompts):
@@ -293,7 +293,7 @@ def _run_prompts(fam: _Family, target: TargetSpec, plan: Plan, prompts, cfgs, re
                     runs.append(Run(target.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
 
 
-def _measure(fam: _Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
+def _measure(fam: Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
     """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt)."""
     fam.reset()
     return measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
