@@ -97,3 +97,10 @@ def smollm2_target(smollm2_path: Path):
 def smollm2_twin(smollm2_path: Path):
     """A second, independent load of SmolLM2: the model as its own drafter (c ≈ 1, α ≈ 1 greedy)."""
     yield from _loaded(smollm2_path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """LOCALSPEC_TEST_ORDER=reverse runs the selection backwards: a test that passes only after another has run
+    (a warm cache, a server state) fails there."""
+    if os.environ.get("LOCALSPEC_TEST_ORDER") == "reverse":
+        items.reverse()

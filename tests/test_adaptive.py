@@ -18,6 +18,8 @@ from localspec.speculative.types import LOOKUP_LONG
 from localspec.tuning.calibration import measure_calibration
 from localspec.tuning.controller import Adaptive
 
+pytestmark = pytest.mark.slow
+
 PROSE = PROSE_PROMPTS[0]
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75)  # SmolLM2-135M Q4_1, 2 cores: v(3) ≈ 2.4 (docs/bench/report.md)
 

@@ -13,6 +13,8 @@ from click.testing import CliRunner
 
 from localspec.cli import main
 
+pytestmark = pytest.mark.slow
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -12,6 +12,8 @@ from localspec.models import LOOKUP
 from localspec.speculative.drafters import PromptLookup
 from localspec.tuning.controller import Adaptive, FixedK
 
+pytestmark = pytest.mark.slow
+
 N_CTX = 512
 
 

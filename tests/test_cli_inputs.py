@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from localspec.cli import main
 
+pytestmark = pytest.mark.slow
+
 # (arguments, stdin, exit code, words the one error line contains); "{empty}" / "{dir}" are filled in per run
 CASES = [
     (["run", ""], None, 2, "the prompt is empty"),

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def _run(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localspec", "run", *args], capture_output=True, text=True,

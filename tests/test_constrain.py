@@ -69,6 +69,7 @@ def _assert_matches(counts: np.ndarray, p: np.ndarray) -> None:
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.8, top_k=3),
                                     SamplingParams(temperature=1.2, top_p=0.7)])
+@pytest.mark.slow
 def test_masked_target_and_drafter_keep_the_constrained_distribution(params: SamplingParams):
     """Position 0 and position 1 (after an accepted draft) both follow the masked, warped target rows."""
     rng = np.random.default_rng(7)

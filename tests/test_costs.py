@@ -13,6 +13,8 @@ from localspec.tuning import calibration as cal_mod
 from localspec.tuning.calibration import Calibration, cache_key, calibrate, measure_calibration
 from localspec.tuning.costs import Costs, at_least_one, measure, merge, probe_tokens, thread_times
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def target(smollm2_target):

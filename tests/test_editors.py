@@ -27,6 +27,8 @@ from test_server_api import LLAMA_VIM_BODY
 
 from localspec.server.testing import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 EXTRA = [{"text": "def helper(x):\n    return 2 * x\n", "time": 1700000000, "filename": "helpers.py"}]
 PREFIX = "def total(values):\n    s = 0\n    for v in values:\n"
 SUFFIX = "\n    return s\n\nprint(total([1, 2, 3]))\n"
@@ -170,7 +172,8 @@ def test_continue_openai_provider_streams_v1_completions(server, name):
     stream.close()
     assert isinstance(text, str)
     done = client.completions.create(model=name, prompt=CONTINUE_PROMPT, max_tokens=6, temperature=0.01)
-    assert done.usage.completion_tokens <= 6 and done.choices[0].finish_reason in ("stop", "length")
+    n = done.usage.completion_tokens  # "length" exactly when max_tokens was reached
+    assert n <= 6 and done.choices[0].finish_reason == ("length" if n == 6 else "stop")
 
 
 def test_continue_ollama_provider_show_then_fim(http, server, name):

@@ -13,6 +13,8 @@ from localspec.speculative.loop import generate
 from localspec.tuning.controller import FixedK
 from localspec.tuning.threads import ThreadControl
 
+pytestmark = pytest.mark.slow
+
 CODE = """def fib(n):
     a, b = 0, 1
     for _ in range(n):

@@ -15,6 +15,8 @@ import pytest
 
 from localspec.backend import LoadOptions, Model, fastpath
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def verdicts(tmp_path, monkeypatch):

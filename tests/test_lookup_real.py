@@ -19,6 +19,8 @@ from localspec.speculative.suffix import SuffixCache
 from localspec.speculative.types import LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT
 from localspec.tuning.controller import Adaptive, FixedK
 
+pytestmark = pytest.mark.slow
+
 QUIET_CPU_V = (1.0, 1.5, 1.95, 2.4, 2.85, 3.3, 3.75, 4.2, 4.65)
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from localspec.cli import main
@@ -20,6 +21,7 @@ STATS = Stats(n_prompt=10, n_generated=20, gen_ms=100.0, rounds=8, draft_n=12, d
               drafted_at=(6, 4, 2), accepted_at=(5, 3, 1), by_source={"lookup": (12, 9)})
 
 
+@pytest.mark.slow
 def test_run_writes_one_line_per_request(tmp_path, smollm2_path):
     log = tmp_path / "logs" / "acceptance.jsonl"
     for task in ("code", None):
@@ -58,6 +60,7 @@ while True:  # the second request never ends: killed mid-request
 """
 
 
+@pytest.mark.slow
 def test_log_survives_a_crash_mid_request(tmp_path, smollm2_path):
     log = tmp_path / "a.jsonl"
     p = subprocess.Popen([sys.executable, "-c", CRASHER, str(smollm2_path), str(log)], stdout=subprocess.PIPE,

@@ -166,6 +166,7 @@ def test_rpc_without_an_rpc_build_is_one_clear_line(home):
     assert 'CMAKE_ARGS="-DGGML_RPC=on"' in r.output
 
 
+@pytest.mark.slow
 def test_models_toml_offload_settings_reach_both_models(home, smollm2_f16_path):
     from localspec.engine.loader import EngineConfig, load_engine
 

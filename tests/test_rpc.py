@@ -27,6 +27,8 @@ from localspec.cli import main
 from localspec.errors import ModelLoadError
 from localspec.models import rpc
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "The three primary colors are"
 needs_rpc = pytest.mark.skipif(not backend.supports_rpc(), reason="llama-cpp-python built without GGML_RPC")
 

@@ -18,6 +18,8 @@ from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
 from localspec.tuning.controller import FixedK
 
+pytestmark = pytest.mark.slow
+
 V = 6  # token 0 is EOS: logit -inf, never emitted
 N = 3000
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # lookup proposes 3, 1, 2, ...

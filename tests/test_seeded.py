@@ -30,6 +30,8 @@ from localspec.speculative.loop import generate
 from localspec.speculative.types import Step
 from localspec.tuning.controller import FixedK
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "I believe the meaning of life is"
 COPY = ("<|im_start|>user\nRepeat this list exactly:\n- apples, pears and plums\n- bread, butter and jam\n"
         "- tea, coffee and milk<|im_end|>\n<|im_start|>assistant\n- apples, pears")  # lookup drafts here

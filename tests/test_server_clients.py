@@ -14,6 +14,8 @@ import pytest
 
 from localspec.server.testing import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 ALIASES = ["smol", "chat-model"]
 ORIGIN = "http://app.example:8080"
 N_DEFAULT = 12  # -n: the default n_predict

@@ -16,6 +16,8 @@ from localspec.server.testing import ServerProcess
 from localspec.speculative.drafters import PromptLookup
 from localspec.tuning.controller import FixedK
 
+pytestmark = pytest.mark.slow
+
 BODY = {"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "n_predict": 240, "temperature": 0, "n_keep": 4}
 CTX = 256  # llama.cpp pads a context to a multiple of 256: smaller ones would not be what they say
 

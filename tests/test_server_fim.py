@@ -14,6 +14,8 @@ from test_server_api import LLAMA_VIM_BODY
 
 from localspec.server.testing import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def http(fim_model):

@@ -10,8 +10,11 @@ import asyncio
 import random
 
 import httpx
+import pytest
 
 from localspec.server.testing import ServerProcess, rss_mib
+
+pytestmark = pytest.mark.slow
 
 LINES = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(40)]
 TYPED = "def total(values):\n    return sum(f(v) for v in values)\n"

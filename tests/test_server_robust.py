@@ -18,6 +18,8 @@ import pytest
 
 from localspec.server.testing import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "List the planets of the solar system:"
 BODY = {"prompt": PROMPT, "n_predict": 24, "temperature": 0}
 

@@ -187,6 +187,7 @@ def test_external_query_and_separator_stop_drafts():
     assert cache.longest([42]) is None and SEPARATOR not in cache.docs[0]
 
 
+@pytest.mark.slow
 def test_cache_memory_is_bounded():
     rng = random.Random(7)
     cache = SuffixCache(max_tokens=2000)

@@ -276,6 +276,7 @@ def test_follow_applies_counts_between_rounds_and_closes_the_loop():
     assert closed == [True]
 
 
+@pytest.mark.slow
 def test_run_json_reports_thread_counts(smollm2_path):
     """`run --json` carries threads, threads_batch, threads_draft; `-t 1` pins them all (nothing switches)."""
     import json

@@ -21,6 +21,8 @@ from localspec.tui.widgets.conversation_list import ConversationList
 from localspec.tui.widgets.stats_panel import StatsPanel
 from localspec.tuning.controller import Adaptive, FixedK
 
+pytestmark = pytest.mark.slow
+
 REPEAT = "Write this line three times: the quick brown fox jumps over the lazy dog."
 SIZE = (140, 40)
 THREADS = 1  # one llama.cpp thread: on a shared 2-core CI box two threads spin against each other
