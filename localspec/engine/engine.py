@@ -11,11 +11,12 @@ Threading: one thread owns an Engine at a time (llama contexts are not thread-sa
 from __future__ import annotations
 
 import codecs
+import json
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 from ..backend import Model
 from ..errors import LocalspecError
@@ -43,8 +44,9 @@ class ChatTemplateError(LocalspecError):
 
 
 def render_chat(template: str, messages: Sequence[dict], *, bos: str = "", eos: str = "",
-                add_generation_prompt: bool = True) -> str:
-    """Render a GGUF `tokenizer.chat_template` (Jinja, as HF and llama.cpp run it) in a sandbox."""
+                add_generation_prompt: bool = True, **context: Any) -> str:
+    """Render a GGUF `tokenizer.chat_template` (Jinja, as HF and llama.cpp run it) in a sandbox; `context`
+    is what else the template reads (`tools`, `enable_thinking`)."""
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -54,9 +56,12 @@ def render_chat(template: str, messages: Sequence[dict], *, bos: str = "", eos: 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals.update(raise_exception=raise_exception,
                        strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    # HF's tojson: plain JSON (Jinja's own escapes <, > and & for HTML), keyword arguments allowed
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False, ensure_ascii=False: json.dumps(
+        x, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
     try:
         return env.from_string(template).render(messages=list(messages), bos_token=bos, eos_token=eos,
-                                                add_generation_prompt=add_generation_prompt)
+                                                add_generation_prompt=add_generation_prompt, **context)
     except TemplateError as e:
         raise ChatTemplateError(f"chat template failed: {e}") from None
 
@@ -126,14 +131,14 @@ class Engine:
     def metadata(self) -> dict[str, str]:
         return self._meta
 
-    def chat_prompt(self, messages: Sequence[dict]) -> str:
+    def chat_prompt(self, messages: Sequence[dict], **context: Any) -> str:
         tpl = self.chat_template
         if not tpl:
             raise ChatTemplateError(f"{self.name} has no chat template in its GGUF metadata; "
                                     "use a plain prompt (no --chat) or an instruct model")
         t = self.target
         return render_chat(tpl, messages, bos=t.token_text(t.bos) if t.bos >= 0 else "",
-                           eos=t.token_text(t.eos) if t.eos >= 0 else "")
+                           eos=t.token_text(t.eos) if t.eos >= 0 else "", **context)
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         """Prompt text -> tokens, BOS added per the GGUF, special-token text parsed (chat templates use it)."""
