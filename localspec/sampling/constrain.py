@@ -76,6 +76,14 @@ class Constraint:
         self._follow(context)
         return self._row(logits, tuple(prefix), greedy)
 
+    def state(self, context: Sequence[int]) -> GrammarState | None:
+        """The grammar's state after `context` (the structure drafter's start; clone before accepting), or None
+        without a grammar."""
+        if self.grammar is None:
+            return None
+        self._follow(context)
+        return self._state(())
+
     def close(self) -> None:
         self._drop_path(keep=None)
         if self.grammar is not None:
