@@ -254,3 +254,59 @@ def rm(spec: str) -> None:
         raise ModelNotFound(f"'{spec}' is not downloaded; nothing to remove")
     for x in removed:
         click.echo(f"removed {x}")
+
+
+@models.command()
+@click.argument("target", metavar="NAME|PATH")
+@click.option("--models-dir", "dirs", multiple=True, type=click.Path(file_okay=False), help="Also search this "
+              "folder of GGUFs (repeatable; LOCALSPEC_MODELS_DIR too).")
+@click.option("--all", "show_all", is_flag=True, help="Also list the files that cannot draft, with why.")
+@friendly_errors
+def drafters(target: str, dirs: tuple[str, ...], show_all: bool) -> None:
+    """Local drafters with TARGET's tokenizer, fastest predicted first (this machine's calibrated v(γ) and c,
+    else c from file sizes, and an acceptance prior)."""
+    from ..bench import tables
+    from ..tuning.predict import rank
+
+    t = _local_path(target)
+    rows = rank(t.path, dirs)
+    grid = tables.grid("DRAFTER", "WHERE", "SIZE", "TOKENIZER", "PREDICTED", "BASIS", right=[2, 4])
+    shown = 0
+    for r in rows:
+        if r.prediction is None and not show_all:
+            continue
+        shown += 1
+        p = r.prediction
+        tables.add(grid, r.match.file.name, r.match.file.origin, _human(r.match.size_bytes),
+                   "same" if p else "differs: " + r.match.reasons[0], f"{p.speedup:.2f}x k={p.k}" if p else "-",
+                   p.basis() if p else "-")
+    if shown:
+        tables.echo(grid)
+    n_ok = sum(r.prediction is not None for r in rows)
+    click.echo(f"{n_ok} of {len(rows)} local GGUFs share {t.name}'s tokenizer"
+               + ("" if n_ok else f"; 'localspec models make-drafter {target}' writes a low-bit copy to draft with"))
+
+
+@models.command("make-drafter")
+@click.argument("target", metavar="NAME|PATH")
+@click.option("--quant", type=click.Choice(["Q4_0", "Q4_1", "Q8_0"]), default="Q4_0", show_default=True,
+              help="The copy's weight type.")
+@click.option("--force", is_flag=True, help="Write it again even if it exists.")
+@friendly_errors
+def make_drafter(target: str, quant: str, force: bool) -> None:
+    """Write a low-bit copy of TARGET with llama.cpp's quantizer, beside it (or in localspec's cache); `--draft
+    self` drafts with it."""
+    from ..backend.quantize import quantize
+    from ..models.candidates import self_drafter_path
+    from ..tuning.predict import predict
+
+    t = _local_path(target)
+    out = self_drafter_path(t.path, quant)
+    if out.is_file() and not force:
+        click.echo(f"{out} exists ({_human(out.stat().st_size)}); --force writes it again")
+    else:
+        log_err(f"localspec: quantizing {t.path.name} to {quant} ...")
+        quantize(t.path, out, quant)
+        click.echo(f"wrote {out} ({_human(out.stat().st_size)})")
+    p = predict(t.path, out)
+    click.echo(f"predicted {p.speedup:.2f}x at k={p.k} for {t.name} ({p.basis()}); use it with --draft self")

@@ -49,15 +49,66 @@ class EngineConfig:
     hybrid: bool = False  # with a model drafter: prompt lookup first, the model when lookup has no match
     p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
     lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
+    models_dirs: tuple[str, ...] = ()  # folders --draft auto searches besides models.toml and the hub cache
     k_max_lookup: int = K_MAX_LOOKUP  # with lookup and k_max left at its default (tuning/controller.k_range)
 
 
-def choose_drafter(config: EngineConfig, model_name: str) -> tuple[str, int]:
-    """(drafter, k): explicit choice first, else what models.toml pairs with the model, else prompt lookup."""
+AUTO = "auto"  # --draft auto: the best local drafter with the target's tokenizer (tuning/predict.rank)
+SELF = "self"  # --draft self: the target's low-bit copy that `localspec models make-drafter` wrote
+
+
+def choose_drafter(config: EngineConfig, model_name: str, target_path: Path | None = None,
+                   log=print) -> tuple[str, int]:
+    """(drafter, k): explicit choice first (AUTO and SELF resolved to a file here), else what models.toml pairs
+    with the model, else prompt lookup."""
     pair = load_registry().pair_for(model_name)
     draft = config.draft or (pair.drafter if pair else LOOKUP)
     k = config.k if config.k is not None else (pair.k if pair else DEFAULT_K)
+    if draft in (AUTO, SELF) and target_path is not None:
+        draft = auto_drafter(target_path, model_name, self_only=draft == SELF, dirs=config.models_dirs, log=log)
     return draft, k
+
+
+def auto_drafter(target: Path, name: str, *, self_only: bool = False, dirs: tuple[str, ...] = (),
+                 log=print) -> str:
+    """The fastest predicted local drafter with the target's tokenizer, said in one line; none: prompt lookup,
+    said so. `self_only`: the target's own low-bit copy, refused when there is none."""
+    from ..models.candidates import self_drafters
+    from ..tuning.predict import predict, rank
+
+    if self_only:
+        own = self_drafters(target)
+        if not own:
+            raise IncompatibleDrafter(f"{name} has no self drafter yet: run 'localspec models make-drafter "
+                                      f"{target}' (or use --draft auto / --lookup)")
+        p = predict(target, own[0])
+        log(f"localspec: drafter {own[0].name} (self copy of {name}): predicted {p.speedup:.2f}x at k={p.k} "
+            f"({p.basis()})")
+        return str(own[0])
+    usable = [r for r in rank(target, dirs) if r.prediction is not None]
+    if not usable or usable[0].prediction is None or usable[0].prediction.speedup <= 1.0:
+        why = "no local GGUF has its tokenizer" if not usable else (
+            f"the best, {usable[0].match.file.name}, is predicted {usable[0].prediction.speedup:.2f}x")
+        log(f"localspec: --draft auto: prompt lookup for {name} ({why})")
+        return LOOKUP
+    best = usable[0]
+    pred = best.prediction
+    log(f"localspec: --draft auto: {best.match.file.name} ({best.match.file.origin}, same tokenizer): predicted "
+        f"{pred.speedup:.2f}x at k={pred.k} ({pred.basis()}; {len(usable) - 1} other candidates)")
+    return str(best.match.file.path)
+
+
+def warn_if_too_large(target: Path, drafter: Path, name: str, log=print) -> None:
+    """A drafter predicted to lose at every γ (speedup < 1) gets one warning with the numbers."""
+    from ..tuning.predict import predict
+
+    try:
+        p = predict(target, drafter)
+    except ModelLoadError:
+        return
+    if p.speedup < 1.0:
+        log(f"localspec: warning: drafter {name} is predicted to slow {target.name} down at every draft length "
+            f"(best {p.speedup:.2f}x at k={p.k}; {p.basis()}): a smaller drafter or --lookup should pay")
 
 
 def _entry_ngl(entry, default: int) -> int:
@@ -103,7 +154,7 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
     target_ref = resolve_model(config.model, log=log)
     if config.load.rpc_servers:  # a dead or wrong address is one line before any model loads
         add_rpc_servers(config.load.rpc_servers)
-    draft, k = choose_drafter(config, target_ref.name)
+    draft, k = choose_drafter(config, target_ref.name, target_ref.path, log=log)
     n_ctx = context_length(config, target_ref)
     ngl = config.ngl if config.ngl is not None else _entry_ngl(target_ref.entry, 0)
     opts = replace(config.load, n_ctx=n_ctx, n_threads=config.threads, n_gpu_layers=ngl, verbose=config.verbose)
@@ -111,6 +162,8 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
     if draft not in (LOOKUP, NO_DRAFTER):
         draft_ref = resolve_model(draft, log=log)
         check_drafter(target_ref.path, draft_ref.path, target_name=target_ref.name, drafter_name=draft_ref.name)
+        if config.draft not in (AUTO, SELF):
+            warn_if_too_large(target_ref.path, draft_ref.path, draft_ref.name, log=log)
         if config.n_ctx:
             check_context(draft_ref.path, draft_ref.name, n_ctx, config.load)
         ngl_d = config.ngl_draft

@@ -32,19 +32,20 @@ class GGUFHeader:
     tensors: tuple[tuple[str, tuple[int, ...], int], ...] = field(repr=False)
 
 
-def read_header(path: str | Path, *, tokens: bool = True) -> GGUFHeader:
-    """Parse a GGUF header; tensor data is never read. Raises ModelLoadError on a non-GGUF or damaged file."""
+def read_header(path: str | Path, *, tokens: bool = True, keep: tuple[str, ...] = ()) -> GGUFHeader:
+    """Parse a GGUF header; tensor data is never read. Raises ModelLoadError on a non-GGUF or damaged file.
+    `keep`: further array keys to read in full (e.g. tokenizer.ggml.merges), beside the small ones always kept."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ModelLoadError(f"model file not found: {p}")
     try:
         with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _parse(p, mm, tokens)
+            return _parse(p, mm, tokens, keep)
     except (struct.error, ValueError, UnicodeDecodeError, IndexError) as e:
         raise ModelLoadError(f"{p} is not a readable GGUF file ({e}); download it again") from None
 
 
-def _parse(p: Path, mm: mmap.mmap, want_tokens: bool) -> GGUFHeader:
+def _parse(p: Path, mm: mmap.mmap, want_tokens: bool, extra: tuple[str, ...] = ()) -> GGUFHeader:
     if mm[:4] != b"GGUF":
         raise ValueError(f"magic {mm[:4]!r}, expected b'GGUF'")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
@@ -80,7 +81,7 @@ def _parse(p: Path, mm: mmap.mmap, want_tokens: bool) -> GGUFHeader:
         et, n = struct.unpack_from("<IQ", mm, off)
         off += 12
         lengths[key] = n
-        keep = key in _KEEP_ARRAYS and (want_tokens or key != "tokenizer.ggml.tokens")
+        keep = key in extra or key in _KEEP_ARRAYS and (want_tokens or key != "tokenizer.ggml.tokens")
         if et == 8 and keep:
             kv[key], off = _read_strings(mm, off, n)
         elif et == 8:
