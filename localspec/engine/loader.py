@@ -20,6 +20,7 @@ from ..models.registry import load_registry
 from ..models.resolve import resolve_model
 from ..speculative.drafters import HybridDrafter, ModelDrafter, PromptLookup
 from ..speculative.reindent import Indents
+from ..speculative.structure import STRUCTURE, StructureDrafter
 from ..speculative.suffix import SuffixCache
 from ..speculative.types import NO_DRAFTER, Controller, Drafter
 from ..tuning.calibration import Calibration
@@ -51,6 +52,7 @@ class EngineConfig:
     lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
     models_dirs: tuple[str, ...] = ()  # folders --draft auto searches besides models.toml and the hub cache
     k_max_lookup: int = K_MAX_LOOKUP  # with lookup and k_max left at its default (tuning/controller.k_range)
+    structure: bool = False  # draft the text a request's grammar forces first, the drafter above otherwise
 
 
 AUTO = "auto"  # --draft auto: the best local drafter with the target's tokenizer (tuning/predict.rank)
@@ -198,6 +200,9 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
         model = ModelDrafter(draft_model, p_min=config.p_min)
         drafter = HybridDrafter(make_lookup(config, target), model) if config.hybrid else model
         draft = f"{LOOKUP}+{draft}" if config.hybrid else draft
+    if config.structure:  # speculative/structure.py: forced text first, then the drafter (if any)
+        drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
+        draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
     cal = load_calibration(config, target, drafter, draft_model, meter)
     if controller is None and drafter is not None:
         controller = make_controller(config, k, drafter, cal)
