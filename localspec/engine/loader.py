@@ -87,14 +87,13 @@ def auto_drafter(target: Path, name: str, *, self_only: bool = False, dirs: tupl
         log(f"localspec: drafter {own[0].name} (self copy of {name}): predicted {p.speedup:.2f}x at k={p.k} "
             f"({p.basis()})")
         return str(own[0])
-    usable = [r for r in rank(target, dirs) if r.prediction is not None]
-    if not usable or usable[0].prediction is None or usable[0].prediction.speedup <= 1.0:
+    usable = [(r, r.prediction) for r in rank(target, dirs) if r.prediction is not None]
+    if not usable or usable[0][1].speedup <= 1.0:
         why = "no local GGUF has its tokenizer" if not usable else (
-            f"the best, {usable[0].match.file.name}, is predicted {usable[0].prediction.speedup:.2f}x")
+            f"the best, {usable[0][0].match.file.name}, is predicted {usable[0][1].speedup:.2f}x")
         log(f"localspec: --draft auto: prompt lookup for {name} ({why})")
         return LOOKUP
-    best = usable[0]
-    pred = best.prediction
+    best, pred = usable[0]
     log(f"localspec: --draft auto: {best.match.file.name} ({best.match.file.origin}, same tokenizer): predicted "
         f"{pred.speedup:.2f}x at k={pred.k} ({pred.basis()}; {len(usable) - 1} other candidates)")
     return str(best.match.file.path)
