@@ -105,7 +105,7 @@ def warn_if_too_large(target: Path, drafter: Path, name: str, log=print) -> None
 
     try:
         p = predict(target, drafter)
-    except ModelLoadError:
+    except (ModelLoadError, OSError, ValueError, KeyError):  # advisory only: a file it cannot judge loads as before
         return
     if p.speedup < 1.0:
         log(f"localspec: warning: drafter {name} is predicted to slow {target.name} down at every draft length "
