@@ -1,6 +1,6 @@
 """The option blocks the model commands share, each declared once and handed to the command as ONE value.
 
-    @engine_options    --model/--pair/--draft/--lookup/--no-spec/-k/--ctx/..., offload, adaptive
+    @engine_options    --model/--pair/--draft/--lookup/--no-spec/-k/--ctx/--models-dir/..., offload, adaptive
                        -> engine_config: EngineConfig
     @sampling_options  --temp/--top-k/--top-p/--min-p/--repeat-penalty/--repeat-last-n/--seed -> params
     @metrics_options   --metrics-log/--task -> metrics_log: MetricsLog | None, task: str | None
@@ -82,7 +82,12 @@ _ENGINE = [
                  "(default: the embedded SmolLM2-135M, a demo-sized model)."),
     click.option("--pair", metavar="NAME", help="A models.toml pair ([pairs.NAME]): its target and drafter "
                  "(--draft/--lookup/--no-spec still choose the drafter)."),
-    click.option("--draft", metavar="NAME|PATH", help="Drafter model with the same tokenizer."),
+    click.option("--draft", metavar="NAME|PATH|auto|self", help="Drafter model with the same tokenizer; 'auto': "
+                 "the fastest predicted local GGUF with it (none: prompt lookup); 'self': the target's low-bit copy "
+                 "('localspec models make-drafter')."),
+    click.option("--models-dir", "models_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+                 help="A folder of GGUFs to search for models and drafters (repeatable; LOCALSPEC_MODELS_DIR too), "
+                 "besides models.toml and the Hugging Face cache."),
     click.option("--lookup", is_flag=True, help="Draft by prompt lookup (n-grams from the context)."),
     click.option("--no-spec", is_flag=True, help="Plain decoding, no speculation."),
     click.option("-k", "k", type=DraftLength(), metavar="N", help=K_HELP),
@@ -198,7 +203,7 @@ def engine_config_from(v: dict):
     return EngineConfig(model=model, draft=draft, k=v["k"], n_ctx=v["n_ctx"], threads=v["threads"], ngl=v["ngl"],
                       ngl_draft=v["ngl_draft"], verbose=v["verbose"], load=_load_options(v),
                       adaptive=not v["no_adaptive"], k_min=v["k_min"], k_max=v["k_max"], hybrid=hybrid,
-                      p_min=v["draft_p_min"])
+                      p_min=v["draft_p_min"], models_dirs=tuple(v["models_dirs"]))
 
 
 engine_options = bundle(_ENGINE, lambda v, _rest: {"engine_config": engine_config_from(v)})
