@@ -43,7 +43,10 @@ def split_reasoning(text: str, fmt: str = "auto", *, started: bool = False,
             return "", text
     i = body.find(CLOSE)
     if i < 0:
-        return (body if final else body[:len(body) - _hold(body, CLOSE)]).lstrip("\n"), ""
+        if final:
+            return body.lstrip("\n"), ""
+        # held back: a tail that may become `</think>`, and the newlines before it (the split strips them)
+        return body[:len(body) - _hold(body, CLOSE)].strip("\n"), ""
     return body[:i].strip("\n"), body[i + len(CLOSE):].lstrip("\n")
 
 

@@ -13,8 +13,6 @@ import json
 import re
 from typing import Any
 
-from ..backend import json_schema_grammar
-
 # Formats whose markers wrap JSON calls; others fall back to the generic format when a call is required
 WRAPPED = ("hermes", "llama3", "mistral")
 
@@ -59,6 +57,8 @@ def _lit(s: str) -> str:
 
 def tool_grammar(fmt: str, fns: list[dict], *, required: bool, parallel: bool) -> str | None:
     """GBNF for the output, or None when the output is left free (a native format under `auto`)."""
+    from ..backend import json_schema_grammar  # llama.cpp's converter: loaded when a grammar is built
+
     if fmt == "generic":
         return json_schema_grammar(generic_schema(fns, required=required, parallel=parallel))
     if not required or fmt not in WRAPPED:

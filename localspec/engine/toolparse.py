@@ -49,6 +49,16 @@ def _hold(text: str, markers: tuple[str, ...]) -> str:
     return text
 
 
+def _until(text: str, pos: int, marker: str, final: bool) -> tuple[str, int]:
+    """The content from pos up to the next marker, and the marker's place (-1: none yet). On a prefix a tail that
+    may still become the marker is held back."""
+    i = text.find(marker, pos)
+    if i >= 0:
+        return text[pos:i], i
+    tail = text[pos:]
+    return (tail if final else _hold(tail, (marker,))), -1
+
+
 def json_extent(text: str, pos: int) -> int | None:
     """End of the JSON value starting at pos, or None when the text ends inside it."""
     depth, in_str, esc = 0, False, False
@@ -138,11 +148,10 @@ def _tagged(text: str, final: bool, open_: str, close: str) -> Parsed:
     content, pos = "", 0
     calls: list[Partial] = []
     while True:
-        i = text.find(open_, pos)
+        piece, i = _until(text, pos, open_, final)
+        content += piece
         if i < 0:
-            tail = text[pos:]
-            return content + (tail if final else _hold(tail, (open_,))), calls
-        content += text[pos:i]
+            return content, calls
         try:
             call, end = scan_call(text, i + len(open_))
         except BadCall:
@@ -193,10 +202,10 @@ def mistral(text: str, final: bool) -> Parsed:
     """Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]`, or the later
     `[TOOL_CALLS]name[ARGS]{...}` (one marker per call)."""
     tag = "[TOOL_CALLS]"
-    i = text.find(tag)
+    content, i = _until(text, 0, tag, final)
     if i < 0:
-        return (text if final else _hold(text, (tag,))), []
-    content, pos = text[:i], i + len(tag)
+        return content, []
+    pos = i + len(tag)
     calls: list[Partial] = []
     try:
         pos = _ws(text, pos)
@@ -238,11 +247,10 @@ def gemma(text: str, final: bool) -> Parsed:
     content, pos = "", 0
     calls: list[Partial] = []
     while True:
-        i = text.find(_GEMMA_OPEN, pos)
+        piece, i = _until(text, pos, _GEMMA_OPEN, final)
+        content += piece
         if i < 0:
-            tail = text[pos:]
-            return content + (tail if final else _hold(tail, (_GEMMA_OPEN,))), calls
-        content += text[pos:i]
+            return content, calls
         j = text.find(_GEMMA_CLOSE, i)
         body = text[i + len(_GEMMA_OPEN):j if j >= 0 else len(text)]
         m = re.match(r"\s*call:([\w.\-]+)\{", body)

@@ -11,6 +11,7 @@ with `plan.grammar`, and read the answer with `plan.parse` or `plan.stream()`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import string
@@ -126,6 +127,8 @@ def tool_messages(messages: list[dict], plan: ToolPlan | None, template: str | N
     """OpenAI messages as the template reads them: call arguments as objects, tool results with the tool's
     name; for the generic format calls and results as JSON text and the tools in the system message."""
     fmt = plan.fmt if plan else detect_tool_format(template)
+    if fmt == "mistral":
+        messages = [_mistral_ids(m) for m in messages]
     names = {c.get("id"): (c.get("function") or {}).get("name") for m in messages for c in m.get("tool_calls") or []}
     out = [_generic_message(m, names) if fmt == "generic" else _native_message(m, names) for m in messages]
     if plan is not None and plan.fmt == "generic":
@@ -144,6 +147,22 @@ def _arguments(text: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def mistral_id(call_id: str) -> str:
+    """A call id as Mistral's templates demand it (9 letters and digits, else they raise): kept when it is one,
+    else a digest of it, so a call and its result still carry the same id."""
+    if len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
+def _mistral_ids(m: dict) -> dict:
+    if m.get("tool_calls"):
+        m = {**m, "tool_calls": [{**c, "id": mistral_id(str(c.get("id") or ""))} for c in m["tool_calls"]]}
+    if m.get("role") == "tool" and m.get("tool_call_id") is not None:
+        m = {**m, "tool_call_id": mistral_id(str(m["tool_call_id"]))}
+    return m
 
 
 def _native_message(m: dict, names: dict) -> dict:
