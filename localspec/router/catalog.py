@@ -1,0 +1,258 @@
+"""Every model the router can serve, each as the `localspec serve` options its runner gets.
+
+Sources, first name wins: the registry (models.toml: what is on disk, and the embedded default, which the
+runner fetches), a presets file ([NAME] sections in the spirit of llama-server's --models-preset), the GGUFs
+in --models-dir folders (named by file stem), and the hub cache (named owner/repo:QUANT, as pulled).
+A registry model's runner gets `--model NAME`, so it resolves its models.toml pair itself and pairs stay pairs;
+a preset can give any model a drafter (`draft = ...`) or its own --ctx, --ngl, ...
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LocalspecError
+from ..models import LOOKUP
+from ..models.candidates import local_files
+from ..models.catalog import Known, catalog
+from ..models.hub import quant_of
+from ..models.model_facts import trained_context
+from ..models.registry import Registry, load_registry
+
+if TYPE_CHECKING:
+    from ..engine.loader import EngineConfig
+
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
+_HUB_REPO = re.compile(r"models--([^/]+?)--([^/]+)$")
+# llama-server's preset keys (its long option names) -> localspec serve's
+_PRESET_ALIASES = {"ctx-size": "ctx", "c": "ctx", "n-gpu-layers": "ngl", "gpu-layers": "ngl", "m": "model",
+                   "model-draft": "draft", "md": "draft", "n-gpu-layers-draft": "ngl-draft", "t": "threads",
+                   "draft-max": "k-max", "draft-min": "k-min", "gpu-layers-draft": "ngl-draft"}
+GLOBAL_SECTION = "*"
+DEFAULT_CTX = 4096  # engine/loader.py's DEFAULT_CTX restated: importing the loader would load llama.cpp here
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model the router knows: its name, its file (None: the runner fetches it, e.g. the embedded
+    default), and every option its runner's `localspec serve` gets (the router adds --host/--port)."""
+
+    name: str
+    path: Path | None
+    args: tuple[str, ...]
+    source: str = "models.toml"  # "models.toml", "preset", "models dir", "hub cache"
+    draft_path: Path | None = None  # the drafter's file, for the memory estimate
+    n_ctx: int | None = None
+    ngl: int | None = None
+    aliases: tuple[str, ...] = field(default=())
+
+
+def engine_args(config: EngineConfig) -> tuple[str, ...]:
+    """The engine options the user gave the router, as every runner's command line (the model is per runner;
+    --draft auto/self, --lookup and --no-spec apply to each model, a --draft file to none)."""
+    from ..speculative.types import NO_DRAFTER
+
+    a: list[str] = []
+    pairs: list[tuple[str, Any]] = [("--ctx", config.n_ctx), ("--threads", config.threads), ("--ngl", config.ngl),
+                                    ("--ngl-draft", config.ngl_draft), ("-k", config.k)]
+    if config.draft in ("auto", "self"):
+        pairs.append(("--draft", config.draft))
+    a += [x for flag, v in pairs if v is not None for x in (flag, str(v))]
+    a += {LOOKUP: ["--lookup"], NO_DRAFTER: ["--no-spec"]}.get(config.draft or "", [])
+    a += ["--verbose"] * config.verbose + ["--no-adaptive"] * (not config.adaptive)
+    a += ["--k-min", str(config.k_min), "--k-max", str(config.k_max)]
+    if config.p_min:
+        a += ["--draft-p-min", str(config.p_min)]
+    for d in config.models_dirs:
+        a += ["--models-dir", str(d)]
+    return (*a, *_load_args(config))
+
+
+def _load_args(config: EngineConfig) -> list[str]:
+    """The offload options (LoadOptions) back as flags."""
+    import gguf
+
+    lo = config.load
+    a = ["--main-gpu", str(lo.main_gpu)] if lo.main_gpu else []
+    if lo.tensor_split:
+        a += ["--tensor-split", ",".join(f"{x:g}" for x in lo.tensor_split)]
+    if lo.flash_attn is not None:
+        a += ["--flash-attn", "on" if lo.flash_attn else "off"]
+    for flag, t in (("--cache-type-k", lo.type_k), ("--cache-type-v", lo.type_v)):
+        if t is not None:
+            a += [flag, gguf.GGMLQuantizationType(t).name.lower()]
+    if lo.rpc_servers:
+        a += ["--rpc", ",".join(lo.rpc_servers)]
+    if lo.mmap is not None:
+        a.append("--mmap" if lo.mmap else "--no-mmap")
+    a += {"all": ["--repack"], "none": ["--no-repack"]}.get(lo.fast_path or "", [])
+    return a
+
+
+def context_for(path: Path | None, n_ctx: int | None) -> int:
+    """The n_ctx the runner's loader will choose (loader.context_length): the asked one, else 4096, capped
+    at the trained context."""
+    if n_ctx:
+        return n_ctx
+    try:
+        trained = trained_context(path) if path is not None else None
+    except LocalspecError:
+        trained = None
+    return min(DEFAULT_CTX, trained or DEFAULT_CTX)
+
+
+def _registry_spec(k: Known, reg: Registry, base: tuple[str, ...], config: EngineConfig) -> ModelSpec:
+    """A registry model: `--model NAME`; its pair's drafter when that is on disk, else prompt lookup."""
+    args: tuple[str, ...] = ("--model", k.name)
+    draft_path = None
+    if k.drafter != LOOKUP and not _chosen_drafter(config):
+        drafter = next((d for d in catalog(reg) if d.name == k.drafter), None)
+        if drafter is None or drafter.path is None:
+            args += ("--lookup",)  # the pair's drafter is not downloaded: the target alone still serves
+        else:
+            draft_path = drafter.path
+    ngl = config.ngl if config.ngl is not None else k.entry.n_gpu_layers
+    return ModelSpec(k.name, k.path, (*args, *base), "models.toml", draft_path,
+                     context_for(k.path, config.n_ctx or k.entry.n_ctx), ngl)
+
+
+def _chosen_drafter(config: EngineConfig) -> bool:
+    return config.draft is not None
+
+
+def _file_name(path: Path, origin: str) -> str | None:
+    """A models-dir file by its stem; a hub file as owner/repo:QUANT; the 2nd.. shard of a set: None."""
+    stem = path.stem
+    shard = _SHARD.search(stem)
+    if shard and shard.group(1) != "00001":
+        return None
+    stem = _SHARD.sub("", stem)
+    if origin != "hub cache":
+        return stem
+    repo = next((m for p in path.parents if (m := _HUB_REPO.search(p.name))), None)
+    if repo is None:
+        return stem
+    return f"{repo.group(1)}/{repo.group(2)}:{quant_of(path.name) or stem}"
+
+
+def _file_specs(config: EngineConfig, base: tuple[str, ...], taken: set[str]) -> list[ModelSpec]:
+    """GGUFs in --models-dir folders and the hub cache that the registry does not name."""
+    out = []
+    for f in local_files(config.models_dirs):
+        if f.origin not in ("models dir", "hub cache"):
+            continue
+        name = _file_name(f.path, f.origin)
+        if name is None or name in taken:
+            continue
+        taken.add(name)
+        out.append(ModelSpec(name, f.path, ("--model", str(f.path), *base), f.origin, None,
+                             context_for(f.path, config.n_ctx), config.ngl or 0))
+    return out
+
+
+def discover(config: EngineConfig, presets: Path | None = None) -> dict[str, ModelSpec]:
+    """name -> ModelSpec for every model this router can serve (see the module docstring for the order)."""
+    reg = load_registry()
+    base = engine_args(config)
+    specs: dict[str, ModelSpec] = {}
+    for k in catalog(reg):
+        if k.present or k.default:
+            specs[k.name] = _registry_spec(k, reg, base, config)
+    sections = read_presets(presets) if presets else {}
+    shared = preset_args(sections.pop(GLOBAL_SECTION, {}))
+    for name, values in sections.items():
+        specs[name] = _preset_spec(name, values, specs.get(name), base, shared, config)
+    if shared:
+        specs = {n: s if s.source == "preset" else _with(s, shared) for n, s in specs.items()}
+    for s in _file_specs(config, (*base, *shared), set(specs)):
+        specs[s.name] = s
+    return specs
+
+
+def _with(spec: ModelSpec, extra: tuple[str, ...]) -> ModelSpec:
+    from dataclasses import replace
+
+    return replace(spec, args=(*spec.args, *extra))
+
+
+# -- presets ------------------------------------------------------------------------------------------------------
+
+def read_presets(path: Path) -> dict[str, dict[str, Any]]:
+    """[NAME] sections of options, from TOML (.toml) or INI (anything else, as llama-server's --models-preset);
+    a [*] section applies to every model."""
+    text = Path(path).expanduser().read_text()
+    if Path(path).suffix == ".toml":
+        data = tomllib.loads(text)
+        return {str(k): dict(v) for k, v in data.items() if isinstance(v, dict)}
+    ini = configparser.ConfigParser(interpolation=None, default_section="\0")
+    ini.read_string(text, source=str(path))
+    return {s: dict(ini[s]) for s in ini.sections()}
+
+
+def _key(k: str) -> str:
+    k = k.strip().lstrip("-").lower().replace("_", "-")
+    return _PRESET_ALIASES.get(k, k)
+
+
+def preset_args(values: dict[str, Any]) -> tuple[str, ...]:
+    """A section's options (but `model`) as serve flags: `ctx = 2048` -> --ctx 2048, `lookup = true` ->
+    --lookup, a false flag is left out."""
+    a: list[str] = []
+    for k, v in values.items():
+        key = _key(k)
+        if key == "model":
+            continue
+        flag = "-k" if key == "k" else f"--{key}"
+        if isinstance(v, bool) or str(v).strip().lower() in ("true", "false", "on", "off", ""):
+            if v is True or str(v).strip().lower() in ("true", "on", ""):
+                a.append(flag)
+            continue
+        a += [flag, str(v)]
+    return tuple(a)
+
+
+def _file_or_none(value: str | None, reg: Registry) -> Path | None:
+    """A preset's model or draft as a file: a path, else a registry model on disk; None when neither."""
+    if not value:
+        return None
+    p = Path(value).expanduser()
+    if p.is_file():
+        return p
+    k = next((x for x in catalog(reg) if x.name == value), None)
+    return k.path if k is not None else None
+
+
+def _preset_spec(name: str, values: dict[str, Any], existing: ModelSpec | None, base: tuple[str, ...],
+                 shared: tuple[str, ...], config: EngineConfig) -> ModelSpec:
+    """A preset section: its model (a path or registry name; default the section's name), the engine options,
+    then the [*] options, then its own (click keeps the last of a repeated option, so the section wins)."""
+    norm = {_key(k): v for k, v in values.items()}
+    reg = load_registry()
+    model = str(norm.get("model") or (existing.args[1] if existing else name))
+    path = _file_or_none(model, reg) or (existing.path if existing else None)
+    own = preset_args(values)
+    draft = _file_or_none(str(norm["draft"]), reg) if norm.get("draft") else None
+    ctx = int(norm["ctx"]) if norm.get("ctx") else config.n_ctx
+    ngl = int(norm["ngl"]) if norm.get("ngl") not in (None, "") else config.ngl
+    return ModelSpec(name, path, ("--model", model, *base, *shared, *own), "preset",
+                     draft or (existing.draft_path if existing else None), context_for(path, ctx), ngl)
+
+
+def canonical(name: str, specs: dict[str, ModelSpec]) -> str | None:
+    """The spec a client's model name means: exact, then without Ollama's ':latest' tag, then an alias, then
+    a hub name without its quant (owner/repo -> owner/repo:Q4_K_M when only one is cached)."""
+    if name in specs:
+        return name
+    bare = name.removesuffix(":latest")
+    if bare in specs:
+        return bare
+    for s in specs.values():
+        if name in s.aliases or bare in s.aliases:
+            return s.name
+    hub = [n for n in specs if n.startswith(bare + ":")]
+    return hub[0] if len(hub) == 1 else None

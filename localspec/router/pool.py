@@ -1,0 +1,343 @@
+"""Which models run: one Runner per model, started on demand, kept while in use, evicted least-recently-used
+past --models-max or when a new model's memory estimate would not fit, unloaded when idle.
+
+Each model is a slot in the states llama-server's router reports: unloaded -> loading -> loaded, loaded ->
+sleeping (--sleep-idle-seconds) or unloaded (keep_alive expired, evicted, unloaded by request), and failed (its
+runner did not start or died; the next request starts it again). Requests hold a runner between `acquire` and
+`release`, and a runner serving a request is never evicted or expired. Idle time follows Ollama's keep_alive:
+the expiry is set when the last request on a model ends (now + keep_alive; 0 unloads at once; negative keeps
+it forever), and --sleep-idle-seconds puts any model to sleep after that long idle. Everything runs on the
+event loop; loads of different models run side by side, one load at a time per model, and only admitting a
+load (eviction, the memory check) is serialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..backend.memory import available_bytes
+from .catalog import ModelSpec, canonical, context_for
+from .errors import RunnerFailed, UnknownModel, WontFit
+from .memory import Estimate, estimate
+from .runner import START_TIMEOUT, Runner
+
+UNLOADED, LOADING, LOADED, SLEEPING, FAILED = "unloaded", "loading", "loaded", "sleeping", "failed"
+MODELS_MAX = 4
+DEFAULT_KEEP_ALIVE = 300.0  # Ollama's OLLAMA_KEEP_ALIVE default, 5 minutes
+REAP_EVERY = 1.0
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model as GET /models and /api/ps report it."""
+
+    name: str
+    state: str
+    pid: int | None
+    port: int | None
+    expires_at: float | None  # time.time() when it unloads or sleeps if still idle; None: never, or not loaded
+    size_bytes: int | None
+    ram_estimate: int | None
+    vram_estimate: int | None
+    busy: int
+    failure: str | None
+    source: str
+    path: str | None
+
+
+def spec_estimate(spec: ModelSpec) -> Estimate | None:
+    """The memory a spec's runner will take; None when its file is not on disk yet (fetched by the runner)."""
+    if spec.path is None or not spec.path.is_file():
+        return None
+    draft = spec.draft_path if spec.draft_path is not None and spec.draft_path.is_file() else None
+    return estimate(spec.path, spec.n_ctx or context_for(spec.path, None), spec.ngl, draft=draft)
+
+
+class _Slot:
+    """A model's mutable state; only the Pool touches it."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.runner: Runner | None = None
+        self.state = UNLOADED
+        self.busy = 0
+        self.keep_alive: float | None = None  # the last request's; None: the pool's default
+        self.expires: float | None = None  # time.monotonic() deadlines while idle
+        self.sleep_at: float | None = None
+        self.last_used = 0.0
+        self.loading: asyncio.Task[Runner] | None = None
+        self.failure: str | None = None
+        self.need: Estimate | None = None
+        self.estimated = False
+
+
+def _gb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e9:.1f} GB"
+
+
+class Pool:
+    """The runners of a router (see the module docstring)."""
+
+    def __init__(self, specs: dict[str, ModelSpec] | Iterable[ModelSpec], *, models_max: int = MODELS_MAX,
+                 sleep_idle_s: float | None = None, default_keep_alive: float | None = DEFAULT_KEEP_ALIVE,
+                 estimate: Callable[[ModelSpec], Estimate | None] = spec_estimate,
+                 available: Callable[[], int | None] = available_bytes, log: Callable[[str], None] | None = None,
+                 env: dict[str, str] | None = None, server_args: tuple[str, ...] = (),
+                 echo: Callable[[str, str], None] | None = None, start_timeout: float = START_TIMEOUT) -> None:
+        values = specs.values() if isinstance(specs, dict) else specs
+        self.specs = {s.name: s for s in values}
+        self.models_max = max(1, models_max)
+        self.sleep_idle_s = sleep_idle_s
+        self.default_keep_alive = default_keep_alive
+        self.estimate = estimate
+        self.available = available
+        self.log = log or (lambda _msg: None)
+        self.env = dict(env or {})
+        self.server_args = tuple(server_args)
+        self.echo = echo  # (model name, line) for each line a runner prints
+        self.start_timeout = start_timeout
+        self._slots = {n: _Slot(s) for n, s in self.specs.items()}
+        self._admit = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+        self._reaper: asyncio.Task | None = None
+
+    # -- names --------------------------------------------------------------------------------------------------
+
+    def known(self) -> list[str]:
+        return list(self.specs)
+
+    def resolve(self, name: str) -> str:
+        """The model a client's name means (exact, without ':latest', an alias); UnknownModel lists the rest."""
+        found = canonical(name, self.specs)
+        if found is None:
+            raise UnknownModel(name, self.known())
+        return found
+
+    def loaded(self) -> list[str]:
+        return [n for n, s in self._slots.items() if s.state == LOADED and s.runner is not None]
+
+    # -- requests -----------------------------------------------------------------------------------------------
+
+    async def acquire(self, name: str, keep_alive: float | None = None) -> Runner:
+        """A running runner for the model, started if need be; the caller must `release` it. Raises
+        UnknownModel, WontFit (no room and nothing idle to evict) or RunnerFailed (it would not start)."""
+        slot = self._slots[self.resolve(name)]
+        runner = await self._ready(slot)
+        slot.busy += 1  # no await since _ready: nothing can evict it in between
+        slot.expires = slot.sleep_at = None
+        if keep_alive is not None:
+            slot.keep_alive = keep_alive
+        return runner
+
+    def release(self, runner: Runner, keep_alive: float | None = None) -> None:
+        """The request on `runner` is done; when it was the model's last, its idle clock starts (keep_alive as
+        Ollama's: seconds, 0 = unload now, negative = never; None = the last one given, else the default)."""
+        slot = self._slots[runner.name]
+        slot.busy = max(0, slot.busy - 1)
+        if keep_alive is not None:
+            slot.keep_alive = keep_alive
+        slot.last_used = time.monotonic()
+        if slot.runner is runner and not runner.alive:
+            self._mark_dead(slot)
+        elif slot.busy == 0 and slot.runner is runner:
+            self._idle(slot)
+
+    async def load(self, name: str) -> Runner:
+        """POST /models/load: start the model (if it is not running) and leave it idle."""
+        slot = self._slots[self.resolve(name)]
+        runner = await self._ready(slot)
+        if slot.busy == 0:
+            self._idle(slot)
+        return runner
+
+    async def unload(self, name: str) -> bool:
+        """POST /models/unload, Ollama's keep_alive 0: stop the model now, or when its requests end if it is
+        serving some. False when it was not running."""
+        slot = self._slots[self.resolve(name)]
+        if slot.loading is not None:
+            try:
+                await asyncio.shield(slot.loading)
+            except Exception:
+                return False
+        if slot.runner is None:
+            return False
+        if slot.busy:
+            slot.keep_alive = 0
+            return True
+        await self._stop(slot, UNLOADED, "unloaded on request")
+        return True
+
+    # -- loading ------------------------------------------------------------------------------------------------
+
+    async def _ready(self, slot: _Slot) -> Runner:
+        """The slot's live runner, or the one its (shared) load task starts."""
+        r = slot.runner
+        if r is not None and slot.state == LOADED and r.alive:
+            return r
+        if slot.loading is None:
+            if r is not None and slot.state == LOADED:
+                self._mark_dead(slot)
+            slot.loading = self._spawn(self._load(slot))
+        return await asyncio.shield(slot.loading)  # a waiter that goes away leaves the load to the others
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed load nobody waits for is not "never retrieved"
+
+    async def _load(self, slot: _Slot) -> Runner:
+        name = slot.spec.name
+        try:
+            async with self._admit:
+                await self._make_room(slot)
+                runner = Runner(name, (*slot.spec.args, *self.server_args), env=self.env,
+                                on_line=(lambda line: self.echo(name, line)) if self.echo else None,
+                                start_timeout=self.start_timeout)
+                slot.runner, slot.state, slot.failure = runner, LOADING, None
+            self.log(f"router: loading {name}")
+            await runner.start()
+        except RunnerFailed as e:
+            slot.runner, slot.state, slot.failure = None, FAILED, str(e)
+            self.log(f"router: {name} failed to load: {e}")
+            raise
+        except BaseException:
+            if slot.state == LOADING:
+                slot.runner, slot.state = None, UNLOADED
+            raise
+        finally:
+            slot.loading = None
+        slot.state = LOADED
+        slot.last_used = time.monotonic()
+        self.log(f"router: {name} loaded (pid {runner.pid}, {runner.url})")
+        return runner
+
+    def _running(self, but: _Slot) -> list[_Slot]:
+        return [s for s in self._slots.values() if s is not but and s.runner is not None
+                and s.state in (LOADING, LOADED)]
+
+    def _lru_idle(self, but: _Slot) -> _Slot | None:
+        idle = [s for s in self._running(but) if s.state == LOADED and s.busy == 0 and s.loading is None]
+        return min(idle, key=lambda s: s.last_used, default=None)
+
+    def _need(self, slot: _Slot) -> Estimate | None:
+        if not slot.estimated:
+            try:
+                slot.need = self.estimate(slot.spec)
+            except (OSError, ValueError) as e:  # an unreadable header: the runner's load says why
+                self.log(f"router: no memory estimate for {slot.spec.name}: {e}")
+                slot.need = None
+            slot.estimated = True
+        return slot.need
+
+    async def _make_room(self, slot: _Slot) -> None:
+        """Evict least-recently-used idle models until this one fits: fewer than models_max running, and its
+        RAM estimate under the memory available. WontFit when only busy models are left to evict."""
+        name = slot.spec.name
+        while len(self._running(slot)) >= self.models_max:
+            victim = self._lru_idle(slot)
+            if victim is None:
+                raise WontFit(f"cannot load {name}: {len(self._running(slot))} models are running and busy "
+                              f"(--models-max {self.models_max}); retry when one is idle")
+            await self._stop(victim, UNLOADED, f"evicted for {name} (--models-max {self.models_max})")
+        need = self._need(slot)
+        while need is not None and (free := self.available()) is not None and need.ram_bytes > free:
+            victim = self._lru_idle(slot)
+            if victim is None:
+                raise WontFit(f"cannot load {name}: it needs about {_gb(need.ram_bytes)} of memory (weights and "
+                              f"KV cache at n_ctx {slot.spec.n_ctx}), {_gb(free)} is available and no idle model "
+                              "is left to unload; try a smaller --ctx or fewer models")
+            await self._stop(victim, UNLOADED, f"evicted for {name} (memory: needs {_gb(need.ram_bytes)})")
+
+    # -- unloading ----------------------------------------------------------------------------------------------
+
+    def _idle(self, slot: _Slot) -> None:
+        """The model's last request ended: set when it unloads (keep_alive) or sleeps (--sleep-idle-seconds)."""
+        now = time.monotonic()
+        slot.last_used = now
+        ka = self.default_keep_alive if slot.keep_alive is None else slot.keep_alive
+        slot.expires = None if ka is None or ka < 0 else now + ka
+        slot.sleep_at = None if self.sleep_idle_s is None else now + self.sleep_idle_s
+        if ka == 0:
+            self._spawn(self._stop(slot, UNLOADED, "keep_alive 0"))
+
+    def _mark_dead(self, slot: _Slot) -> None:
+        """Its runner died (a crash mid-request): failed, with the cause; the next acquire starts it again."""
+        r = slot.runner
+        slot.failure = (r.failure() if r else None) or "runner exited"
+        slot.runner, slot.state, slot.expires, slot.sleep_at = None, FAILED, None, None
+        self.log(f"router: {slot.spec.name}: {slot.failure}")
+
+    async def _stop(self, slot: _Slot, state: str, why: str) -> None:
+        r = slot.runner
+        if r is None:
+            return
+        slot.runner, slot.state, slot.expires, slot.sleep_at = None, state, None, None
+        slot.keep_alive = None
+        self.log(f"router: stopping {slot.spec.name} ({why})")
+        await r.stop()
+
+    async def reap(self) -> None:
+        """One pass: mark dead runners failed, put idle ones to sleep or unload them when their time is up."""
+        now = time.monotonic()
+        for slot in list(self._slots.values()):
+            r = slot.runner
+            if r is None or slot.loading is not None or slot.state != LOADED:
+                continue
+            if not r.alive:
+                self._mark_dead(slot)
+            elif slot.busy == 0 and slot.sleep_at is not None and now >= slot.sleep_at:
+                await self._stop(slot, SLEEPING, f"idle {self.sleep_idle_s:g} s")
+            elif slot.busy == 0 and slot.expires is not None and now >= slot.expires:
+                await self._stop(slot, UNLOADED, "keep_alive expired")
+
+    async def run_reaper(self, every: float = REAP_EVERY) -> None:
+        """Reap every `every` seconds until cancelled (the router's app runs it as a task)."""
+        while True:
+            await self.reap()
+            await asyncio.sleep(every)
+
+    def start_reaper(self) -> asyncio.Task:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.ensure_future(self.run_reaper())
+        return self._reaper
+
+    async def close(self) -> None:
+        """Stop every runner (and the reaper); loads in flight are cancelled, which stops their processes."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for s in self._slots.values():
+            if s.loading is not None:
+                s.loading.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # stops under way finish: no process left
+        await asyncio.gather(*(self._stop(s, UNLOADED, "router closing") for s in self._slots.values()),
+                             return_exceptions=True)
+
+    # -- reporting ----------------------------------------------------------------------------------------------
+
+    def status(self) -> list[ModelStatus]:
+        now, wall = time.monotonic(), time.time()
+        return [self._status(s, now, wall) for s in self._slots.values()]
+
+    def _status(self, s: _Slot, now: float, wall: float) -> ModelStatus:
+        r = s.runner
+        deadlines = [d for d in (s.expires, s.sleep_at) if d is not None]
+        expires = wall + (min(deadlines) - now) if deadlines and r is not None else None
+        path = s.spec.path
+        size = path.stat().st_size if path is not None and path.is_file() else None
+        need = s.need if s.estimated else None
+        return ModelStatus(s.spec.name, s.state, r.pid if r else None, r.port if r else None, expires, size,
+                           need.ram_bytes if need else None, need.vram_bytes if need else None, s.busy,
+                           s.failure if s.state == FAILED else None, s.spec.source,
+                           str(path) if path is not None else None)
+
+    def state(self, name: str) -> str:
+        return self._slots[self.resolve(name)].state

@@ -1,0 +1,212 @@
+"""One model's runner: a normal single-model `localspec serve` in a child process that the router starts,
+health-checks, talks to over HTTP on 127.0.0.1 and stops.
+
+Why a process per model: speculation, the controller and its calibration then work per model exactly as in
+single-model mode, and a crash inside llama.cpp (a SIGSEGV in a CPU kernel) kills one model, not the router.
+The child runs unwatched (LOCALSPEC_NO_WATCH: the router is its watcher, so its exit status is the crash's own)
+and dies with the router (PR_SET_PDEATHSIG=SIGKILL, as commands/supervise.py does for the watched command).
+PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so runners must be started from a thread
+that lives as long as the router: the event loop's.
+
+A reader thread drains the child's output (stdout and stderr, merged): it learns the port from serve's ready
+line, keeps the last lines for `failure()`, and reaps the child the moment its output ends, so a dead runner is
+never left a zombie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from ..commands.supervise import WATCH_ENV, crash_line
+from .errors import RunnerFailed
+
+CHILD_MODULE = "localspec.router.child"  # serve's command line, with the test-only fault hook (fault.py)
+READY = re.compile(r"localspec serve: http://127\.0\.0\.1:(\d+)")
+HOST = "127.0.0.1"
+START_TIMEOUT = 600.0  # a load may fetch the embedded model and calibrate; a hung one is stopped after this
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+KEEP_LINES = 50
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGKILL}
+_PR_SET_PDEATHSIG = 1
+
+
+def _dies_with(parent: int) -> Callable[[], None]:
+    """A preexec_fn: the kernel sends the child SIGKILL when the forking thread of `parent` ends."""
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the router died before prctl took effect
+            os._exit(128 + signal.SIGKILL)
+
+    return arm
+
+
+def exit_cause(returncode: int, last_line: str) -> str:
+    """Why a runner ended, in one line: crash_line() for a crash or a kill (the OOM killer's SIGKILL),
+    otherwise its signal or exit code and the last line it printed."""
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        return crash_line(sig) if sig in _CRASH_SIGNALS else f"runner killed by {sig.name}"
+    return f"runner exited with code {returncode}" + (f": {last_line}" if last_line else "")
+
+
+class Runner:
+    """`await runner.start()`, then `runner.url`; `await runner.stop()` always leaves no process behind."""
+
+    def __init__(self, name: str, args: tuple[str, ...], *, env: dict[str, str] | None = None,
+                 on_line: Callable[[str], None] | None = None, start_timeout: float = START_TIMEOUT) -> None:
+        self.name = name
+        self.args = tuple(args)
+        self.env = {**os.environ, **(env or {}), WATCH_ENV: "1"}
+        self.on_line = on_line  # each output line of the child (the router may echo them, prefixed)
+        self.start_timeout = start_timeout
+        self.port: int | None = None
+        self.lines: collections.deque[str] = collections.deque(maxlen=KEEP_LINES)
+        self.started_at: float | None = None  # time.time() when it answered /health
+        self._proc: subprocess.Popen | None = None
+        self._stopping = False
+        self._ready: asyncio.Event | None = None
+        self._exited = threading.Event()
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", CHILD_MODULE, "serve", "--host", HOST, "--port", "0", *self.args]
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self._exited.is_set() and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def failure(self) -> str | None:
+        """Why the runner is gone (None while it runs, or when the router stopped it on purpose)."""
+        rc = self.returncode
+        if rc is None or self._stopping:
+            return None
+        return exit_cause(rc, next((ln for ln in reversed(tuple(self.lines)) if ln.strip()), ""))
+
+    async def died(self, timeout: float = 2.0) -> str | None:
+        """failure(), after waiting up to `timeout` for the process to end: a proxy whose connection broke asks
+        this, since the socket closes a moment before the kernel reports the exit."""
+        await asyncio.to_thread(self._exited.wait, timeout)
+        return self.failure()
+
+    async def start(self) -> None:
+        """Start the child, wait for its ready line and a 200 from /health; RunnerFailed (it stopped) if it
+        exits first or takes longer than start_timeout."""
+        loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                                      preexec_fn=_dies_with(os.getpid()))
+        threading.Thread(target=self._drain, args=(loop, self._ready), daemon=True,
+                         name=f"runner {self.name}").start()
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            await asyncio.wait_for(self._ready.wait(), self.start_timeout)
+            if self.port is None:
+                raise RunnerFailed(f"{self.name}: {self.failure()}")
+            await self._healthy(deadline)
+        except BaseException as e:
+            cause = self.failure()
+            await self.stop()
+            if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+                raise RunnerFailed(f"{self.name}: not ready after {self.start_timeout:.0f} s") from None
+            if isinstance(e, ConnectionError):
+                raise RunnerFailed(f"{self.name}: {cause or e}") from None
+            raise
+        self.started_at = time.time()
+
+    def _drain(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Event) -> None:
+        """The reader thread: output lines until EOF, then reap the child."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.lines.append(line)
+            if self.port is None and (m := READY.search(line)):
+                self.port = int(m.group(1))
+                _set_soon(loop, ready)
+            if self.on_line is not None:
+                self.on_line(line)
+        proc.wait()
+        self._exited.set()
+        _set_soon(loop, ready)
+
+    async def _healthy(self, deadline: float) -> None:
+        while True:
+            if not self.alive:
+                raise ConnectionError("runner exited before /health answered")
+            if await health(HOST, self.port or 0) == 200:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            await asyncio.sleep(0.05)
+
+    async def stop(self, grace: float = STOP_GRACE) -> None:
+        """SIGTERM, SIGKILL after `grace` seconds, and the process reaped (no zombie) in every case."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._stopping = self._stopping or proc.poll() is None
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+            if proc.poll() is not None:
+                break
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                break
+            try:
+                await asyncio.to_thread(proc.wait, wait)
+            except subprocess.TimeoutExpired:
+                continue
+        await asyncio.to_thread(self._exited.wait, 5.0)
+
+
+def _set_soon(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:  # the loop is closed: nobody waits
+        pass
+
+
+async def health(host: str, port: int, timeout: float = 2.0) -> int | None:
+    """The status code of GET /health, None when nothing answers: a plain socket, so the check needs no HTTP
+    client and costs one small exchange."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    try:
+        writer.write(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), timeout)
+        parts = status.split()
+        return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+    except (OSError, asyncio.TimeoutError):
+        return None
+    finally:
+        writer.close()
