@@ -100,6 +100,7 @@ class Pool:
         self.echo = echo  # (model name, line) for each line a runner prints
         self.start_timeout = start_timeout
         self._slots = {n: _Slot(s) for n, s in self.specs.items()}
+        self._retired: dict[str, _Slot] = {}  # gone from the catalog, stopped when their requests end
         self._admit = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
@@ -115,6 +116,24 @@ class Pool:
         if found is None:
             raise UnknownModel(name, self.known())
         return found
+
+    def update(self, specs: dict[str, ModelSpec] | Iterable[ModelSpec]) -> None:
+        """A new catalog (after a pull or a delete): new names get slots, a changed spec applies at its next
+        load, and a name that is gone stops its runner now, or when its requests end."""
+        values = list(specs.values() if isinstance(specs, dict) else specs)
+        self.specs = {s.name: s for s in values}
+        for name in [n for n in self._slots if n not in self.specs]:
+            slot = self._slots.pop(name)
+            if slot.loading is not None:
+                slot.loading.cancel()
+            if slot.busy:
+                self._retired[name] = slot
+                slot.keep_alive = 0
+            else:
+                self._spawn(self._stop(slot, UNLOADED, "no longer in the catalog"))
+        for name, spec in self.specs.items():
+            slot = self._slots.setdefault(name, _Slot(spec))
+            slot.spec, slot.estimated = spec, slot.estimated and slot.spec == spec
 
     def loaded(self) -> list[str]:
         return [n for n, s in self._slots.items() if s.state == LOADED and s.runner is not None]
@@ -135,8 +154,10 @@ class Pool:
     def release(self, runner: Runner, keep_alive: float | None = None) -> None:
         """The request on `runner` is done; when it was the model's last, its idle clock starts (keep_alive as
         Ollama's: seconds, 0 = unload now, negative = never; None = the last one given, else the default)."""
-        slot = self._slots[runner.name]
+        slot = self._slots.get(runner.name) or self._retired[runner.name]
         slot.busy = max(0, slot.busy - 1)
+        if slot.busy == 0 and self._retired.get(runner.name) is slot:
+            del self._retired[runner.name]
         if keep_alive is not None:
             slot.keep_alive = keep_alive
         slot.last_used = time.monotonic()
