@@ -61,6 +61,7 @@ OUTPUTS = {
     "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}', "",
                 [("get_weather", {"city": "Paris"})]),
 }
+OUTPUTS["generic-response"] = ('{"response": "It is \\"sunny\\", \\u00e9t\\u00e9"}', 'It is "sunny", été', [])
 OUTPUTS["mistral-args"] = ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "",
                            [("get_weather", {"city": "Paris"})])
 
@@ -218,3 +219,9 @@ def test_a_template_error_is_a_chat_template_error() -> None:
     with pytest.raises(ChatTemplateError):
         render_chat(template("mistral-nemo"), [{"role": "assistant", "content": "hi"},
                                                {"role": "assistant", "content": "again"}])
+
+
+def test_without_tools_a_plain_history_is_left_as_it_is() -> None:
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    assert tool_messages(history, None, chatml) == history

@@ -130,7 +130,8 @@ def tool_messages(messages: list[dict], plan: ToolPlan | None, template: str | N
     if fmt == "mistral":
         messages = [_mistral_ids(m) for m in messages]
     names = {c.get("id"): (c.get("function") or {}).get("name") for m in messages for c in m.get("tool_calls") or []}
-    out = [_generic_message(m, names) if fmt == "generic" else _native_message(m, names) for m in messages]
+    out = [_generic_message(m, names, plan is not None) if fmt == "generic" else _native_message(m, names)
+           for m in messages]
     if plan is not None and plan.fmt == "generic":
         text = generic_instructions(plan.functions, required=plan.required, parallel=plan.parallel)
         if out and out[0]["role"] == "system":
@@ -177,7 +178,9 @@ def _native_message(m: dict, names: dict) -> dict:
     return m
 
 
-def _generic_message(m: dict, names: dict) -> dict:
+def _generic_message(m: dict, names: dict, answers: bool) -> dict:
+    """One message in the generic format; `answers`: earlier plain answers as `{"response": ...}` too (the shape
+    the grammar holds this answer to), only while tools are offered."""
     if m.get("tool_calls"):
         calls = [{"name": c.get("function", {}).get("name"),
                   "arguments": _arguments(c.get("function", {}).get("arguments"))} for c in m["tool_calls"]]
@@ -185,9 +188,10 @@ def _generic_message(m: dict, names: dict) -> dict:
     if m.get("role") == "tool":
         result = {"tool": m.get("name") or names.get(m.get("tool_call_id")) or "", "content": m.get("content", "")}
         return {"role": "user", "content": json.dumps({"tool_response": result})}
-    if m.get("role") == "assistant" and (m.get("content") or "") and not m.get("content", "").lstrip().startswith("{"):
-        return {"role": "assistant", "content": json.dumps({"response": m["content"]})}
-    return {"role": m["role"], "content": m.get("content") or ""}
+    text = m.get("content") or ""
+    if answers and m.get("role") == "assistant" and text and not text.lstrip().startswith("{"):
+        return {"role": "assistant", "content": json.dumps({"response": text})}
+    return {**m, "content": text}
 
 
 @dataclass
