@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import click
 
+from . import router_mode
 from .common import friendly_errors, log_err
 from .options import engine_options
 
@@ -40,9 +42,24 @@ def _url(host: str, port: int) -> str:
 @click.option("--context-shift/--no-context-shift", default=False, show_default=True,
               help="When a generation fills the context, drop the oldest tokens after the system prompt (n_keep) "
                    "and go on.")
+@click.option("--router", is_flag=True, help="Router mode: serve every known model (models.toml, --models-dir, the "
+              "hub cache, --models-preset), each in its own process; the default with --models-dir and no --model.")
+@click.option("--models-max", type=click.IntRange(1), default=4, show_default=True,
+              help="Router mode: models loaded at once; the least recently used idle one is unloaded past it.")
+@click.option("--models-preset", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
+              help="Router mode: [model-name] sections (INI or TOML) with each model's options (model, draft, ctx, "
+                   "ngl ...), as llama-server's --models-preset.")
+@click.option("--sleep-idle-seconds", type=click.FloatRange(0, min_open=True), metavar="N",
+              help="Router mode: unload a model after N idle seconds; it wakes on the next request.")
+@click.option("--keep-alive", envvar="OLLAMA_KEEP_ALIVE", default="5m", show_default=True, metavar="DURATION",
+              help="Router mode: how long a model stays loaded after a request (Ollama's keep_alive; 0 = unload at "
+                   "once, -1 = forever); a request's own keep_alive wins.")
+@click.option("--default-model", metavar="NAME", help="Router mode: the model for requests that name none "
+              "(llama.vim's /infill).")
 @engine_options
-def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
-          engine_config):
+@click.pass_context
+def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
+          router, models_max, models_preset, sleep_idle_seconds, keep_alive, default_model, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -50,6 +67,8 @@ def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, ta
     OpenAI:    POST /v1/completions /v1/chat/completions (/input_tokens), GET /v1/models
     Ollama:    POST /api/generate /api/chat, GET /api/tags /api/version
     Metrics:   GET /metrics (Prometheus)
+    Router mode (--router, or --models-dir without --model): every known model, chosen by each request's
+    `model`; GET /models, POST /models/load /models/unload, GET /api/ps, POST /api/pull, DELETE /api/delete.
     Sampling options come with each request (llama.cpp/OpenAI/Ollama field names).
     """
     from ..engine.loader import load_engine
@@ -59,9 +78,15 @@ def serve(host, port, api_key, spec_max_queue, max_predict, n_predict, alias, ta
     hosts = _names((host,))
     if not hosts:
         raise click.BadParameter("give at least one address", param_hint="--host")
+    routing = router_mode.wanted(engine_config, router, models_preset)
     socks = _bind_all(bind, hosts, port)
-    engine = load_engine(engine_config, log=log_err)
     real_port = socks[0].getsockname()[1]
+    if routing:
+        return router_mode.run_router(ctx, engine_config, socks, ", ".join(_url(h, real_port) for h in hosts),
+                                      api_key=api_key, cors_origins=cors_origins, models_max=models_max,
+                                      sleep_idle_s=sleep_idle_seconds, keep_alive=keep_alive, presets=models_preset,
+                                      default_model=default_model)
+    engine = load_engine(engine_config, log=log_err)
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
                           aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,

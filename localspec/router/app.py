@@ -1,0 +1,179 @@
+"""Router mode's FastAPI app: every protocol route of a runner, forwarded to the runner of the model the request
+names, and the router's own routes (routes.py: /models, /props, /api/tags, /api/ps, /api/pull ...).
+
+Why a catch-all instead of one route per protocol route: the runner is a whole `localspec serve`, so the router
+need not know each route's body; it reads only the `model` field (Ollama's /api/show also says `name`) and
+`keep_alive`. A request without a model goes to --default-model, else to the one loaded model, else to the
+first known one (llama.vim sends no model to /infill). Errors come in the caller's protocol shape
+(server/app.error_body, by path); an unknown model is a 404 that lists the known ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..server.app import ApiKeyMiddleware, CorsMiddleware, error_body
+from . import routes
+from .errors import RouterError, RunnerFailed, UnknownModel, WontFit
+from .proxy import forward, new_client
+
+FOREVER = -1.0  # Ollama: a negative keep_alive keeps the model loaded
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router's own settings (a runner's come through its command line)."""
+
+    api_key: str | None = None
+    cors_origins: str = "localhost"
+    default_model: str | None = None  # --default-model: for requests that name no model
+    fallback_model: str | None = None  # the registry's default, when no model is named and several are loaded
+    models_max: int = 4
+    sleep_idle_s: float | None = None
+    keep_alive_s: float = 300.0  # Ollama's default (OLLAMA_KEEP_ALIVE=5m)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: Any) -> float | None:
+    """Ollama's keep_alive: a number of seconds or a Go duration ("5m", "1h30m", "-1m"); negative = forever,
+    0 = unload after the request; None (absent) = the router's default. Raises ValueError for anything else."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive must be a duration or a number of seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        return FOREVER if value < 0 else float(value)
+    text = str(value).strip()
+    sign, text = (-1.0, text[1:]) if text.startswith("-") else (1.0, text)
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = _DURATION.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"keep_alive: cannot read {value!r} as a duration (e.g. \"5m\", \"30s\", 0, -1)") from None
+        seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    return FOREVER if sign < 0 and seconds > 0 else seconds
+
+
+def requested_model(body: dict[str, Any]) -> str | None:
+    name = body.get("model") or body.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def choose_model(pool: Any, config: RouterConfig, name: str | None) -> str:
+    """The model a request is for: its own name (the pool resolves Ollama's ':latest' and aliases), else
+    --default-model, else the one loaded model, else the registry's default, else the first known.
+    Raises UnknownModel, which lists the known ones."""
+    if name is not None:
+        return str(pool.resolve(name))
+    if config.default_model:
+        return str(pool.resolve(config.default_model))
+    loaded = pool.loaded()
+    if len(loaded) == 1:
+        return str(loaded[0])
+    known = pool.known()
+    if config.fallback_model in known:
+        return str(config.fallback_model)
+    if not known:
+        raise UnknownModel("(none given)", known)
+    return str(known[0])
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        value = json.loads(body)
+    except ValueError as e:
+        raise ValueError(f"malformed JSON body: {e}") from None
+    return value if isinstance(value, dict) else {}
+
+
+def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
+                      rediscover: Callable[[], None] | None = None) -> FastAPI:
+    """The app over `pool` (router/pool.py's Pool): its runners start on demand and stop with the app.
+    `rediscover` lists the models again (after /api/pull and /api/delete change the hub cache)."""
+    client = new_client()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        reaper = asyncio.create_task(pool.run_reaper())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await pool.close()
+            await client.aclose()
+
+    app = FastAPI(title="localspec router", version=__version__, lifespan=lifespan,
+                  description="one localspec serve process per model, behind llama.cpp/OpenAI/Ollama routes")
+    app.include_router(routes.router(pool, config, client, rediscover))
+
+    @app.post("/{path:path}", include_in_schema=False)
+    async def proxied(path: str, request: Request) -> Response:
+        """Every protocol route of a runner: pick the model, start its runner if need be, forward."""
+        raw = await request.body()
+        body = _json_body(raw)
+        keep_alive = parse_keep_alive(body.get("keep_alive")) if request.url.path.startswith("/api/") else None
+        name = choose_model(pool, config, requested_model(body))
+        runner = await pool.acquire(name, keep_alive)
+        released = False
+
+        def done() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                pool.release(runner, keep_alive)
+
+        return await forward(client, request, runner, raw, name, done)
+
+    _error_handlers(app)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(CorsMiddleware, origins=config.cors_origins)  # outermost: preflight never meets the key
+    return app
+
+
+def router_error(path: str, exc: RouterError) -> JSONResponse:
+    """A pool refusal in the caller's shape: an unknown model is a 404, one that will not fit a 503 (nothing
+    idle can make room now), a runner that failed to start a 500 naming its cause."""
+    if isinstance(exc, UnknownModel):
+        known = ", ".join(exc.known) or "none"
+        return error_body(path, 404, f"model '{exc.name}' not found; known models: {known} (GET /models lists "
+                          "them)", "not_found_error")
+    if isinstance(exc, WontFit):
+        return error_body(path, 503, str(exc), "unavailable_error")
+    if isinstance(exc, RunnerFailed) and path.startswith("/api/"):
+        return error_body(path, 500, f"llama runner process has terminated: {exc}", "server_error")
+    return error_body(path, 500, str(exc), "server_error")
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RouterError)
+    async def refused(request: Request, exc: RouterError) -> JSONResponse:
+        return router_error(request.url.path, exc)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
+        return error_body(request.url.path, 400, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code in (404, 405):
+            msg = f"no route {request.method} {request.url.path} in router mode (see /docs)"
+        return error_body(request.url.path, exc.status_code, msg,
+                          "not_found_error" if exc.status_code == 404 else "invalid_request_error")
