@@ -1,0 +1,189 @@
+"""Anthropic's Messages API shapes, both ways: a request's system, messages and tools as the OpenAI-style lists
+the engine's chat template and tool code read (as llama-server converts them), and the engine's answer as
+Anthropic's content blocks, stop reason and usage. Pure functions of the request and the run; the routes are
+in anthropic.py, the stream's events in anthropic_stream.py.
+
+Conversion: `system` first, text blocks joined, `tool_use` blocks as the assistant's `tool_calls`, `tool_result`
+blocks as `tool` messages (before the text of the same user turn, where Anthropic puts them); tools
+({name, description, input_schema}) as OpenAI function tools; tool_choice auto / any / tool / none as OpenAI's
+auto / required / a function / none.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.engine import Chunk
+from ..engine.tools import ToolCall
+from .run import Run
+from .schemas import MAX_TOKENS
+from .state import ApiError, State
+
+ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+               "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")  # metadata, thinking, service_tier, ...: accepted, ignored
+
+
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class CountTokensRequest(_Body):
+    model: str | None = None
+    messages: list[AnthropicMessage]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="absent: the server's -n, else the "
+                                   "context (Anthropic requires it; llama-server does not)")
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=1 << 20)
+
+
+def anthropic_error(status: int, message: str, kind: str) -> dict[str, Any]:
+    """Anthropic's error body; our kinds that Anthropic lacks become its nearest (api_error for a 5xx)."""
+    t = kind if kind in ERROR_TYPES else ("api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": t, "message": message}}
+
+
+# -- request -> OpenAI-style messages --------------------------------------------------------------------------
+
+def block_text(content: Any, where: str) -> str:
+    """A string, or text blocks joined; an image or document is a 400 (a text model)."""
+    if isinstance(content, str):
+        return content
+    out = []
+    for b in content or []:
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text":
+            out.append(str(b.get("text", "")))
+        elif kind in ("image", "document"):
+            raise ApiError(400, f"{where}: {kind} input is not supported (this server runs a text model)")
+        elif kind not in ("thinking", "redacted_thinking"):  # earlier thinking is not shown to the template
+            raise ApiError(400, f"{where}: unsupported content block type {kind!r}")
+    return "".join(out)
+
+
+def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    calls = [{"id": b.get("id") or "", "type": "function",
+              "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input") or {})}}
+             for b in blocks if b.get("type") == "tool_use"]
+    msg: dict[str, Any] = {"role": "assistant",
+                           "content": block_text([b for b in blocks if b.get("type") != "tool_use"], where)}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """Tool results first (as `tool` messages), then the turn's text, as Anthropic orders them."""
+    out = []
+    for b in blocks:
+        if b.get("type") == "tool_result":
+            text = block_text(b.get("content") or "", f"{where}.tool_result")
+            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+                        "content": f"Error: {text}" if b.get("is_error") else text})
+    rest = [b for b in blocks if b.get("type") != "tool_result"]
+    if rest or not out:
+        out.append({"role": "user", "content": block_text(rest, where)})
+    return out
+
+
+def openai_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    if req.system:
+        msgs.append({"role": "system", "content": block_text(req.system, "system")})
+    for i, m in enumerate(req.messages):
+        where = f"messages.{i}.content"
+        if isinstance(m.content, str):
+            msgs.append({"role": m.role, "content": m.content})
+        elif m.role == "assistant":
+            msgs.append(_assistant(m.content, where))
+        else:
+            msgs.extend(_user(m.content, where))
+    return msgs
+
+
+def openai_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """{name, description, input_schema} -> OpenAI's function tools; server tools (web search, ...) are a 400."""
+    if not tools:
+        return None
+    out = []
+    for t in tools:
+        if t.get("type", "custom") != "custom" or not t.get("name"):
+            raise ApiError(400, f"tools: only custom tools with a name are supported, got {json.dumps(t)[:80]}")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                     "parameters": t.get("input_schema") or {"type": "object"}}})
+    return out
+
+
+def tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
+    """Anthropic's tool_choice -> (OpenAI's tool_choice, parallel calls allowed)."""
+    if choice is None:
+        return "auto", True
+    kind = choice.get("type")
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name", "")}}, parallel
+    raise ApiError(400, f"tool_choice.type must be auto, any, tool or none, got {kind!r}")
+
+
+# -- the answer --------------------------------------------------------------------------------------------------
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's `toolu_` ids from the engine's `call_` ones."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def tool_use(call: ToolCall) -> dict[str, Any]:
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError:
+        args = {}
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
+            "input": args if isinstance(args, dict) else {"value": args}}
+
+
+def stop_reason(last: Chunk | None, text: str, raw: str, stop: Sequence[str], called: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) from the last chunk. The engine cuts the text where a stop string begins;
+    the raw text of every generated token says which string it was."""
+    if called:
+        return "tool_use", None
+    if last is not None and last.finish in ("length", "context"):
+        return "max_tokens", None
+    if last is not None and last.finish == "stop" and last.step.finish != "stop":
+        tail = raw[len(text):]
+        hit = next((s for s in stop if tail.startswith(s)), stop[0] if len(stop) == 1 else None)
+        if hit is not None:
+            return "stop_sequence", hit
+    return "end_turn", None
+
+
+def usage(run: Run) -> dict[str, Any]:
+    """Anthropic counts cache reads apart from input_tokens (the prompt tokens evaluated)."""
+    first = run.job.first
+    return {"input_tokens": first.n_prompt if first else 0, "output_tokens": run.stats.n_generated,
+            "cache_read_input_tokens": first.n_cached if first else 0, "cache_creation_input_tokens": 0}
+
+
+def message_body(state: State, ident: str, content: list[dict[str, Any]], reason: str | None, seq: str | None,
+                 use: dict[str, Any]) -> dict[str, Any]:
+    return {"id": ident, "type": "message", "role": "assistant", "model": state.model_name, "content": content,
+            "stop_reason": reason, "stop_sequence": seq, "usage": use}

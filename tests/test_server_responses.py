@@ -1,0 +1,138 @@
+"""OpenAI's Responses API against a real `localspec serve` (embedded SmolLM2, prompt lookup) with the real `openai`
+client: `client.responses.create` whole and streamed (the event sequence, ids, the text the deltas add up to),
+instructions and message lists, the budget's `incomplete` status, `text.format`, and bad requests. The input
+conversion is also checked as a pure function (fast tier).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from localspec.server.responses import ResponsesRequest, input_messages, response_format
+from localspec.server.state import ApiError
+from localspec.server.testing import ServerProcess
+
+ASK = "Write one short sentence about cats."
+LONG = "Write a long story about a dragon who learns to fly."
+STREAM_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+                 "response.content_part.added"]
+CLOSING_EVENTS = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path) -> Iterator[ServerProcess]:
+    with ServerProcess(["--ctx", "1024", "--threads", "2", "--lookup"]) as srv:
+        yield srv
+        assert srv.alive, "".join(srv.log[-20:])
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Any:
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+
+def _create(client: Any, input: Any = ASK, **kw: Any) -> Any:
+    return client.responses.create(model="x", input=input, max_output_tokens=kw.pop("max_output_tokens", 8),
+                                   temperature=kw.pop("temperature", 0), **kw)
+
+
+@pytest.mark.slow
+def test_create_returns_one_message_with_ids_and_usage(client):
+    r = _create(client)
+    assert r.id.startswith("resp_") and r.object == "response"
+    assert [o.type for o in r.output] == ["message"] and r.output[0].id.startswith("msg_")
+    assert r.output[0].content[0].type == "output_text" and r.output_text == r.output[0].content[0].text != ""
+    assert 0 < r.usage.output_tokens <= 8 and r.usage.input_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.status == ("incomplete" if r.usage.output_tokens == 8 else "completed")
+    assert r.model_extra["speculative"]["drafter"] and "predicted_n" in r.model_extra["timings"]
+
+
+@pytest.mark.slow
+def test_a_budget_that_runs_out_is_incomplete(client):
+    r = _create(client, LONG, max_output_tokens=4)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 4 and r.output_text
+
+
+@pytest.mark.slow
+def test_instructions_are_the_system_message_and_parts_join(client):
+    system = "You are a pirate. Answer like one."
+    want = _create(client, [{"role": "system", "content": system}, {"role": "user", "content": ASK}]).output_text
+    assert _create(client, instructions=system).output_text == want
+    assert _create(client, [{"role": "developer", "content": system}, {"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "Write one short sentence"},
+                               {"type": "input_text", "text": " about cats."}]}]).output_text == want
+    assert want != _create(client).output_text  # the instructions count
+
+
+@pytest.mark.slow
+def test_stream_events_in_order_and_deltas_add_up(client):
+    whole = _create(client, max_output_tokens=10)
+    events = list(_create(client, max_output_tokens=10, stream=True))
+    kinds = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert kinds == STREAM_EVENTS + ["response.output_text.delta"] * len(deltas) + CLOSING_EVENTS + [kinds[-1]]
+    assert kinds[-1] == ("response.completed" if whole.status == "completed" else "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    resp_id, msg_id = events[0].response.id, events[2].item.id
+    assert resp_id.startswith("resp_") and msg_id.startswith("msg_")
+    assert all(e.item_id == msg_id for e in events[3:-2]) and events[-2].item.id == msg_id
+    final = events[-1].response
+    assert final.id == resp_id and "".join(e.delta for e in deltas) == final.output_text == whole.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+@pytest.mark.slow
+def test_text_format_json_schema_constrains_the_output(client):
+    r = _create(client, "Write an example", max_output_tokens=10,
+                text={"format": {"type": "json_schema", "name": "test", "schema": {"const": "foooooo"}}})
+    assert r.output_text == '"foooooo"'
+    obj = _create(client, "Write an example", max_output_tokens=24, text={"format": {"type": "json_object"}})
+    assert obj.output_text.lstrip().startswith("{")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw, needle", [
+    ({"text": {"format": {"type": "json_schema", "name": "test"}}}, "schema"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input_image"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "function_call_output"),
+    ({"temperature": 5}, "temperature"),
+])
+def test_bad_requests_are_400s(client, kw, needle):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as e:
+        _create(client, **kw)
+    assert needle in e.value.body["message"]
+
+
+@pytest.mark.slow
+def test_llama_server_path_and_raw_event_names(server):
+    body = {"input": ASK, "max_output_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/responses", json=body, timeout=120) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    names = [ln[7:] for ln in lines if ln.startswith("event: ")]
+    assert names == [json.loads(ln[6:])["type"] for ln in lines if ln.startswith("data: ")]
+    assert names[:4] == STREAM_EVENTS
+
+
+def test_input_forms_become_chat_messages():
+    assert input_messages(ResponsesRequest(input="hi", instructions="sys")) == [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    req = ResponsesRequest(input=[{"role": "developer", "content": "d"},
+                                  {"role": "assistant", "content": [{"type": "output_text", "text": "a"}]}])
+    assert input_messages(req) == [{"role": "system", "content": "d"}, {"role": "assistant", "content": "a"}]
+
+
+def test_text_format_in_response_format_shape():
+    assert response_format(None) is None and response_format({"format": {"type": "text"}}) == {"type": "text"}
+    assert response_format({"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}}) == {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+    with pytest.raises(ApiError):
+        response_format({"format": {"type": "json_schema", "name": "n"}})
