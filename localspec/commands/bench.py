@@ -64,8 +64,12 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.command()
 @click.option("--model", "-m", "models", multiple=True, metavar="NAME|PATH",
               help="Target model (repeatable; default: the embedded SmolLM2-135M).")
-@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH",
-              help="Model drafter (repeatable); used for every target whose tokenizer it shares.")
+@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|auto|self",
+              help="Model drafter (repeatable); used for every target whose tokenizer it shares. 'auto': each "
+              "target's fastest predicted local drafter (as run --draft auto); 'self': its low-bit copy "
+              "('localspec models make-drafter').")
+@click.option("--models-dir", "models_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="A folder of GGUFs --draft auto also searches (repeatable).")
 @click.option("--pair", "pairs", multiple=True, metavar="NAME|TARGET=DRAFTER",
               help="A models.toml pair, or an explicit target/drafter pair (repeatable).")
 @click.option("--lookup", is_flag=True, help="Bench prompt lookup (the default when no --draft/--pair is given).")
@@ -99,9 +103,9 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--from-log", "log_file", type=click.Path(dir_okay=False),
               help="Summarise acceptance from a metrics log (JSONL of real sessions) instead of running.")
 @friendly_errors
-def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps, repeat_penalty,
-          repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, repack, seed, busy, json_file, md_file, plot_file,
-          note, log_file):
+def bench(models, drafts, models_dirs, pairs, lookup, all_drafters, ks, tasks, per_task, prompts_file, temps,
+          repeat_penalty, repeat_last_n, repeats, max_tokens, quick, n_ctx, threads, repack, seed, busy, json_file,
+          md_file, plot_file, note, log_file):
     """Measure plain vs speculative decoding on built-in tasks (or yours) and say whether speculation pays.
 
     \b
@@ -122,7 +126,7 @@ def bench(models, drafts, pairs, lookup, all_drafters, ks, tasks, per_task, prom
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     source = load_prompts(prompts_file) if prompts_file else builtin_prompts()
     prompts = select(source, task_list, per_task if per_task is not None else d["per_task"])
-    targets = _targets(models, drafts, pairs, lookup, all_drafters)
+    targets = bench_targets(models, drafts, pairs, lookup, all_drafters, models_dirs)
     plan = Plan(targets=tuple(targets), prompts=tuple(prompts), ks=k_list, auto=auto,
                 temps=parse_floats(temps or d["temps"], "--temp"), repeats=repeats or d["repeats"],
                 max_tokens=max_tokens or d["max_tokens"], n_ctx=n_ctx, threads=threads, seed=seed, busy=busy,
@@ -188,9 +192,46 @@ def _progress(bar, total: int):
     return step
 
 
-def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
-    from ..bench.runner import TargetSpec
+def _auto_drafters(specs: dict[str, dict], kind: str, dirs: tuple[str, ...]) -> None:
+    """--draft auto|self: each target's own drafter, chosen and said as `run` does (loader.auto_drafter); auto
+    finding none gives that target a prompt-lookup row instead."""
+    from ..engine.loader import SELF, auto_drafter
+    from ..models import LOOKUP
+    from ..models.resolve import resolve_model
+
+    for name, s in specs.items():
+        chosen = auto_drafter(s["path"], name, self_only=kind == SELF, dirs=dirs, log=log_err)
+        if chosen == LOOKUP:
+            s["lookup"] = True
+            continue
+        drf = resolve_model(chosen, log=log_err)
+        s["drafters"][drf.name] = drf.path
+
+
+def _shared_drafter(specs: dict[str, dict], drf) -> None:
+    """A --draft model given once: added to every target whose tokenizer it shares (refused if none)."""
     from ..engine.loader import pair_problems
+
+    used = False
+    for name, s in specs.items():
+        if drf.path == s["path"]:
+            continue
+        reasons = pair_problems(s["path"], drf.path)
+        if reasons:
+            log_err(f"bench: {drf.name} cannot draft for {name} ({reasons[0]}); skipped for that target")
+            continue
+        s["drafters"][drf.name] = drf.path
+        used = True
+    if not used:
+        raise click.BadParameter(f"{drf.name} shares no target's tokenizer", param_hint="--draft")
+
+
+def bench_targets(models, drafts, pairs, lookup: bool = False, all_drafters: bool = False,
+                  models_dirs: tuple[str, ...] = ()):
+    """The bench's TargetSpecs from its options: each target with the drafters it can use (--draft auto|self
+    resolved per target, as run resolves them), no model loaded."""
+    from ..bench.runner import TargetSpec
+    from ..engine.loader import AUTO, SELF
     from ..models.registry import load_registry
     from ..models.resolve import resolve_model
 
@@ -217,25 +258,16 @@ def _targets(models, drafts, pairs, lookup: bool, all_drafters: bool):
             target(tr)["drafters"][drf.name] = drf.path
         else:
             target(tr)
-    extra = list(drafts)
+    for kind in dict.fromkeys(d for d in drafts if d in (AUTO, SELF)):
+        _auto_drafters(specs, kind, tuple(models_dirs))
+    extra = [d for d in drafts if d not in (AUTO, SELF)]
     if all_drafters:
         reg = load_registry()
         extra += [p.drafter for n in specs for p in [reg.pair_for(n)] if p and p.drafter not in ("lookup", "none")]
     for dr in extra:
-        drf = resolve_model(dr, log=quiet)
-        used = False
-        for name, s in specs.items():
-            if drf.path == s["path"]:
-                continue
-            reasons = pair_problems(s["path"], drf.path)
-            if reasons:
-                log_err(f"bench: {drf.name} cannot draft for {name} ({reasons[0]}); skipped for that target")
-                continue
-            s["drafters"][drf.name] = drf.path
-            used = True
-        if not used:
-            raise click.BadParameter(f"{drf.name} shares no target's tokenizer", param_hint="--draft")
-    return [TargetSpec(name, s["path"], tuple(s["drafters"].items()), want_lookup) for name, s in specs.items()]
+        _shared_drafter(specs, resolve_model(dr, log=quiet))
+    return [TargetSpec(name, s["path"], tuple(s["drafters"].items()), want_lookup or s.get("lookup", False))
+            for name, s in specs.items()]
 
 
 def _from_log(path: str, json_file: str | None) -> None:
