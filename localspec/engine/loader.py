@@ -100,16 +100,20 @@ def auto_drafter(target: Path, name: str, *, self_only: bool = False, dirs: tupl
 
 
 def warn_if_too_large(target: Path, drafter: Path, name: str, log=print) -> None:
-    """A drafter predicted to lose at every γ (speedup < 1) gets one warning with the numbers."""
+    """A drafter too large to pay gets one warning with the numbers: one that would slow the target down at every
+    γ even if the target accepted every draft (α = 1), so the verdict does not rest on the acceptance prior, only
+    on its cost c and v(γ). Below that, the adaptive controller finds out by measuring and switches off."""
     from ..tuning.predict import predict
 
     try:
-        p = predict(target, drafter)
+        p = predict(target, drafter, alpha=1.0)
     except (ModelLoadError, OSError, ValueError, KeyError):  # advisory only: a file it cannot judge loads as before
         return
     if p.speedup < 1.0:
-        log(f"localspec: warning: drafter {name} is predicted to slow {target.name} down at every draft length "
-            f"(best {p.speedup:.2f}x at k={p.k}; {p.basis()}): a smaller drafter or --lookup should pay")
+        basis = p.basis().rsplit(", α", 1)[0]  # c and v(γ): α is not a prior here
+        log(f"localspec: warning: drafter {name} is too large to pay for {target.name}: even with every draft "
+            f"accepted it would run at {p.speedup:.2f}x at best (k={p.k}; {basis}): a smaller drafter or "
+            "--lookup should pay")
 
 
 def _entry_ngl(entry, default: int) -> int:
