@@ -49,11 +49,13 @@ class Language:
 CALL = b'{"name":"get_weather"}'
 
 
-def test_forced_next_takes_the_longest_of_a_prefix_chain():
+def test_forced_next_takes_the_longest_of_a_prefix_chain_else_the_common_prefix():
     mask = np.zeros(len(VOCAB), bool)
     mask[[3, 5]] = True  # '"' and '"name': a chain
     assert forced_next(mask, piece) == 5
-    mask[8] = True  # '"get' diverges from '"name': a choice
+    mask[8] = True  # '"get' diverges from '"name': only their common '"' is forced
+    assert forced_next(mask, piece) == 3
+    mask[3] = False  # and no token spells it alone: nothing is forced
     assert forced_next(mask, piece) is None
     assert forced_next(np.zeros(len(VOCAB), bool), piece) is None
 

@@ -15,7 +15,7 @@ the drafter's q rows and the target's p rows share them. One `Constraint` serves
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -49,8 +49,10 @@ class Constraint:
     """logit_bias (added to every row; -inf bans a token) and an optional grammar, for one generation."""
 
     def __init__(self, n_vocab: int, *, bias: Mapping[int, float] | None = None,
-                 grammar: GrammarState | None = None) -> None:
+                 grammar: GrammarState | None = None, tokenize: Callable[[str], list[int]] | None = None) -> None:
         self.n_vocab = n_vocab
+        # the model's tokenizer (text -> ids, no BOS): the structure drafter spells the forced text with it
+        self.tokenize = tokenize
         self.bias: np.ndarray | None = None
         if bias:
             self.bias = np.zeros(n_vocab, dtype=np.float32)
@@ -58,6 +60,7 @@ class Constraint:
                 self.bias[t] += b
         self.grammar = grammar
         self._n = -1  # context length the grammar state has followed (-1: not started)
+        self._start = -1  # the context length at the first call (the prompt)
         self._path: dict[Path, GrammarState | None] = {}  # draft prefix -> state after it (None: forbidden)
         self._masks: dict[Path, np.ndarray] = {}  # draft prefix -> allowed next tokens (computed when needed)
 
@@ -83,6 +86,12 @@ class Constraint:
             return None
         self._follow(context)
         return self._state(())
+
+    @property
+    def start(self) -> int:
+        """The context length generation started at (the prompt's; -1 before the first call): where the
+        generated text the structure drafter reads begins."""
+        return self._start
 
     def close(self) -> None:
         self._drop_path(keep=None)
@@ -138,7 +147,7 @@ class Constraint:
         if self.grammar is None:
             return
         if self._n < 0:
-            self._n = len(context)
+            self._n = self._start = len(context)
             return
         if len(context) < self._n:
             raise ConstraintBroken(f"context shrank from {self._n} to {len(context)} tokens: one Constraint "
@@ -209,4 +218,5 @@ def build_constraint(model: "Model", *, logit_bias: Mapping[int, float] | None =
     bad = [t for t in (logit_bias or {}) if not 0 <= t < model.n_vocab]
     if bad:
         raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {model.n_vocab})")
-    return Constraint(model.n_vocab, bias=logit_bias, grammar=Grammar(model, grammar) if grammar else None)
+    return Constraint(model.n_vocab, bias=logit_bias, grammar=Grammar(model, grammar) if grammar else None,
+                      tokenize=lambda text: model.tokenize(text, add_special=False))

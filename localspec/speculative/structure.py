@@ -1,19 +1,31 @@
 """Speculation on the structure: draft the text a request's grammar (or JSON schema, as GBNF) forces.
 
-A tool call's or a schema's JSON is mostly fixed text: keys in order, punctuation, const and single enum
-values. Where the grammar leaves the next text no choice, the target will write it whatever it samples, so a
-draft of it is accepted (up to the target's own tokenization of that text).
+A tool call's or a schema's JSON is mostly fixed text: keys in order, punctuation, const values, and an enum
+value (a tool's name) once its first characters make it the only one left. Where the grammar leaves the next
+text no choice, the target writes it whatever it samples, so a draft of it is accepted, if the draft spells it
+in the tokens the target would pick.
 
-The forced continuation, per token: the grammar's allowed-next set is "forced" when one allowed token's bytes
-extend every other allowed token's bytes (a prefix chain: `"`, `"lo`, `"location` for a fixed key), and the
-draft takes that longest token; a set with two diverging tokens (a free string, a choice) ends the draft.
+The forced text is found on the grammar, then spelled by the target's tokenizer:
+- the walk (`forced_text`): at each grammar state, when the allowed-next set is a prefix chain (one token's
+  bytes extend every other's: `"`, `"lo`, `"location`), its longest token's bytes are forced; an allowed set
+  that diverges (a free string, a choice between keys or values) ends the walk;
+- layout: llama.cpp's JSON-schema grammars allow optional whitespace between tokens (`space`), which would end
+  every walk at the next separator. Where the only choice is whitespace before forced text, the walk guesses
+  the whitespace the text so far put after the same character (`guess_layout`) and walks on; a guessed
+  whitespace the walk cannot follow with forced text is not drafted;
+- spelling (`spell`): the grammar's greedy longest tokens (`{"name`) are not how the model writes the text
+  (`{"` `name`), so the forced bytes are tokenized by the target's own tokenizer (`Constraint.tokenize`), in the
+  context of the token before them, and every drafted token is checked against the grammar.
+The walk costs one full-vocabulary mask per step; the forced text ahead is kept between rounds, so a segment
+the target accepts over several rounds is walked once.
+
 Rules this keeps:
 - the draft is a function of the context and the grammar only, never of the sampling draws, so the same-seed
   verify rule applies: one seed, one text, with it on or off (docs/design.md "The verify rule");
 - every drafted token is one the grammar allows after the drafts before it: it never proposes forbidden text;
 - it may propose fewer tokens than allowed (nothing forced: an empty draft, or the fallback drafter's).
 `StructureDrafter` composes with prompt lookup: structure first where the grammar forces text, the fallback
-(lookup) otherwise.
+(lookup) otherwise, its draft cut where the grammar forbids it.
 """
 
 from __future__ import annotations
@@ -22,22 +34,28 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..sampling.constrain import GrammarState
+from ..sampling.constrain import Constraint, GrammarState
 from ..sampling.params import SamplingParams
 from .types import EMPTY, Draft, Drafter, KFor
 
 STRUCTURE = "structure"  # the source name of drafts the grammar forces
 # forced text is written whatever the target samples, up to its tokenization: a high prior on every position
 STRUCTURE_PRIOR = (0.9, 0.9)
-_MAX_CHAIN = 64  # an allowed set larger than this is a free choice (a string's contents), never a prefix chain
+_MAX_CHAIN = 64  # forced_next: an allowed set larger than this is a free choice (a string's contents)
+_MAX_SET = 4096  # the walk: the same, counting the whitespace tokens a layout choice allows
+_MAX_BYTES = 256  # forced text walked ahead at most
+_HISTORY = 1024  # tokens of context the layout guess reads
+WHITESPACE = b" \t\n\r"
 
 Piece = Callable[[int], bytes]
+Tokenize = Callable[[str], list[int]]
 
 
 def forced_tokens(state: GrammarState, k: int, piece: Piece, *, is_eog: Callable[[int], bool] = lambda t: False
                   ) -> tuple[int, ...]:
-    """Up to k tokens the grammar forces from `state` (not changed: the walk runs on a clone). Stops at the first
-    position whose allowed set is not a prefix chain, or whose forced token ends generation."""
+    """Up to k tokens the grammar forces from `state` (not changed: the walk runs on a clone), as the grammar's
+    longest tokens. Stops at the first position whose allowed set is not a prefix chain, or whose forced token
+    ends generation. The spelling without a tokenizer (`spell` is the one with)."""
     out: list[int] = []
     g = state.clone()
     try:
@@ -53,23 +71,154 @@ def forced_tokens(state: GrammarState, k: int, piece: Piece, *, is_eog: Callable
 
 
 def forced_next(mask: np.ndarray, piece: Piece) -> int | None:
-    """The token an allowed-next mask forces: the one whose bytes every other allowed token's bytes begin, or
-    None (nothing allowed, an empty piece, or a real choice)."""
+    """The token an allowed-next mask forces (`forced_piece`), or None (nothing allowed, or more than
+    `_MAX_CHAIN` allowed: a free choice)."""
     ids = np.flatnonzero(mask)
     if len(ids) == 0 or len(ids) > _MAX_CHAIN:
         return None
-    pieces = [(piece(int(t)), int(t)) for t in ids]
-    longest, best = max(pieces, key=lambda p: (len(p[0]), -p[1]))
-    if not longest:
+    return forced_piece({int(t): piece(int(t)) for t in ids})
+
+
+def forced_piece(pieces: Mapping[int, bytes]) -> int | None:
+    """The token whose bytes are forced by an allowed set: in a prefix chain, the longest (every other token's
+    bytes begin it: `"`, `"lo`, `"location`); otherwise the token that spells the set's longest common prefix
+    (`"` before a free string: `"`, `"Par`, `"Lon`). None when nothing is common or no token spells it."""
+    if not pieces:
         return None
-    if all(longest.startswith(p) for p, _ in pieces):
+    best = max(pieces, key=lambda t: (len(pieces[t]), -t))
+    longest = pieces[best]
+    if longest and all(longest.startswith(p) for p in pieces.values()):
         return best
-    return None
+    common = _common_prefix(list(pieces.values()))
+    if not common:
+        return None
+    return next((t for t in sorted(pieces) if pieces[t] == common), None)
+
+
+def _common_prefix(items: list[bytes]) -> bytes:
+    lo, hi = min(items), max(items)  # the common prefix of all is that of the smallest and largest
+    n = 0
+    while n < min(len(lo), len(hi)) and lo[n] == hi[n]:
+        n += 1
+    return lo[:n]
+
+
+def guess_layout(text: bytes) -> bytes:
+    """The whitespace the target will write after `text`'s last byte: what followed that byte where it last
+    occurred before (the answer keeps one style: `": "`, `",\\n  "`), for a first `:` or `,` what followed the
+    other, else json.dumps' style (a space after `:` and `,`, nothing after `{` and `[`). A function of the
+    text only."""
+    if not text:
+        return b""
+    last = text[-1:]
+    i = text.rfind(last, 0, len(text) - 1)
+    if i < 0 and last in (b":", b","):  # the first of its kind: as the other separator was written
+        i = max(text.rfind(b":", 0, len(text) - 1), text.rfind(b",", 0, len(text) - 1))
+    if i < 0:
+        return b" " if last in (b":", b",") else b""
+    j = i + 1
+    while j < len(text) and text[j:j + 1] in (b" ", b"\t", b"\n", b"\r"):
+        j += 1
+    return text[i + 1:j]
+
+
+def _layout_token(pieces: Mapping[int, bytes], ws: bytes) -> int | None:
+    """At a choice that is only whitespace before forced text, the token that writes `ws` (then as much of the
+    forced text as one token holds); None when the choice is more than layout or no token writes `ws`."""
+    spaced = {t: p for t, p in pieces.items() if p[:1] in _WS_BYTES}
+    other = {t: p for t, p in pieces.items() if p[:1] not in _WS_BYTES}
+    forced = forced_piece(other)
+    if not spaced or forced is None:
+        return None
+    text = other[forced]
+    if not all(text.startswith(p.lstrip(WHITESPACE)) for p in spaced.values()):
+        return None  # a whitespace token followed by something the forced text does not start with
+    if not ws:
+        return forced
+    fits = [t for t, p in spaced.items() if p.startswith(ws) and p[len(ws):len(ws) + 1] not in _WS_BYTES]
+    return max(fits, key=lambda t: (len(spaced[t]), -t)) if fits else None
+
+
+_WS_BYTES = tuple(WHITESPACE[i:i + 1] for i in range(len(WHITESPACE)))
+
+
+def forced_text(state: GrammarState, piece: Piece, *, is_eog: Callable[[int], bool] = lambda t: False,
+                history: bytes = b"", max_bytes: int = _MAX_BYTES) -> bytes:
+    """The bytes the grammar forces from `state` (walked on a clone), whitespace choices guessed from
+    `history` + the walk (`guess_layout`). Stops where the grammar may end or offers a real choice; never ends
+    in guessed whitespace (the target may well merge it with the free text that follows)."""
+    out = bytearray()
+    keep = 0  # bytes of `out` that are not trailing guessed whitespace
+    g = state.clone()
+    try:
+        while len(out) < max_bytes:
+            ids = np.flatnonzero(g.mask())
+            if len(ids) == 0 or len(ids) > _MAX_SET:
+                break
+            pieces = {int(t): piece(int(t)) for t in ids}
+            if any(is_eog(t) or not p for t, p in pieces.items()):
+                break  # the grammar may end here: a choice
+            t = forced_piece(pieces)
+            if t is None:
+                t = _layout_token(pieces, guess_layout(history + bytes(out)))
+            if t is None:
+                break
+            out += pieces[t]
+            g.accept(t)
+            if pieces[t].strip(WHITESPACE):
+                keep = len(out)
+    finally:
+        g.close()
+    return bytes(out[:keep])
+
+
+def _text(data: bytes) -> str:
+    """The longest valid UTF-8 prefix of `data`, decoded (a forced piece may end inside a character)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return data[:e.start].decode("utf-8")
+
+
+def spell(forced: bytes, tokenize: Tokenize, piece: Piece, before: int | None = None) -> list[int]:
+    """`forced` in the target's own tokens, as it would write them after the token `before`: the text is
+    tokenized with that token's bytes in front (a merge across the boundary is then seen), and the tokens for
+    those bytes dropped; where they do not split off cleanly the text is tokenized alone."""
+    text = _text(forced)
+    if not text:
+        return []
+    head = piece(before) if before is not None else b""
+    if head and _text(head).encode("utf-8") == head:
+        toks = tokenize(head.decode("utf-8") + text)
+        n, have = 0, b""
+        while n < len(toks) and len(have) < len(head):
+            have += piece(toks[n])
+            n += 1
+        if have == head:
+            return toks[n:]
+    return tokenize(text)
+
+
+def allowed_prefix(state: GrammarState, tokens: Sequence[int], is_eog: Callable[[int], bool]) -> list[int]:
+    """The longest prefix of `tokens` the grammar allows from `state` (checked on a clone), stopping before an
+    end-of-generation token: a draft is never longer than what the target could write."""
+    out: list[int] = []
+    g = state.clone()
+    try:
+        for t in tokens:
+            if is_eog(t) or not g.allows(t):
+                break
+            out.append(t)
+            g.accept(t)
+    finally:
+        g.close()
+    return out
 
 
 class StructureDrafter:
     """Drafts what the request's grammar forces (`params.constraint`'s grammar); otherwise asks `fallback`
-    (prompt lookup), when there is one. A request without a grammar drafts from the fallback only."""
+    (prompt lookup), when there is one, and cuts its draft where the grammar forbids it. A request without a
+    grammar drafts from the fallback only."""
 
     name: str = STRUCTURE
 
@@ -78,11 +227,12 @@ class StructureDrafter:
         self.piece, self.is_eog, self.fallback = piece, is_eog, fallback
         extra = fallback.sources if fallback else ()
         self.sources: tuple[str, ...] = (STRUCTURE, *extra)
-        # a mask per drafted token: cheap next to a target step, counted as free (the controller corrects α)
+        # a mask per walked token: cheap next to a target step, counted as free (the controller corrects α)
         self.cost: Mapping[str, float | None] = {STRUCTURE: 0.0, **(fallback.cost if fallback else {})}
         self.prior: Mapping[str, tuple[float, ...]] = {STRUCTURE: STRUCTURE_PRIOR,
                                                       **(fallback.prior if fallback else {})}
         self._pieces: dict[int, bytes] = {}
+        self._ahead: tuple[Constraint, bytes] | None = None  # (its request, generated text + forced text)
 
     def _piece(self, t: int) -> bytes:
         p = self._pieces.get(t)
@@ -94,16 +244,45 @@ class StructureDrafter:
                 rng: np.random.Generator) -> Draft:
         c = params.constraint
         state = c.state(context) if c is not None else None
-        if state is not None:
+        if c is not None and state is not None:
             k = k_for(STRUCTURE)
             if k > 0:
-                tokens = forced_tokens(state, k, self._piece, is_eog=self.is_eog)
+                tokens = self._structure(c, state, context, k)
                 if tokens:
-                    return Draft(tokens, None, STRUCTURE)
-        if self.fallback is not None:
-            return self.fallback.propose(context, k_for, params, rng)
-        return EMPTY
+                    return Draft(tuple(tokens), None, STRUCTURE)
+        if self.fallback is None:
+            return EMPTY
+        draft = self.fallback.propose(context, k_for, params, rng)
+        if state is None or draft.probs is not None or not draft.tokens:
+            return draft  # a model drafter's draft is constrained already (constrain_row)
+        kept = allowed_prefix(state, draft.tokens, self.is_eog)
+        return Draft(tuple(kept), None, draft.source) if kept else EMPTY
+
+    def _structure(self, c: Constraint, state: GrammarState, context: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens of forced text after `context`: spelled by the target's tokenizer when the constraint
+        has one, the grammar's longest tokens otherwise."""
+        if c.tokenize is None:
+            return list(forced_tokens(state, k, self._piece, is_eog=self.is_eog))
+        forced = self._forced(c, state, context)
+        if not forced:
+            return []
+        tokens = spell(forced, c.tokenize, self._piece, context[-1] if context else None)
+        return allowed_prefix(state, tokens[:k], self.is_eog)
+
+    def _forced(self, c: Constraint, state: GrammarState, context: Sequence[int]) -> bytes:
+        """The forced text ahead of the generated text: the rest of the last walk while the answer is still
+        on it, else a new walk."""
+        done = b"".join(self._piece(t) for t in context[max(c.start, 0):])
+        if self._ahead is not None and self._ahead[0] is c:
+            ahead = self._ahead[1]
+            if len(ahead) > len(done) and ahead.startswith(done):
+                return ahead[len(done):]
+        history = b"".join(self._piece(t) for t in context[-_HISTORY:])
+        forced = forced_text(state, self._piece, is_eog=self.is_eog, history=history)
+        self._ahead = (c, done + forced) if forced else None
+        return forced
 
     def close(self) -> None:
+        self._ahead = None
         if self.fallback is not None:
             self.fallback.close()
