@@ -225,3 +225,8 @@ def test_without_tools_a_plain_history_is_left_as_it_is() -> None:
     chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     assert tool_messages(history, None, chatml) == history
+
+
+def test_arguments_that_are_not_json_leave_the_call_as_content() -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>'
+    assert plan("hermes").parse(text) == (text, [])

@@ -133,6 +133,7 @@ def scan_call(text: str, pos: int, *, name_keys: tuple[str, ...] = NAME_KEYS,
             call.args = text[pos:end if end is not None else len(text)]
             if end is None:
                 return call, len(text)
+            _value(text, pos)  # complete: it must parse (a call whose arguments do not stays content)
             pos = end
             continue
         v = _value(text, pos)
