@@ -23,17 +23,19 @@ from ..engine.loader import EngineConfig, assemble, check_drafter
 from ..models import LOOKUP
 from ..sampling.params import SamplingParams
 from ..speculative.drafters import PromptLookup
+from ..speculative.structure import STRUCTURE, StructureDrafter
 from ..speculative.suffix import SuffixCache
 from ..speculative.types import NO_DRAFTER, Drafter
 from ..tuning.costs import Costs, measure, merge
 from .agreement import Agreement, compare
-from .tasks import Prompt
+from .tasks import Prompt, constrained
 
 AUTO = "auto"
 # the report's v(γ) reaches the default adaptive range (a model drafter's auto row; lookup's may draft longer, on
 # its own calibration): the table's predicted best k is chosen from it
 REPORT_K_MAX = EngineConfig.k_max
 PLAIN = NO_DRAFTER  # the plain-decoding configuration
+STRUCTURE_LOOKUP = f"{STRUCTURE}+{LOOKUP}"  # the structure drafter with prompt lookup where nothing is forced
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class TargetResult:
 def configs_for(target: TargetSpec, plan: Plan) -> list[Config]:
     ks: list[int | str] = list(plan.ks) + ([AUTO] if plan.auto else [])
     drafters = ([LOOKUP] if target.lookup else []) + [label for label, _ in target.drafters]
+    if any(p.schema for p in plan.prompts):  # a grammar to draft from: structure alone and with lookup
+        drafters += [STRUCTURE] + ([STRUCTURE_LOOKUP] if target.lookup else [])
     return [Config(PLAIN, 0)] + [Config(d, k) for d in drafters for k in ks]
 
 
@@ -128,9 +132,11 @@ def row_config(cfg: Config, plan: Plan) -> EngineConfig:
     --no-adaptive`), or AUTO: the drafter with every other option at the default `run` ships."""
     if cfg.drafter == PLAIN:
         return EngineConfig(draft=NO_DRAFTER, threads=plan.threads)
+    structure = cfg.drafter in (STRUCTURE, STRUCTURE_LOOKUP)  # EngineConfig.structure, alone or over lookup
+    draft = {STRUCTURE: NO_DRAFTER, STRUCTURE_LOOKUP: LOOKUP}.get(cfg.drafter, cfg.drafter)
     if cfg.k == AUTO:
-        return EngineConfig(draft=cfg.drafter, threads=plan.threads)
-    return EngineConfig(draft=cfg.drafter, k=int(cfg.k), adaptive=False, threads=plan.threads)
+        return EngineConfig(draft=draft, threads=plan.threads, structure=structure)
+    return EngineConfig(draft=draft, k=int(cfg.k), adaptive=False, threads=plan.threads, structure=structure)
 
 
 def count_runs(plan: Plan) -> int:
@@ -193,6 +199,8 @@ def forget_requests(drafter: Drafter | None) -> None:
     """Empty a prompt lookup's index and its SuffixCache. The shipped cache fills across requests, as in a server;
     the bench's runs are independent requests, and a repeat (or another temperature) of a prompt would find the
     previous run's answer there and copy it: memory, not speculation. So every run starts as a first request."""
+    if isinstance(drafter, StructureDrafter):
+        drafter = drafter.fallback
     if isinstance(drafter, PromptLookup):
         drafter.sync(())  # hands the index to the old cache, which is then dropped
         if drafter.cache is not None:
@@ -289,7 +297,8 @@ def _run_prompts(fam: Family, target: TargetSpec, plan: Plan, prompts, cfgs, ren
                 order = cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]  # rotate: no config always runs first
                 for cfg in order:
                     progress(f"{target.label} {p.id} {cfg.name} T={temp:g}")
-                    r = run_one(fam, cfg, rendered[p.id], params, plan.max_tokens, k_hist)
+                    r = run_one(fam, cfg, rendered[p.id], constrained(params, p, fam.target), plan.max_tokens,
+                                k_hist)
                     runs.append(Run(target.label, cfg.drafter, cfg.k, p.task, p.id, temp, rep, *r))
 
 
