@@ -84,8 +84,8 @@ def error_event(path: str, status: int, message: str) -> bytes:
     kind = protocol_of(path)
     if kind == "ollama":
         return json.dumps(body).encode() + b"\n"
-    if kind == "anthropic":
-        return b"event: error\ndata: " + json.dumps({"type": "error", **body}).encode() + b"\n\n"
+    if kind == "anthropic":  # error_body gives the path Anthropic's shape; the event is {"type": "error", "error"}
+        return b"event: error\ndata: " + json.dumps({"type": "error", "error": body["error"]}).encode() + b"\n\n"
     if kind == "responses":
         err = body.get("error", {})
         event = {"type": "error", "code": err.get("type"), "message": err.get("message", message), "param": None}

@@ -73,6 +73,7 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
            rediscover: Callable[[], None] | None = None) -> APIRouter:
     r = APIRouter(tags=["router"])
     started = int(time.time())
+    loads: set[asyncio.Task] = set()  # background loads, held until done (the loop keeps only weak references)
 
     @r.get("/health")
     @r.get("/v1/health", include_in_schema=False)
@@ -87,7 +88,9 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
     @r.post("/models/load")
     async def load(request: Request) -> Response:
         name = await _named(pool, request)
-        asyncio.get_running_loop().create_task(_quietly(pool.load(name)))  # the state shows in /models
+        task = asyncio.ensure_future(_quietly(pool.load(name)))  # its state shows in /models
+        loads.add(task)
+        task.add_done_callback(loads.discard)
         return JSONResponse({"success": True})
 
     @r.post("/models/unload")
@@ -133,7 +136,7 @@ def _ollama_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> N
     @r.post("/api/pull")
     async def pull(request: Request) -> Response:
         body = await request.json()
-        name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+        name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
             return error_body("/api/pull", 400, "pull needs a model name: {\"model\": NAME}")
         stream = bool(body.get("stream", True))
