@@ -17,7 +17,7 @@ import pytest
 from localspec.commands.supervise import crash_line
 from localspec.router.app import FOREVER, RouterConfig, choose_model, create_router_app, parse_keep_alive
 from localspec.router.errors import UnknownModel
-from localspec.router.proxy import error_event
+from localspec.router.proxy import CallerGone, error_event, unless_gone
 
 CAUSE = crash_line(signal.SIGSEGV)
 
@@ -198,3 +198,23 @@ async def test_an_unknown_model_is_a_404_in_the_routes_shape():
     assert "known models: a, b" in r.json()["error"]["message"]
     o = await _post(create_router_app(pool), "/api/generate", {"model": "zzz"})
     assert o.status_code == 404 and "known models: a, b" in o.json()["error"]
+
+
+class _Hangs:
+    """A caller whose next ASGI message is its disconnect, after `after` seconds."""
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+
+    async def receive(self) -> dict[str, str]:
+        await asyncio.sleep(self.after)
+        return {"type": "http.disconnect"}
+
+
+async def test_a_caller_that_hangs_up_cancels_the_upstream_request():
+    upstream = asyncio.ensure_future(asyncio.sleep(3600))
+    with pytest.raises(CallerGone):
+        await unless_gone(_Hangs(0.01), upstream)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert upstream.cancelled()
+    assert await unless_gone(_Hangs(3600), asyncio.sleep(0, "answer")) == "answer"  # type: ignore[arg-type]

@@ -16,8 +16,9 @@ the cause: supervise.crash_line for a signal death, the exit code and the last s
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import httpx
 from fastapi import Request
@@ -32,6 +33,7 @@ _DROP_REQUEST = {"host", "connection", "keep-alive", "transfer-encoding", "conte
                  "upgrade", "proxy-connection", "authorization", "x-api-key"}
 _DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 OLLAMA_CRASH = "llama runner process has terminated"  # Ollama's words for a runner that died
+T = TypeVar("T")
 DEATH_WAIT_S = 3.0  # a runner whose connection broke has this long to be seen dead before the cause is a guess
 
 
@@ -112,6 +114,33 @@ def _response_headers(resp: httpx.Response) -> dict[str, str]:
     return {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
 
 
+class CallerGone(Exception):
+    """The caller hung up before the answer came: the upstream request was cancelled."""
+
+
+async def _gone(request: Request) -> None:
+    """Returns when the caller disconnects (after the body, the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled if the caller hangs up first (CallerGone): cancelling an httpx request closes its
+    connection, which the runner's server reads as a disconnect and stops the generation (llama.vim drops a
+    whole-answer /infill at the next keystroke; the runner must not go on with it)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_gone(request))
+    try:
+        finished, _ = await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if task in finished:
+        return task.result()
+    raise CallerGone
+
+
 async def forward(client: httpx.AsyncClient, request: Request, runner: Upstream, body: bytes, model: str,
                   done: Callable[[], None]) -> Response:
     """Send `request` (its `body` already read) to `runner` and relay the answer; `done` runs once, when the
@@ -120,30 +149,39 @@ async def forward(client: httpx.AsyncClient, request: Request, runner: Upstream,
     url = runner.url + path + (f"?{request.url.query}" if request.url.query else "")
     upstream = client.build_request(request.method, url, headers=_request_headers(request), content=body)
     try:
-        resp = await client.send(upstream, stream=True)
+        resp = await unless_gone(request, client.send(upstream, stream=True))
     except httpx.TransportError:
         done()
         return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
                           "server_error")
+    except CallerGone:
+        done()
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the log does
     except BaseException:
         done()
         raise
     if not resp.headers.get("content-type", "").startswith(STREAMED):
-        return await _whole(resp, path, runner, model, done)
+        return await _whole(request, resp, runner, model, done)
     return StreamingResponse(_relay(resp, path, runner, model, done), status_code=resp.status_code,
                              headers=_response_headers(resp))
 
 
-async def _whole(resp: httpx.Response, path: str, runner: Upstream, model: str, done: Callable[[], None]) -> Response:
+async def _whole(request: Request, resp: httpx.Response, runner: Upstream, model: str,
+                 done: Callable[[], None]) -> Response:
     """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple)."""
+    path = request.url.path
     try:
-        data = await resp.aread()
+        data = await unless_gone(request, resp.aread())
     except httpx.TransportError:
         return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
                           "server_error")
+    except CallerGone:
+        return Response(status_code=499)
     finally:
-        await resp.aclose()
-        done()
+        try:
+            await resp.aclose()
+        finally:
+            done()
     return Response(data, status_code=resp.status_code, headers=_response_headers(resp))
 
 
@@ -158,5 +196,7 @@ async def _relay(resp: httpx.Response, path: str, runner: Upstream, model: str,
     except httpx.TransportError:
         yield error_event(path, 500, crash_message(path, model, await cause_of_death(runner)))
     finally:
-        await resp.aclose()
-        done()
+        try:
+            await resp.aclose()
+        finally:
+            done()
