@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Coroutine, Iterable
 
 from ..backend.memory import available_bytes
+from ..errors import LocalspecError
 from .catalog import ModelSpec, canonical, context_for
 from .errors import RunnerFailed, UnknownModel, WontFit
 from .memory import Estimate, estimate
@@ -204,7 +205,7 @@ class Pool:
             slot.loading = self._spawn(self._load(slot))
         return await asyncio.shield(slot.loading)  # a waiter that goes away leaves the load to the others
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -220,8 +221,9 @@ class Pool:
         try:
             async with self._admit:
                 await self._make_room(slot)
+                echo = self.echo
                 runner = Runner(name, (*slot.spec.args, *self.server_args), env=self.env,
-                                on_line=(lambda line: self.echo(name, line)) if self.echo else None,
+                                on_line=(lambda line: echo(name, line)) if echo is not None else None,
                                 start_timeout=self.start_timeout)
                 slot.runner, slot.state, slot.failure = runner, LOADING, None
             self.log(f"router: loading {name}")
@@ -253,7 +255,7 @@ class Pool:
         if not slot.estimated:
             try:
                 slot.need = self.estimate(slot.spec)
-            except (OSError, ValueError) as e:  # an unreadable header: the runner's load says why
+            except (OSError, ValueError, LocalspecError) as e:  # an unreadable header: the runner's load says why
                 self.log(f"router: no memory estimate for {slot.spec.name}: {e}")
                 slot.need = None
             slot.estimated = True

@@ -1,0 +1,291 @@
+"""Router mode's runners and pool: real `localspec serve` child processes on SmolLM2 (started, health-checked,
+crashed by the SIGSEGV fault hook mid-answer, restarted, evicted, unloaded, put to sleep, never left a zombie
+or an orphan), and the pure parts beside them: the catalog's names and presets, the memory estimate, the
+refusals that happen before any process starts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localspec.commands.supervise import crash_line
+from localspec.models.model_facts import kv_cache_bytes
+from localspec.router.catalog import (
+    GLOBAL_SECTION,
+    ModelSpec,
+    canonical,
+    discover,
+    engine_args,
+    preset_args,
+    read_presets,
+)
+from localspec.router.errors import RunnerFailed, UnknownModel, WontFit
+from localspec.router.fault import FAULT_ENV
+from localspec.router.memory import PROCESS_BYTES, Estimate, estimate
+from localspec.router.pool import FAILED, LOADED, SLEEPING, UNLOADED, Pool
+from localspec.router.runner import exit_cause
+
+MARKER = "ZQX-CRASH-HERE"
+RUNNER_ARGS = ("--no-spec", "--ctx", "256", "--threads", "1")
+
+
+def _spec(name: str, path: Path) -> ModelSpec:
+    return ModelSpec(name, path, ("--model", str(path), *RUNNER_ARGS), "models dir", n_ctx=256, ngl=0)
+
+
+def _gone(pid: int, *, zombie_ok: bool = False, wait: float = 15.0) -> bool:
+    """The process has left the process table (a zombie counts only with zombie_ok: an orphan's is init's)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if zombie_ok and state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# -- pure parts ---------------------------------------------------------------------------------------------------
+
+def test_exit_cause_names_a_crash_a_kill_and_an_exit():
+    assert exit_cause(-signal.SIGSEGV, "x") == crash_line(signal.SIGSEGV)
+    assert exit_cause(-signal.SIGKILL, "") == crash_line(signal.SIGKILL)
+    assert exit_cause(-signal.SIGTERM, "") == "runner killed by SIGTERM"
+    assert exit_cause(2, "error: model file not found") == "runner exited with code 2: error: model file not found"
+
+
+def test_presets_read_llama_server_keys_from_ini_and_toml(tmp_path):
+    ini = tmp_path / "models.ini"
+    ini.write_text("[*]\nthreads = 2\n\n[coder]\nmodel = /m/coder.gguf\nctx-size = 2048\nn-gpu-layers = -1\n"
+                   "model-draft = /m/small.gguf\nno-spec = false\nlookup = true\n")
+    sections = read_presets(ini)
+    assert preset_args(sections[GLOBAL_SECTION]) == ("--threads", "2")
+    assert preset_args(sections["coder"]) == ("--ctx", "2048", "--ngl", "-1", "--draft", "/m/small.gguf", "--lookup")
+    toml = tmp_path / "models.toml"
+    toml.write_text('[coder]\nmodel = "/m/coder.gguf"\nctx = 1024\nno_spec = true\n')
+    assert preset_args(read_presets(toml)["coder"]) == ("--ctx", "1024", "--no-spec")
+
+
+def test_canonical_names_take_ollama_tags_aliases_and_a_hub_repo_without_quant():
+    specs = {s.name: s for s in (ModelSpec("tiny", None, ()), ModelSpec("o/r:Q4_K_M", None, ()),
+                                 ModelSpec("coder", None, (), aliases=("qwen",)))}
+    assert canonical("tiny:latest", specs) == "tiny"
+    assert canonical("qwen", specs) == "coder"
+    assert canonical("o/r", specs) == "o/r:Q4_K_M"
+    assert canonical("nope", specs) is None
+
+
+def test_discover_names_models_dir_files_by_stem_and_hub_files_by_repo_and_quant(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("LOCALSPEC_MODELS_DIR", raising=False)
+    from localspec.engine.loader import EngineConfig
+
+    d = tmp_path / "models"
+    d.mkdir()
+    for n in ("tiny.gguf", "big-00001-of-00002.gguf", "big-00002-of-00002.gguf", "mmproj-tiny.gguf"):
+        (d / n).write_bytes(b"GGUF")
+    snap = tmp_path / "hf" / "models--owner--Repo-GGUF" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "repo-Q4_K_M.gguf").write_bytes(b"GGUF")
+    specs = discover(EngineConfig(models_dirs=(str(d),), n_ctx=512, threads=2, ngl=None))
+    assert {"tiny", "big", "owner/Repo-GGUF:Q4_K_M"} <= set(specs)
+    assert not any("mmproj" in n or "00002" in n for n in specs)
+    tiny = specs["tiny"]
+    assert tiny.args[:2] == ("--model", str(d / "tiny.gguf")) and tiny.source == "models dir"
+    assert {"--ctx", "512", "--threads", "2"} <= set(tiny.args) and "--models-dir" in tiny.args
+    default = next(s for s in specs.values() if s.source == "models.toml")
+    assert default.args[:2] == ("--model", default.name)  # the runner resolves the registry pair itself
+
+
+def test_engine_args_carry_the_routers_engine_options():
+    from localspec.backend import LoadOptions
+    from localspec.engine.loader import EngineConfig
+    from localspec.models import LOOKUP
+
+    args = engine_args(EngineConfig(draft=LOOKUP, n_ctx=1024, ngl=-1, k_max=12, adaptive=False,
+                                    load=LoadOptions(flash_attn=False, mmap=True, fast_path="none", type_k=8)))
+    assert args == ("--ctx", "1024", "--ngl", "-1", "--lookup", "--no-adaptive", "--k-max", "12",
+                    "--flash-attn", "off", "--cache-type-k", "q8_0", "--mmap", "--no-repack")
+
+
+def test_the_memory_estimate_is_weights_plus_kv_cache_split_by_offload(smollm2_path):
+    size, kv = smollm2_path.stat().st_size, kv_cache_bytes(smollm2_path, 1024)
+    assert kv > 0
+    assert estimate(smollm2_path, 1024, 0) == Estimate(size + kv + PROCESS_BYTES, 0)
+    assert estimate(smollm2_path, 1024, -1) == Estimate(PROCESS_BYTES, size + kv)
+    with_draft = estimate(smollm2_path, 1024, 0, draft=smollm2_path)
+    assert with_draft.ram_bytes == 2 * (size + kv) + PROCESS_BYTES
+
+
+async def test_unknown_model_and_a_load_that_cannot_fit_are_refused_before_any_process(smollm2_path):
+    pool = Pool([_spec("tiny", smollm2_path)], available=lambda: 50_000_000)
+    with pytest.raises(UnknownModel) as e:
+        await pool.acquire("nope")
+    assert e.value.known == ["tiny"] and "tiny" in str(e.value)
+    with pytest.raises(WontFit, match="needs about"):
+        await pool.acquire("tiny")
+    assert pool.status()[0].state == UNLOADED and pool.status()[0].pid is None
+
+
+# -- real runners -------------------------------------------------------------------------------------------------
+
+async def _complete(client: httpx.AsyncClient, url: str, prompt: str, n: int = 8) -> str:
+    r = await client.post(url + "/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0})
+    r.raise_for_status()
+    return r.json()["content"]
+
+
+async def _streamed_lines(client: httpx.AsyncClient, url: str, prompt: str) -> list[str]:
+    """Data lines of a streamed /completion until the stream breaks (it must: the runner dies)."""
+    got: list[str] = []
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        async with client.stream("POST", url + "/completion",
+                                 json={"prompt": prompt, "n_predict": 64, "stream": True}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    got.append(line)
+    return got
+
+
+@pytest.mark.slow
+async def test_a_runner_that_crashes_mid_answer_is_named_and_restarted(smollm2_path):
+    pool = Pool([_spec("tiny", smollm2_path)], env={FAULT_ENV: MARKER})
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            runner = await pool.acquire("tiny")
+            assert (await client.get(runner.url + "/health")).status_code == 200
+            assert await _complete(client, runner.url, "The sky is")  # other prompts are untouched by the hook
+            first = runner.pid
+            assert first is not None
+            lines = await _streamed_lines(client, runner.url, f"Say {MARKER} and go on")
+            assert lines  # the stream died mid-answer, after its first chunks
+            assert await runner.died() == crash_line(signal.SIGSEGV)
+            pool.release(runner)
+            assert pool.status()[0].state == FAILED and pool.status()[0].failure == crash_line(signal.SIGSEGV)
+            assert _gone(first)  # reaped: no zombie
+
+            again = await pool.acquire("tiny")  # the next request starts it again
+            assert again.pid != first and pool.state("tiny") == LOADED
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):  # a whole answer dies too
+                await _complete(client, again.url, f"Say {MARKER}", n=64)
+            assert await again.died() == crash_line(signal.SIGSEGV)
+            pool.release(again)
+            assert _gone(again.pid or 0)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.slow
+async def test_models_max_evicts_the_least_recently_used_idle_model_and_keep_alive_0_unloads(smollm2_path):
+    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)], models_max=1, default_keep_alive=-1)
+    try:
+        ra = await pool.acquire("a")
+        with pytest.raises(WontFit, match="busy"):  # a serves a request: it is never evicted
+            await pool.acquire("b")
+        pool.release(ra)
+        a_pid = ra.pid
+        rb = await pool.acquire("b")
+        states = {s.name: s.state for s in pool.status()}
+        assert states == {"a": UNLOADED, "b": LOADED} and a_pid is not None and _gone(a_pid)
+        assert not ra.alive and ra.failure() is None  # stopped on purpose: no failure to report
+        pool.release(rb, keep_alive=0)
+        deadline = time.monotonic() + 30
+        while pool.state("b") != UNLOADED and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert pool.state("b") == UNLOADED and _gone(rb.pid or 0)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.slow
+async def test_an_idle_model_sleeps_and_wakes_on_the_next_request(smollm2_path):
+    pool = Pool([_spec("tiny", smollm2_path)], sleep_idle_s=0.2)
+    try:
+        r = await pool.acquire("tiny")
+        pool.release(r)
+        assert pool.status()[0].expires_at is not None
+        await asyncio.sleep(0.3)
+        await pool.reap()
+        assert pool.state("tiny") == SLEEPING and _gone(r.pid or 0)
+        woken = await pool.acquire("tiny")
+        assert pool.state("tiny") == LOADED and woken.pid != r.pid
+        async with httpx.AsyncClient(timeout=120) as client:
+            assert await _complete(client, woken.url, "Hello")
+        pool.release(woken)
+    finally:
+        await pool.close()
+    assert _gone(woken.pid or 0)
+
+
+@pytest.mark.slow
+async def test_memory_eviction_unloads_an_idle_model_for_one_that_would_not_fit(smollm2_path):
+    need = estimate(smollm2_path, 256, 0).ram_bytes
+    pool: Pool
+
+    def available() -> int:  # room for one runner: while "a" runs, "b" does not fit
+        return need * 3 if "a" not in pool.loaded() else need - 1
+
+    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)], available=available)
+    try:
+        pool.release(await pool.acquire("a"))
+        rb = await pool.acquire("b")
+        assert {s.name: s.state for s in pool.status()} == {"a": UNLOADED, "b": LOADED}
+        assert pool.status()[1].ram_estimate == need
+        pool.release(rb)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.slow
+async def test_a_runner_that_cannot_load_fails_with_its_last_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    pool = Pool([_spec("broken", bad)])
+    with pytest.raises(RunnerFailed, match="exited with code"):
+        await pool.acquire("broken")
+    assert pool.status()[0].state == FAILED and "broken" in (pool.status()[0].failure or "")
+
+
+_ROUTER = """
+import asyncio, sys
+from pathlib import Path
+from localspec.router.catalog import ModelSpec
+from localspec.router.pool import Pool
+
+async def main():
+    pool = Pool([ModelSpec("tiny", Path(sys.argv[2]), tuple(sys.argv[1:]))])
+    runner = await pool.acquire("tiny")
+    print(runner.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_router_leaves_no_runner_behind(smollm2_path):
+    router = subprocess.Popen([sys.executable, "-c", _ROUTER, "--model", str(smollm2_path), *RUNNER_ARGS],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert router.stdout is not None
+        line = router.stdout.readline()
+        runner = int(line)
+        assert not _gone(runner, wait=0.5)
+        router.kill()
+        router.wait(30)
+        assert _gone(runner, zombie_ok=True)  # PR_SET_PDEATHSIG: the kernel killed it with its router
+    finally:
+        if router.poll() is None:
+            router.kill()
+            router.wait()
