@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import configparser
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,12 @@ from ..models.candidates import local_files
 from ..models.catalog import Known, catalog
 from ..models.hub import quant_of
 from ..models.model_facts import trained_context
-from ..models.registry import Registry, load_registry
+from ..models.registry import load_registry
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from ..engine.loader import EngineConfig
@@ -56,6 +61,7 @@ def engine_args(config: EngineConfig) -> tuple[str, ...]:
     """The engine options the user gave the router, as every runner's command line (the model is per runner;
     --draft auto/self, --lookup and --no-spec apply to each model, a --draft file to none)."""
     from ..speculative.types import NO_DRAFTER
+    from ..tuning.controller import K_MAX, K_MIN
 
     a: list[str] = []
     pairs: list[tuple[str, Any]] = [("--ctx", config.n_ctx), ("--threads", config.threads), ("--ngl", config.ngl),
@@ -65,7 +71,8 @@ def engine_args(config: EngineConfig) -> tuple[str, ...]:
     a += [x for flag, v in pairs if v is not None for x in (flag, str(v))]
     a += {LOOKUP: ["--lookup"], NO_DRAFTER: ["--no-spec"]}.get(config.draft or "", [])
     a += ["--verbose"] * config.verbose + ["--no-adaptive"] * (not config.adaptive)
-    a += ["--k-min", str(config.k_min), "--k-max", str(config.k_max)]
+    a += [x for flag, v, default in (("--k-min", config.k_min, K_MIN), ("--k-max", config.k_max, K_MAX))
+          if v != default for x in (flag, str(v))]  # the defaults left implicit: lookup's longer reach needs it
     if config.p_min:
         a += ["--draft-p-min", str(config.p_min)]
     for d in config.models_dirs:
@@ -106,12 +113,12 @@ def context_for(path: Path | None, n_ctx: int | None) -> int:
     return min(DEFAULT_CTX, trained or DEFAULT_CTX)
 
 
-def _registry_spec(k: Known, reg: Registry, base: tuple[str, ...], config: EngineConfig) -> ModelSpec:
+def _registry_spec(k: Known, known: dict[str, Known], base: tuple[str, ...], config: EngineConfig) -> ModelSpec:
     """A registry model: `--model NAME`; its pair's drafter when that is on disk, else prompt lookup."""
     args: tuple[str, ...] = ("--model", k.name)
     draft_path = None
-    if k.drafter != LOOKUP and not _chosen_drafter(config):
-        drafter = next((d for d in catalog(reg) if d.name == k.drafter), None)
+    if k.drafter != LOOKUP and config.draft is None:
+        drafter = known.get(k.drafter)
         if drafter is None or drafter.path is None:
             args += ("--lookup",)  # the pair's drafter is not downloaded: the target alone still serves
         else:
@@ -119,10 +126,6 @@ def _registry_spec(k: Known, reg: Registry, base: tuple[str, ...], config: Engin
     ngl = config.ngl if config.ngl is not None else k.entry.n_gpu_layers
     return ModelSpec(k.name, k.path, (*args, *base), "models.toml", draft_path,
                      context_for(k.path, config.n_ctx or k.entry.n_ctx), ngl)
-
-
-def _chosen_drafter(config: EngineConfig) -> bool:
-    return config.draft is not None
 
 
 def _file_name(path: Path, origin: str) -> str | None:
@@ -157,16 +160,16 @@ def _file_specs(config: EngineConfig, base: tuple[str, ...], taken: set[str]) ->
 
 def discover(config: EngineConfig, presets: Path | None = None) -> dict[str, ModelSpec]:
     """name -> ModelSpec for every model this router can serve (see the module docstring for the order)."""
-    reg = load_registry()
+    known = {k.name: k for k in catalog(load_registry())}
     base = engine_args(config)
     specs: dict[str, ModelSpec] = {}
-    for k in catalog(reg):
+    for k in known.values():
         if k.present or k.default:
-            specs[k.name] = _registry_spec(k, reg, base, config)
+            specs[k.name] = _registry_spec(k, known, base, config)
     sections = read_presets(presets) if presets else {}
     shared = preset_args(sections.pop(GLOBAL_SECTION, {}))
     for name, values in sections.items():
-        specs[name] = _preset_spec(name, values, specs.get(name), base, shared, config)
+        specs[name] = _preset_spec(name, values, specs.get(name), (*base, *shared), known, config)
     if shared:
         specs = {n: s if s.source == "preset" else _with(s, shared) for n, s in specs.items()}
     for s in _file_specs(config, (*base, *shared), set(specs)):
@@ -216,30 +219,29 @@ def preset_args(values: dict[str, Any]) -> tuple[str, ...]:
     return tuple(a)
 
 
-def _file_or_none(value: str | None, reg: Registry) -> Path | None:
+def _file_or_none(value: str | None, known: dict[str, Known]) -> Path | None:
     """A preset's model or draft as a file: a path, else a registry model on disk; None when neither."""
     if not value:
         return None
     p = Path(value).expanduser()
     if p.is_file():
         return p
-    k = next((x for x in catalog(reg) if x.name == value), None)
+    k = known.get(value)
     return k.path if k is not None else None
 
 
 def _preset_spec(name: str, values: dict[str, Any], existing: ModelSpec | None, base: tuple[str, ...],
-                 shared: tuple[str, ...], config: EngineConfig) -> ModelSpec:
-    """A preset section: its model (a path or registry name; default the section's name), the engine options,
-    then the [*] options, then its own (click keeps the last of a repeated option, so the section wins)."""
+                 known: dict[str, Known], config: EngineConfig) -> ModelSpec:
+    """A preset section: its model (a path or registry name; default the section's name), the engine and [*]
+    options (`base`), then its own (click keeps the last of a repeated option, so the section wins)."""
     norm = {_key(k): v for k, v in values.items()}
-    reg = load_registry()
     model = str(norm.get("model") or (existing.args[1] if existing else name))
-    path = _file_or_none(model, reg) or (existing.path if existing else None)
+    path = _file_or_none(model, known) or (existing.path if existing else None)
     own = preset_args(values)
-    draft = _file_or_none(str(norm["draft"]), reg) if norm.get("draft") else None
+    draft = _file_or_none(str(norm["draft"]), known) if norm.get("draft") else None
     ctx = int(norm["ctx"]) if norm.get("ctx") else config.n_ctx
     ngl = int(norm["ngl"]) if norm.get("ngl") not in (None, "") else config.ngl
-    return ModelSpec(name, path, ("--model", model, *base, *shared, *own), "preset",
+    return ModelSpec(name, path, ("--model", model, *base, *own), "preset",
                      draft or (existing.draft_path if existing else None), context_for(path, ctx), ngl)
 
 
