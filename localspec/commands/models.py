@@ -115,6 +115,13 @@ def _pull_entry(name: str, verbose: bool):
     return entry_path(e, fetch=True, log=log_err)
 
 
+def worth_pulling(ranked: list) -> list:
+    """The registry drafters worth a download, best first: those predicted to pay, then those whose size is not
+    known (a pair's drafter first); never one predicted to lose."""
+    return [r for r in ranked if r.prediction is not None and r.prediction.speedup > 1.0] + \
+        sorted((r for r in ranked if r.prediction is None), key=lambda r: not r.offer.paired)
+
+
 def _pull_drafter_for(target: str, verbose: bool) -> None:
     """Pull the best registry drafter for TARGET, then check its tokenizer against the target's file (the
     registry vouched for it; the file decides) and say what --draft auto will predict for it."""
@@ -123,7 +130,13 @@ def _pull_drafter_for(target: str, verbose: bool) -> None:
     from ..tuning.predict import predict, rank, rank_registry
 
     t = _local_path(target)
-    offers = rank_registry(t.path)
+    ranked = rank_registry(t.path)
+    offers = worth_pulling(ranked)
+    if ranked and not offers:
+        p = ranked[0].prediction
+        raise ModelNotFound(f"no registry drafter is predicted to pay for {t.name}: the best, {ranked[0].offer.name}, "
+                            f"{p.speedup:.2f}x ({p.basis()}) ('localspec models make-drafter {target}' makes one)"
+                            if p else f"no registry drafter is predicted to pay for {t.name}")
     if not offers:
         here = next((r for r in rank(t.path) if r.prediction is not None), None)
         have = f"; {here.match.file.name} is here already and drafts for it" if here else ""
@@ -321,8 +334,8 @@ def drafters(target: str, dirs: tuple[str, ...], show_all: bool) -> None:
         tables.echo(grid)
     n_ok = sum(r.prediction is not None for r in rows)
     click.echo(f"{n_ok} of {len(rows)} local GGUFs share {t.name}'s tokenizer"
-               + (f"; {len(offers)} registry models should ('localspec models pull --drafter-for {target}' gets "
-                  "the best)" if offers else "")
+               + (f"; {len(offers)} registry models not downloaded may ('localspec models pull --drafter-for "
+                  f"{target}' gets the best)" if offers else "")
                + ("" if n_ok else f"; 'localspec models make-drafter {target}' writes a low-bit copy to draft with"))
 
 
