@@ -23,7 +23,7 @@ from localspec.speculative.structure import (
 
 # a byte-level-ish vocabulary: single characters, BPE-like merges, and the grammar-greedy tokens a model never
 # writes ('{"name', '"name"') that the old drafter picked
-CHARS = [bytes([c]) for c in b'{}[]":, \n_abcdefghijklmnopqrstuvwxyz']
+CHARS = [bytes([c]) for c in b'{}[]":, \n_abcdefghijklmnopqrstuvwxyz0123456789']
 MERGES = [b'{"', b'":', b' "', b'",', b'"}', b'name', b'get', b'_weather', b'_time', b'city', b'\n  ', b'{"name',
           b'"name"', b'"city', b'Paris', b'Lyon']
 VOCAB = [b""] + CHARS + MERGES + [b"P", b"L", b"y", b"o"]
@@ -108,22 +108,32 @@ def text_of(tokens) -> bytes:
     return b"".join(piece(t) for t in tokens)
 
 
-def test_layout_is_guessed_from_the_text_so_far():
-    assert guess_layout(b'{"a": 1, "b":') == b" "  # after ':' it wrote a space before
-    assert guess_layout(b'{"a":1,"b":') == b""
-    assert guess_layout(b'{\n  "a": 1,\n  "b": 2,') == b"\n  "
-    assert guess_layout(b"{") == b"" and guess_layout(b'{"a":') == b" "  # nothing seen yet: json.dumps' style
+def test_layout_is_guessed_only_from_a_habit_of_the_answer():
+    assert guess_layout(b'{"a": 1, "b": 2, "c":') == b" "  # twice a space after ':'
+    assert guess_layout(b'{"a":1,"b":2,"c":') == b""
+    assert guess_layout(b'{\n  "a": 1,\n  "b": 2,\n  "c": 3,') == b"\n  "
+    assert guess_layout(b'{"a": 1, "b":') is None  # seen once: not yet a habit
+    assert guess_layout(b'{ "a": [{"b": [{') is None  # two that differ
+    assert guess_layout(b'{"a": "x", "b": "y", "c"') is None  # after a quote: a key's end, a value's start ...
 
 
-def test_forced_text_walks_through_guessed_whitespace_and_stops_at_free_text():
+def test_forced_text_walks_through_guessed_whitespace_and_stops_at_a_choice():
     g = Template([CALL])
-    assert forced_text(g, piece, is_eog=lambda t: t == EOG) == b'{"name": "'
-    g.done = b'{"name": "Paris"'
-    assert forced_text(g, piece, history=g.done) == b', "city": "'
-    g.done = b'{"name":"Paris"'  # a compact answer: its own style is followed
-    assert forced_text(g, piece, history=g.done) == b',"city":"'
+    assert forced_text(g, piece, is_eog=lambda t: t == EOG) == b'{"name":'  # then a space or not: unknown
+    g.done = b'{"name": "Paris",'
+    assert forced_text(g, piece, history=b'[{"a": 1, "b": 2}, ' + g.done) == b' "city": "'
+    g.done = b'{"name":"Paris",'  # a compact answer: its own style is followed
+    assert forced_text(g, piece, history=b'[{"a":1,"b":2},' + g.done) == b'"city":"'
     g.done = b'{"name": "Paris", "city": "Lyon"'
-    assert forced_text(g, piece, is_eog=lambda t: t == EOG, history=g.done) == b"}"  # then it may end
+    assert forced_text(g, piece, is_eog=lambda t: t == EOG, history=g.done) == b""  # ' }' or '}': unknown
+
+
+def test_optional_space_hidden_in_a_chain_is_a_choice():
+    """`{` and `{"` form a chain, but `{` then ` "` is allowed too: only `{` is forced."""
+    space = VOCAB.index(b" ")
+    g = Template([CALL])
+    assert forced_text(g, piece, spaces=[space]) == b"{"
+    assert forced_text(g, piece) == b'{"name":'  # without the space probe the chain is taken whole
 
 
 def test_no_whitespace_is_guessed_before_free_text():
@@ -153,14 +163,19 @@ def drafter_params(grammar: Template) -> SamplingParams:
 
 def test_drafter_spells_forced_text_in_model_tokens_and_every_token_is_allowed():
     d = StructureDrafter(piece, is_eog=lambda t: t == EOG, fallback=PromptLookup())
-    params = drafter_params(Template([CALL]))
+    params = drafter_params(Template([]))
     rng = np.random.default_rng(0)
     prompt = tokenize("city names")
-    draft = d.propose(prompt, lambda s: 8, params, rng)
+    params.constraint.state(prompt)  # generation starts after the prompt
+    ctx = prompt + tokenize('{"name": "Paris", "city": "Lyon", "name": "Paris",')  # ', ' twice: a habit
+    params.constraint.grammar.forms = [[b'{"name": "Paris", "city": "Lyon", "name": "Paris",', WS, b'"city"', WS,
+                                        b":", WS, b'"', FREE, b'"}']]
+    draft = d.propose(ctx, lambda s: 8, params, rng)
     assert draft.source == STRUCTURE
-    assert [piece(t) for t in draft.tokens] == [b'{"', b"name", b'":', b' "']
-    assert allowed_prefix(Template([CALL]), draft.tokens, lambda t: t == EOG) == list(draft.tokens)
-    assert len(d.propose(prompt, lambda s: 2, params, rng)) == 2  # never more than k
+    assert [piece(t) for t in draft.tokens] == [b' "', b"city", b'"']  # not the grammar's '"city' + '"'
+    state = params.constraint.state(ctx)
+    assert allowed_prefix(state, draft.tokens, lambda t: t == EOG) == list(draft.tokens)
+    assert len(d.propose(ctx, lambda s: 2, params, rng)) == 2  # never more than k
 
 
 def test_the_walk_is_kept_while_the_answer_follows_it():
@@ -175,7 +190,7 @@ def test_the_walk_is_kept_while_the_answer_follows_it():
             return Counting(self.forms, self.done)
 
     d = StructureDrafter(piece, is_eog=lambda t: t == EOG)
-    params = drafter_params(Counting([CALL]))
+    params = drafter_params(Counting([[b'{"name":"', FREE, b'"}']]))
     rng = np.random.default_rng(0)
     prompt = tokenize("x")
     first = d.propose(prompt, lambda s: 8, params, rng)

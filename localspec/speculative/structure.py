@@ -10,9 +10,9 @@ The forced text is found on the grammar, then spelled by the target's tokenizer:
   bytes extend every other's: `"`, `"lo`, `"location`), its longest token's bytes are forced; an allowed set
   that diverges (a free string, a choice between keys or values) ends the walk;
 - layout: llama.cpp's JSON-schema grammars allow optional whitespace between tokens (`space`), which would end
-  every walk at the next separator. Where the only choice is whitespace before forced text, the walk guesses
-  the whitespace the text so far put after the same character (`guess_layout`) and walks on; a guessed
-  whitespace the walk cannot follow with forced text is not drafted;
+  every walk at the next separator. Where the only choice is whitespace before forced text and the answer so
+  far has twice put the same whitespace after the same character, the walk takes that (`guess_layout`) and
+  walks on; otherwise it stops there, and the target's own token (the round's bonus) makes the choice;
 - spelling (`spell`): the grammar's greedy longest tokens (`{"name`) are not how the model writes the text
   (`{"` `name`), so the forced bytes are tokenized by the target's own tokenizer (`Constraint.tokenize`), in the
   context of the token before them, and every drafted token is checked against the grammar.
@@ -44,8 +44,10 @@ STRUCTURE_PRIOR = (0.9, 0.9)
 _MAX_CHAIN = 64  # forced_next: an allowed set larger than this is a free choice (a string's contents)
 _MAX_SET = 4096  # the walk: the same, counting the whitespace tokens a layout choice allows
 _MAX_BYTES = 256  # forced text walked ahead at most
-_HISTORY = 1024  # tokens of context the layout guess reads
+_HISTORY = 4096  # bytes of the answer so far the layout guess reads (the prompt's layout is not the model's)
 WHITESPACE = b" \t\n\r"
+_WS_BYTES = tuple(WHITESPACE[i:i + 1] for i in range(len(WHITESPACE)))
+_SEPARATORS = (b"{", b"[", b",", b":", b"}", b"]")  # where JSON's layout is a habit the answer repeats
 
 Piece = Callable[[int], bytes]
 Tokenize = Callable[[str], list[int]]
@@ -103,28 +105,33 @@ def _common_prefix(items: list[bytes]) -> bytes:
     return lo[:n]
 
 
-def guess_layout(text: bytes) -> bytes:
-    """The whitespace the target will write after `text`'s last byte: what followed that byte where it last
-    occurred before (the answer keeps one style: `": "`, `",\\n  "`), for a first `:` or `,` what followed the
-    other, else json.dumps' style (a space after `:` and `,`, nothing after `{` and `[`). A function of the
-    text only."""
-    if not text:
-        return b""
-    last = text[-1:]
-    i = text.rfind(last, 0, len(text) - 1)
-    if i < 0 and last in (b":", b","):  # the first of its kind: as the other separator was written
-        i = max(text.rfind(b":", 0, len(text) - 1), text.rfind(b",", 0, len(text) - 1))
-    if i < 0:
-        return b" " if last in (b":", b",") else b""
-    j = i + 1
-    while j < len(text) and text[j:j + 1] in (b" ", b"\t", b"\n", b"\r"):
-        j += 1
-    return text[i + 1:j]
+def guess_layout(text: bytes) -> bytes | None:
+    """The whitespace the target will write after `text`'s last byte, when the answer so far says so: the two
+    latest earlier occurrences of that byte were followed by the same whitespace (`": "`, `",\\n  "`). None
+    when it has not (a first occurrence, or two that differ: a small model is not consistent, `{ "a": [{"b"`):
+    the walk stops there and the target's own next token makes the choice. A function of the text only."""
+    if not text or text[-1:] not in _SEPARATORS:
+        return None  # after a quote: a key's or a value's end, or a string's start, each laid out its own way
+    last, seen = text[-1:], list[bytes]()
+    end = len(text) - 1
+    while len(seen) < 2:
+        i = text.rfind(last, 0, end)
+        if i < 0:
+            return None
+        j = i + 1
+        while j < len(text) and text[j:j + 1] in _WS_BYTES:
+            j += 1
+        seen.append(text[i + 1:j])
+        end = i
+    return seen[0] if seen[0] == seen[1] else None
 
 
-def _layout_token(pieces: Mapping[int, bytes], ws: bytes) -> int | None:
+def _layout_token(pieces: Mapping[int, bytes], ws: bytes | None) -> int | None:
     """At a choice that is only whitespace before forced text, the token that writes `ws` (then as much of the
-    forced text as one token holds); None when the choice is more than layout or no token writes `ws`."""
+    forced text as one token holds); None when the choice is more than layout, `ws` is unknown (None) or no
+    token writes it."""
+    if ws is None:
+        return None
     spaced = {t: p for t, p in pieces.items() if p[:1] in _WS_BYTES}
     other = {t: p for t, p in pieces.items() if p[:1] not in _WS_BYTES}
     forced = forced_piece(other)
@@ -139,14 +146,29 @@ def _layout_token(pieces: Mapping[int, bytes], ws: bytes) -> int | None:
     return max(fits, key=lambda t: (len(spaced[t]), -t)) if fits else None
 
 
-_WS_BYTES = tuple(WHITESPACE[i:i + 1] for i in range(len(WHITESPACE)))
+
+def _before_space(g: GrammarState, pieces: Mapping[int, bytes], t: int, spaces: Sequence[int]) -> int:
+    """A prefix chain's longest token `t`, or its shortest member after which the grammar allows whitespace:
+    `{` and `{"` chain, yet `{ "` is allowed too (optional space; the vocabulary has no `{ ` token), so only
+    `{` is forced and the space is a layout choice. A few single-token checks, not a mask."""
+    shorter = [m for m in pieces if m != t and len(pieces[m]) < len(pieces[t]) and pieces[m].strip(WHITESPACE)]
+    for m in sorted(shorter, key=lambda m: len(pieces[m])):  # a whitespace member: the layout already chosen
+        h = g.clone()
+        try:
+            h.accept(m)
+            if any(h.allows(sp) for sp in spaces):
+                return m
+        finally:
+            h.close()
+    return t
 
 
 def forced_text(state: GrammarState, piece: Piece, *, is_eog: Callable[[int], bool] = lambda t: False,
-                history: bytes = b"", max_bytes: int = _MAX_BYTES) -> bytes:
+                history: bytes = b"", max_bytes: int = _MAX_BYTES, spaces: Sequence[int] = ()) -> bytes:
     """The bytes the grammar forces from `state` (walked on a clone), whitespace choices guessed from
-    `history` + the walk (`guess_layout`). Stops where the grammar may end or offers a real choice; never ends
-    in guessed whitespace (the target may well merge it with the free text that follows)."""
+    `history` + the walk (`guess_layout`). `spaces`: whitespace tokens (` `, `\\n`), to find the optional
+    whitespace a chain hides (`_before_space`). Stops where the grammar may end or offers a real choice; never
+    ends in guessed whitespace (the target may well merge it with the free text that follows)."""
     out = bytearray()
     keep = 0  # bytes of `out` that are not trailing guessed whitespace
     g = state.clone()
@@ -163,6 +185,8 @@ def forced_text(state: GrammarState, piece: Piece, *, is_eog: Callable[[int], bo
                 t = _layout_token(pieces, guess_layout(history + bytes(out)))
             if t is None:
                 break
+            if spaces and pieces[t].strip(WHITESPACE):
+                t = _before_space(g, pieces, t, spaces)
             out += pieces[t]
             g.accept(t)
             if pieces[t].strip(WHITESPACE):
@@ -233,6 +257,8 @@ class StructureDrafter:
                                                       **(fallback.prior if fallback else {})}
         self._pieces: dict[int, bytes] = {}
         self._ahead: tuple[Constraint, bytes] | None = None  # (its request, generated text + forced text)
+        self._space_ids: tuple[int, ...] | None = None
+        self._probes: tuple[tuple[int, int], ...] | None = None  # letter and digit pairs (`_free`)
 
     def _piece(self, t: int) -> bytes:
         p = self._pieces.get(t)
@@ -271,16 +297,34 @@ class StructureDrafter:
 
     def _forced(self, c: Constraint, state: GrammarState, context: Sequence[int]) -> bytes:
         """The forced text ahead of the generated text: the rest of the last walk while the answer is still
-        on it, else a new walk."""
+        on it, nothing inside free text (`_free`), else a new walk."""
         done = b"".join(self._piece(t) for t in context[max(c.start, 0):])
         if self._ahead is not None and self._ahead[0] is c:
             ahead = self._ahead[1]
             if len(ahead) > len(done) and ahead.startswith(done):
                 return ahead[len(done):]
-        history = b"".join(self._piece(t) for t in context[-_HISTORY:])
-        forced = forced_text(state, self._piece, is_eog=self.is_eog, history=history)
+        if self._free(c, state):
+            return b""
+        forced = forced_text(state, self._piece, is_eog=self.is_eog, history=done[-_HISTORY:],
+                             spaces=self._spaces(c))
         self._ahead = (c, done + forced) if forced else None
         return forced
+
+    def _free(self, c: Constraint, state: GrammarState) -> bool:
+        """Inside free text (a string's or a number's contents) nothing is forced: two different letters, or
+        two different digits, are allowed next. A few single-token checks instead of the walk's first mask,
+        which costs as much as a target step on a small model (docs/bench/structure.md#structure-drafting)."""
+        if self._probes is None and c.tokenize is not None:
+            pairs = [[c.tokenize(a) for a in pair] for pair in (("a", "e"), ("1", "2"))]
+            self._probes = tuple((x[0], y[0]) for x, y in pairs if len(x) == len(y) == 1)
+        return any(state.allows(x) and state.allows(y) for x, y in self._probes or ())
+
+    def _spaces(self, c: Constraint) -> tuple[int, ...]:
+        """The target's tokens for one space and one newline (its tokenizer's spelling), found once."""
+        if self._space_ids is None and c.tokenize is not None:
+            ids = [c.tokenize(w) for w in (" ", "\n")]
+            self._space_ids = tuple(t[0] for t in ids if len(t) == 1)
+        return self._space_ids or ()
 
     def close(self) -> None:
         self._ahead = None
