@@ -86,6 +86,7 @@ def test_agreement_counts_the_common_prefix():
     assert common_prefix([1, 2], [1, 2, 3]) == 2
 
 
+@pytest.mark.slow  # writing the random-weight model (the module's fixture) takes ~20 s
 def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokenizer_gguf, capsys):
     import gguf
 
@@ -107,6 +108,7 @@ def test_random_model_has_the_shape_and_the_smollm2_tokenizer(tiny_model, tokeni
     assert loads and Path(loads[0]["path"]).name == tiny_model.name and loads[0]["n_layers"] == 3  # + the output layer
 
 
+@pytest.mark.slow  # writing the random-weight model (the module's fixture) takes ~20 s
 def test_random_model_pairs_with_smollm2(tiny_model):
     if os.environ.get("GPU_CHECK_TOKENIZER"):
         pytest.skip("the device has no whole SmolLM2 in phase 1")
@@ -122,6 +124,7 @@ def test_shapes_are_real_sizes():
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 @needs_gpu
 def test_gpu_offload_places_every_layer_and_the_kv_cache(tiny_model, capsys):
     from localspec.backend import LoadOptions, Model, devices
@@ -135,6 +138,7 @@ def test_gpu_offload_places_every_layer_and_the_kv_cache(tiny_model, capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 @needs_gpu
 def test_gpu_logits_match_the_cpu(tiny_model):
     from localspec.backend import LoadOptions, Model
@@ -152,6 +156,7 @@ def test_gpu_logits_match_the_cpu(tiny_model):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 @needs_gpu
 def test_gpu_verify_rows_are_cheap(tiny_model):
     from localspec.backend import LoadOptions, Model

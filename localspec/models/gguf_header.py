@@ -51,57 +51,68 @@ def _parse(p: Path, mm: mmap.mmap, want_tokens: bool, extra: tuple[str, ...] = (
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
     if version < 2:
         raise ValueError(f"GGUF version {version} is too old")
-    off = 24
-
-    def string() -> str:
-        nonlocal off
-        (n,) = struct.unpack_from("<Q", mm, off)
-        s = mm[off + 8: off + 8 + n]
-        off += 8 + n
-        return s.decode("utf-8", "replace")
-
-    def value(t: int) -> Any:
-        nonlocal off
-        if t == 8:
-            return string()
-        fmt = "<" + _SCALAR[t]
-        (v,) = struct.unpack_from(fmt, mm, off)
-        off += struct.calcsize(fmt)
-        return v
-
+    at = _Cursor(mm, 24)
     kv: dict[str, Any] = {}
     lengths: dict[str, int] = {}
     for _ in range(n_kv):
-        key = string()
-        (t,) = struct.unpack_from("<I", mm, off)
-        off += 4
+        key = at.string()
+        (t,) = at.unpack("<I")
         if t != 9:
-            kv[key] = value(t)
+            kv[key] = at.value(t)
             continue
-        et, n = struct.unpack_from("<IQ", mm, off)
-        off += 12
-        lengths[key] = n
         keep = key in extra or key in _KEEP_ARRAYS and (want_tokens or key != "tokenizer.ggml.tokens")
-        if et == 8 and keep:
-            kv[key], off = _read_strings(mm, off, n)
-        elif et == 8:
-            off = _skip_strings(mm, off, n)
-        elif et == 9:
-            raise ValueError(f"nested arrays in {key} are not supported")
-        else:
-            size = struct.calcsize("<" + _SCALAR[et])
-            if keep:
-                kv[key] = struct.unpack_from(f"<{n}{_SCALAR[et]}", mm, off)
-            off += size * n
-    tensors = []
-    for _ in range(n_tensors):
-        name = string()
-        (nd,) = struct.unpack_from("<I", mm, off)
-        dims = struct.unpack_from(f"<{nd}Q", mm, off + 4)
-        (gt,) = struct.unpack_from("<I", mm, off + 4 + 8 * nd)
-        off += 4 + 8 * nd + 4 + 8
-        tensors.append((name, tuple(dims), gt))
-    return GGUFHeader(p, version, kv, lengths, tuple(tensors))
+        lengths[key] = _array(at, key, kv if keep else None)
+    return GGUFHeader(p, version, kv, lengths, tuple(_tensor_info(at) for _ in range(n_tensors)))
+
+
+class _Cursor:
+    """A read position in the header: GGUF is packed little-endian, so each read returns a value and moves on."""
+
+    __slots__ = ("mm", "off")
+
+    def __init__(self, mm: mmap.mmap, off: int) -> None:
+        self.mm, self.off = mm, off
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        out = struct.unpack_from(fmt, self.mm, self.off)
+        self.off += struct.calcsize(fmt)
+        return out
+
+    def string(self) -> str:
+        (n,) = self.unpack("<Q")
+        s = self.mm[self.off: self.off + n]
+        self.off += n
+        return s.decode("utf-8", "replace")
+
+    def value(self, t: int) -> Any:
+        return self.string() if t == 8 else self.unpack("<" + _SCALAR[t])[0]
+
+
+def _array(at: _Cursor, key: str, into: dict[str, Any] | None) -> int:
+    """Read one array value into `into` under `key` (None: skip it); returns its length. A string array is kept
+    as a tuple of bytes, read by whoever needs it (most callers want a few entries of a 262k-token vocabulary)."""
+    et, n = at.unpack("<IQ")
+    if et == 8 and into is not None:
+        into[key], at.off = _read_strings(at.mm, at.off, n)
+    elif et == 8:
+        at.off = _skip_strings(at.mm, at.off, n)
+    elif et == 9:
+        raise ValueError(f"nested arrays in {key} are not supported")
+    else:
+        if into is not None:
+            into[key] = struct.unpack_from(f"<{n}{_SCALAR[et]}", at.mm, at.off)
+        at.off += struct.calcsize("<" + _SCALAR[et]) * n
+    return n
+
+
+def _tensor_info(at: _Cursor) -> tuple[str, tuple[int, ...], int]:
+    """One tensor info: name, dimensions, ggml type (its data offset is skipped: no tensor data is read)."""
+    name = at.string()
+    (nd,) = at.unpack("<I")
+    dims = at.unpack(f"<{nd}Q")
+    (gt,) = at.unpack("<I")
+    at.off += 8
+    return name, tuple(dims), gt
 
 
 def _read_strings(mm: mmap.mmap, off: int, n: int) -> tuple[tuple[bytes, ...], int]:

@@ -232,33 +232,16 @@ def write_random_model(out: str | Path, shape_name: str, qtype_name: str, tokeni
     fields = tokenizer_fields(tokenizer)
     n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
     out = Path(out)
-    part = out.with_name(out.name + ".part")
+    part = out.with_name(out.name + ".part")  # a run cut short never leaves a file that looks finished
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     w = gguf.GGUFWriter(str(part), arch="llama")
     w.add_name(f"localspec random llama {shape_name} {qtype.name}")
-    w.add_context_length(shape.n_ctx)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_rope_dimension_count(shape.n_embd // shape.n_head)
-    w.add_rope_freq_base(shape.rope_base)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(FILE_TYPE[qtype.name])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _add_llama_keys(w, shape, n_vocab, FILE_TYPE[qtype.name])
     for name, value, vtype, sub in fields:
         w.add_key_value(name, value, vtype, sub_type=sub)
     plan = tensor_plan(shape, n_vocab)
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    for name, rows, cols, quant in plan:
-        if quant:
-            nbytes = rows * cols // block * size
-            w.add_tensor_info(name, (rows, cols // block * size), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
-        else:
-            w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
+    _add_tensor_infos(w, plan, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -271,3 +254,35 @@ def write_random_model(out: str | Path, shape_name: str, qtype_name: str, tokeni
     log(f"wrote {out}: {shape_name} {qtype.name}, {n_params(shape, n_vocab) / 1e9:.2f} B params, "
         f"{out.stat().st_size / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s")
     return out
+
+
+def _add_llama_keys(w, shape: Shape, n_vocab: int, file_type: int) -> None:
+    """The hyperparameters llama.cpp's llama architecture reads."""
+    import gguf
+
+    w.add_context_length(shape.n_ctx)
+    w.add_embedding_length(shape.n_embd)
+    w.add_block_count(shape.n_layer)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_rope_dimension_count(shape.n_embd // shape.n_head)
+    w.add_rope_freq_base(shape.rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(file_type)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _add_tensor_infos(w, plan: list[tuple[str, int, int, bool]], qtype) -> None:
+    """Declare each tensor before any data is written: quantized matrices as their raw block bytes (the writer
+    takes a byte shape with raw_dtype), norms as F32 vectors."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    for name, rows, cols, quant in plan:
+        if quant:
+            nbytes = rows * cols // block * size
+            w.add_tensor_info(name, (rows, cols // block * size), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+        else:
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)

@@ -94,60 +94,77 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
     timed repeat before the deadline is dropped, so the budget is overrun by at most one decode. The caches
     are left as found (flash attention needs them empty and leaves the faster setting)."""
     t0 = time.perf_counter()
-    soft, hard = Deadline(t0 + budget_s), Deadline(t0 + budget_s, hard=True)
     counts = counts or candidates(cores or cpu_count())
     for model in (target, draft_model):  # the prefills between timings too: never above the counts timed
         if model is not None:
             model.set_threads(max(counts), max(counts))
     toks = probe_tokens(target, max(V_DEPTH + k_max + 1, PROMPT_CHUNK + 1))
     threads = {p: dict(d) for p, d in (have.threads if have else {}).items()}
+    run = _Stages(t0, budget_s, toks, counts, repeats, threads)
     costs, fa = (have.costs, have.flash_attn) if have else (None, None)
-    first = [True]
+    run.per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
+    if draft_model is not None:
+        run.per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
+    if costs is None:
+        costs = _measure_costs(run, target, draft_model, k_max)
+    run.per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
+    if flash_attn and fa is None and target.n_past == 0:
+        fa = _best(run.stage(lambda d: flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=d))
+                   or {})
+    phases = {"target", "prompt"} | ({"draft"} if draft_model is not None else set())
+    complete = costs is not None and phases <= set(run.threads) and (fa is not None or not flash_attn)
+    return Calibration(costs, run.threads, fa, complete, time.perf_counter() - t0)
 
-    def stage(fn: Callable[[Deadline], T], must: bool = False) -> T | None:
-        """Run one stage within the budget; the first, and one that `must` run, finish one timed repeat."""
-        sure = first[0] or must
-        if not sure and time.perf_counter() > hard.at - MIN_LEFT * budget_s:
+
+def _measure_costs(run: "_Stages", target: Model, draft_model: Model | None, k_max: int) -> Costs | None:
+    """v(γ), t1 and c. Timed in full when the controller drafts, whatever the budget: every one of its decisions
+    rests on v, and a budgeted stage was dropped or cut short (docs/bench/calibration.md#calibration-budget)."""
+    drafters = {"model": draft_model} if draft_model is not None else None
+    depth = max(0, min(V_DEPTH, target.n_ctx - target.n_past - k_max - 2))  # a small context: shallower
+    must = k_max > 0
+    return run.stage(lambda d: measure(target, run.toks[:depth + k_max + 1], k_max, repeats=run.repeats,
+                                       deadline=None if must else d, drafters=drafters), must=must)
+
+
+class _Stages:
+    """One measurement's stages sharing one budget, and the step times per thread count found so far. The
+    first stage run (and one that must run) finishes one timed repeat whatever the budget, so every start
+    makes progress; a later one starts only with MIN_LEFT of the budget left, else its time would be lost."""
+
+    def __init__(self, t0: float, budget_s: float, toks: list[int], counts: list[int], repeats: int,
+                 threads: dict[str, dict[int, float]]) -> None:
+        self.budget_s, self.toks, self.counts, self.repeats, self.threads = budget_s, toks, counts, repeats, threads
+        self.soft, self.hard = Deadline(t0 + budget_s), Deadline(t0 + budget_s, hard=True)
+        self.first = True
+
+    def stage(self, fn: Callable[[Deadline], T], must: bool = False) -> T | None:
+        """Run one stage within the budget; None when it was not run or ran out of time."""
+        sure = self.first or must
+        if not sure and time.perf_counter() > self.hard.at - MIN_LEFT * self.budget_s:
             return None  # too little left to finish one: it would be dropped past the deadline, its time lost
         try:
-            return fn(soft if sure else hard)
+            return fn(self.soft if sure else self.hard)
         except OutOfTime:
             return None
         finally:
-            first[0] = False
+            self.first = False
 
-    def per_count(model: Model, phase: str, tokens: list[int], rows: int) -> None:
-        def run(deadline: Deadline) -> dict[int, float]:
-            base = model.n_past
-            try:
-                model.decode(toks[:CONTEXT], 0)
-                return thread_times(model, counts, tokens, rows=rows, repeats=repeats, deadline=deadline)
-            finally:
-                model.rewind(base)
-
-        if phase not in threads and (times := stage(run)):
-            threads[phase] = times
-        n = preferred(threads[phase]) if phase in threads and phase != "prompt" else None
+    def per_count(self, model: Model, phase: str, tokens: list[int], rows: int) -> None:
+        """Time `phase` at each thread count (unless an earlier entry has it), then set `model` to the fastest
+        count before the next stage (the prompt phase's times are only recorded)."""
+        if phase not in self.threads and (times := self.stage(lambda d: self._times(model, tokens, rows, d))):
+            self.threads[phase] = times
+        n = preferred(self.threads[phase]) if phase in self.threads and phase != "prompt" else None
         if n is not None:
             model.set_threads(n, n)
 
-    per_count(target, "target", toks[CONTEXT:CONTEXT + 1], 1)
-    if draft_model is not None:
-        per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
-    if costs is None:
-        drafters = {"model": draft_model} if draft_model is not None else None
-        depth = max(0, min(V_DEPTH, target.n_ctx - target.n_past - k_max - 2))  # a small context: shallower
-        # v(γ) is timed in full when the controller drafts, whatever the budget: every one of its decisions rests
-        # on v, and a budgeted stage was dropped or cut short (docs/bench/calibration.md#calibration-budget)
-        must = k_max > 0
-        costs = stage(lambda d: measure(target, toks[:depth + k_max + 1], k_max, repeats=repeats,
-                                        deadline=None if must else d, drafters=drafters), must=must)
-    per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
-    if flash_attn and fa is None and target.n_past == 0:
-        fa = _best(stage(lambda d: flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=d)) or {})
-    phases = {"target", "prompt"} | ({"draft"} if draft_model is not None else set())
-    complete = costs is not None and phases <= set(threads) and (fa is not None or not flash_attn)
-    return Calibration(costs, threads, fa, complete, time.perf_counter() - t0)
+    def _times(self, model: Model, tokens: list[int], rows: int, deadline: Deadline) -> dict[int, float]:
+        base = model.n_past
+        try:
+            model.decode(self.toks[:CONTEXT], 0)
+            return thread_times(model, self.counts, tokens, rows=rows, repeats=self.repeats, deadline=deadline)
+        finally:
+            model.rewind(base)
 
 
 # -- the cache ------------------------------------------------------------------------------------------------
