@@ -29,7 +29,7 @@ from localspec.router.catalog import (
 )
 from localspec.router.errors import RunnerFailed, UnknownModel, WontFit
 from localspec.router.fault import FAULT_ENV
-from localspec.router.memory import PROCESS_BYTES, Estimate, estimate
+from localspec.router.memory import PROCESS_BYTES, Estimate, compute_bytes, estimate
 from localspec.router.pool import FAILED, LOADED, SLEEPING, UNLOADED, Pool
 from localspec.router.runner import exit_cause
 
@@ -53,6 +53,12 @@ def _gone(pid: int, *, zombie_ok: bool = False, wait: float = 15.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _peak_resident(pid: int) -> int:
+    """VmHWM: the most memory the process has had resident, in bytes."""
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
 
 
 # -- pure parts ---------------------------------------------------------------------------------------------------
@@ -120,8 +126,9 @@ def test_engine_args_carry_the_routers_engine_options():
 
 
 def test_the_memory_estimate_is_weights_plus_kv_cache_split_by_offload(smollm2_path):
-    size, kv = smollm2_path.stat().st_size, kv_cache_bytes(smollm2_path, 1024)
-    assert kv > 0
+    size = smollm2_path.stat().st_size
+    kv = kv_cache_bytes(smollm2_path, 1024) + compute_bytes(smollm2_path, 1024)
+    assert kv > compute_bytes(smollm2_path, 1024) > 0
     assert estimate(smollm2_path, 1024, 0) == Estimate(size + kv + PROCESS_BYTES, 0)
     assert estimate(smollm2_path, 1024, -1) == Estimate(PROCESS_BYTES, size + kv)
     with_draft = estimate(smollm2_path, 1024, 0, draft=smollm2_path)
@@ -133,9 +140,14 @@ async def test_unknown_model_and_a_load_that_cannot_fit_are_refused_before_any_p
     with pytest.raises(UnknownModel) as e:
         await pool.acquire("nope")
     assert e.value.known == ["tiny"] and "tiny" in str(e.value)
-    with pytest.raises(WontFit, match="needs about"):
+    with pytest.raises(WontFit, match="needs about .* of memory"):
         await pool.acquire("tiny")
     assert pool.status()[0].state == UNLOADED and pool.status()[0].pid is None
+    offloaded = ModelSpec("gpu", smollm2_path, ("--model", str(smollm2_path), "--ngl", "-1"), n_ctx=256, ngl=-1)
+    gpu = Pool([offloaded], available=lambda: 10**12, available_vram=lambda: 50_000_000)
+    with pytest.raises(WontFit, match="of GPU memory"):
+        await gpu.acquire("gpu")
+    assert gpu.status()[0].vram_estimate == estimate(smollm2_path, 256, -1).vram_bytes
 
 
 # -- real runners -------------------------------------------------------------------------------------------------
@@ -218,11 +230,16 @@ async def test_an_idle_model_sleeps_and_wakes_on_the_next_request(smollm2_path):
         await asyncio.sleep(0.3)
         await pool.reap()
         assert pool.state("tiny") == SLEEPING and _gone(r.pid or 0)
-        woken = await pool.acquire("tiny")
-        assert pool.state("tiny") == LOADED and woken.pid != r.pid
+        woken, twin = await asyncio.gather(pool.acquire("tiny"), pool.acquire("tiny"))  # one load for both
+        assert woken is twin and pool.state("tiny") == LOADED and woken.pid != r.pid
+        assert pool.status()[0].busy == 2
         async with httpx.AsyncClient(timeout=120) as client:
             assert await _complete(client, woken.url, "Hello")
+        resident = _peak_resident(woken.pid or 0)
+        ram = pool.status()[0].ram_estimate or 0
+        assert resident <= ram < 2 * resident  # the estimate covers what the runner used, and not wildly more
         pool.release(woken)
+        pool.release(twin)
     finally:
         await pool.close()
     assert _gone(woken.pid or 0)

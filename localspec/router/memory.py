@@ -4,7 +4,9 @@ or refuses the load when the estimate does not fit, instead of letting the kerne
     weights  = the file's size, split between RAM and VRAM by the share of layers offloaded (--ngl)
     KV cache = model_facts.kv_cache_bytes(n_ctx): Σ_layers n_ctx · n_head_kv · (d_k + d_v) · 2 bytes (f16),
                on the GPU for offloaded layers (llama.cpp's default), split the same way
-    process  = a fixed allowance for the Python process, llama.cpp's compute buffers and the HTTP server
+    compute  = n_ctx · n_ubatch · n_head · 4 bytes: the attention scores of one prompt batch (without flash
+               attention), the part of llama.cpp's compute buffer that grows with the context
+    process  = a fixed allowance for Python, numpy, the HTTP server and llama.cpp's code
 
 A drafter (a pair's, or --draft) is added the same way. The figure is an estimate: mmap'd weights share the
 page cache, and a sliding-window model (Gemma 3) uses less KV cache than its n_ctx implies.
@@ -12,13 +14,18 @@ page cache, and a sliding-window model (Gemma 3) uses less KV cache than its n_c
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.gguf_header import read_header
 from ..models.model_facts import kv_cache_bytes
 
-PROCESS_BYTES = 300_000_000  # a runner with a 135M model measures ~250 MB resident beside its weights
+# A SmolLM2-135M runner measured 105 MB resident beside its weights and KV cache at n_ctx 256, 122 MB at 2048
+# (VmHWM after an answer); with the compute term below the estimate is 1.2-1.3x what it used.
+PROCESS_BYTES = 150_000_000
+N_UBATCH = 512  # llama.cpp's default micro-batch: the prompt rows one compute pass holds
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,20 @@ def offloaded_share(path: str | Path, ngl: int | None) -> float:
     return ngl / (n_layer + 1)
 
 
+def compute_bytes(path: str | Path, n_ctx: int) -> int:
+    """The attention scores of one micro-batch of prompt rows against the whole context, in f32."""
+    kv = read_header(path, tokens=False).kv
+    heads = kv.get(f"{kv.get('general.architecture', '?')}.attention.head_count") or 0
+    n_head = max(heads) if isinstance(heads, (tuple, list)) else int(heads)
+    return n_ctx * min(N_UBATCH, n_ctx) * n_head * 4
+
+
 def model_estimate(path: str | Path, n_ctx: int, ngl: int | None = 0, *, type_k: int | None = None,
                    type_v: int | None = None) -> Estimate:
     """One model's weights and KV cache, split by the offloaded share (no process allowance)."""
     p = Path(path)
     share = offloaded_share(p, ngl)
-    total = p.stat().st_size + kv_cache_bytes(p, n_ctx, type_k=type_k, type_v=type_v)
+    total = p.stat().st_size + kv_cache_bytes(p, n_ctx, type_k=type_k, type_v=type_v) + compute_bytes(p, n_ctx)
     vram = int(total * share)
     return Estimate(total - vram, vram)
 
@@ -60,3 +75,17 @@ def estimate(path: str | Path, n_ctx: int, ngl: int | None = 0, *, draft: str | 
         total = total + model_estimate(draft, n_ctx, ngl if ngl_draft is None else ngl_draft,
                                        type_k=type_k, type_v=type_v)
     return total
+
+
+def free_vram_bytes() -> int | None:
+    """Free memory over the NVIDIA GPUs this machine shows (llama.cpp splits offloaded layers over all of them),
+    from nvidia-smi; None where there is none to ask (the router never loads llama.cpp to find out)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+        return sum(int(x) for x in out.split()) * 2**20 or None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None

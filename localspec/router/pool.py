@@ -22,7 +22,7 @@ from ..backend.memory import available_bytes
 from ..errors import LocalspecError
 from .catalog import ModelSpec, canonical, context_for
 from .errors import RunnerFailed, UnknownModel, WontFit
-from .memory import Estimate, estimate
+from .memory import Estimate, estimate, free_vram_bytes
 from .runner import START_TIMEOUT, Runner
 
 UNLOADED, LOADING, LOADED, SLEEPING, FAILED = "unloaded", "loading", "loaded", "sleeping", "failed"
@@ -79,13 +79,23 @@ def _gb(n: int | None) -> str:
     return "?" if n is None else f"{n / 1e9:.1f} GB"
 
 
+def _fits(wanted: int, free: int | None) -> bool:
+    return free is None or wanted <= free  # None: this machine cannot say, so the load is tried
+
+
+def _refusal(name: str, what: str, wanted: int, free: int | None, n_ctx: int | None) -> str:
+    return (f"cannot load {name}: it needs about {_gb(wanted)} of {what} (weights, KV cache at n_ctx {n_ctx}), "
+            f"{_gb(free)} is free and no idle model is left to unload; try a smaller --ctx or fewer models")
+
+
 class Pool:
     """The runners of a router (see the module docstring)."""
 
     def __init__(self, specs: dict[str, ModelSpec] | Iterable[ModelSpec], *, models_max: int = MODELS_MAX,
                  sleep_idle_s: float | None = None, default_keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  estimate: Callable[[ModelSpec], Estimate | None] = spec_estimate,
-                 available: Callable[[], int | None] = available_bytes, log: Callable[[str], None] | None = None,
+                 available: Callable[[], int | None] = available_bytes,
+                 available_vram: Callable[[], int | None] = free_vram_bytes, log: Callable[[str], None] | None = None,
                  env: dict[str, str] | None = None, server_args: tuple[str, ...] = (),
                  echo: Callable[[str, str], None] | None = None, start_timeout: float = START_TIMEOUT) -> None:
         values = specs.values() if isinstance(specs, dict) else specs
@@ -95,6 +105,7 @@ class Pool:
         self.default_keep_alive = default_keep_alive
         self.estimate = estimate
         self.available = available
+        self.available_vram = available_vram  # asked only for a model with layers on the GPU
         self.log = log or (lambda _msg: None)
         self.env = dict(env or {})
         self.server_args = tuple(server_args)
@@ -262,23 +273,28 @@ class Pool:
         return slot.need
 
     async def _make_room(self, slot: _Slot) -> None:
-        """Evict least-recently-used idle models until this one fits: fewer than models_max running, and its
-        RAM estimate under the memory available. WontFit when only busy models are left to evict."""
-        name = slot.spec.name
-        while len(self._running(slot)) >= self.models_max:
-            victim = self._lru_idle(slot)
-            if victim is None:
-                raise WontFit(f"cannot load {name}: {len(self._running(slot))} models are running and busy "
-                              f"(--models-max {self.models_max}); retry when one is idle")
-            await self._stop(victim, UNLOADED, f"evicted for {name} (--models-max {self.models_max})")
+        """Evict least-recently-used idle models until this one fits: fewer than models_max running, its RAM
+        estimate under the memory available, its VRAM estimate (with --ngl) under the GPUs' free memory.
+        WontFit when only busy models are left to evict."""
+        name, m = slot.spec.name, self.models_max
+        await self._evict_until(slot, lambda: len(self._running(slot)) < m, f"--models-max {m}", lambda: (
+            f"cannot load {name}: {len(self._running(slot))} models are running and busy (--models-max {m}); "
+            "retry when one is idle"))
         need = self._need(slot)
-        while need is not None and (free := self.available()) is not None and need.ram_bytes > free:
+        if need is None:
+            return
+        for what, wanted, free in (("memory", need.ram_bytes, self.available),
+                                   ("GPU memory", need.vram_bytes, self.available_vram)):
+            if wanted:
+                await self._evict_until(slot, lambda: _fits(wanted, free()), f"{what}: needs {_gb(wanted)}",
+                                        lambda: _refusal(name, what, wanted, free(), slot.spec.n_ctx))
+
+    async def _evict_until(self, slot: _Slot, fits: Callable[[], bool], why: str, refusal: Callable[[], str]) -> None:
+        while not fits():
             victim = self._lru_idle(slot)
             if victim is None:
-                raise WontFit(f"cannot load {name}: it needs about {_gb(need.ram_bytes)} of memory (weights and "
-                              f"KV cache at n_ctx {slot.spec.n_ctx}), {_gb(free)} is available and no idle model "
-                              "is left to unload; try a smaller --ctx or fewer models")
-            await self._stop(victim, UNLOADED, f"evicted for {name} (memory: needs {_gb(need.ram_bytes)})")
+                raise WontFit(refusal())
+            await self._stop(victim, UNLOADED, f"evicted for {slot.spec.name} ({why})")
 
     # -- unloading ----------------------------------------------------------------------------------------------
 
