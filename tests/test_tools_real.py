@@ -1,7 +1,7 @@
 """Tool calls on the real SmolLM2-135M with llama.cpp's grammar engine: when a call is required, the output is
 a call in the template's own format whose arguments parse and fit the tool's schema, even from a model this
-small. Its GGUF template has no tool syntax (Gemma-3-270M has no template): the generic format; the Hermes, Llama 3.1 and
-Mistral templates of tests/templates/ stand in for models that have one.
+small. Its GGUF template has no tool syntax (Gemma-3-270M has no template): the generic format; the Hermes,
+Llama 3.1 and Mistral templates of tests/templates/ stand in for models that have one.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ WEATHER = {"type": "function", "function": {
                                   "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "The time in a time zone",
-    "parameters": {"type": "object", "required": ["zone"], "properties": {"zone": {"type": "string", "maxLength": 12}}}}}
+    "parameters": {"type": "object", "required": ["zone"],
+                   "properties": {"zone": {"type": "string", "maxLength": 12}}}}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -38,7 +39,8 @@ def _template(path: Path) -> str | None:
 
 def test_the_fixture_models_templates_have_no_tool_syntax(smollm2_path: Path, gemma_path: Path) -> None:
     """SmolLM2's template is plain ChatML; Gemma-3-270M is a base model with none: both the generic format."""
-    assert "<|im_start|>" in (_template(smollm2_path) or "") and detect_tool_format(_template(smollm2_path)) == "generic"
+    smol = _template(smollm2_path)
+    assert smol and "<|im_start|>" in smol and detect_tool_format(smol) == "generic"
     assert _template(gemma_path) is None and detect_tool_format(_template(gemma_path)) == "generic"
 
 
