@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from . import routes
 from .errors import RouterError, RunnerFailed, UnknownModel, WontFit
 from .proxy import forward, new_client
 
+log = logging.getLogger("localspec.router")
 FOREVER = -1.0  # Ollama: a negative keep_alive keeps the model loaded
 
 
@@ -169,6 +171,11 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
         return error_body(request.url.path, 400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_body(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
