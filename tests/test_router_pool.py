@@ -114,6 +114,34 @@ def test_discover_names_models_dir_files_by_stem_and_hub_files_by_repo_and_quant
     assert default.args[:2] == ("--model", default.name)  # the runner resolves the registry pair itself
 
 
+def test_a_preset_pairs_a_file_with_a_drafter_and_its_own_options(tmp_path, monkeypatch, smollm2_path):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("LOCALSPEC_MODELS_DIR", raising=False)
+    from localspec.engine.loader import EngineConfig
+
+    presets = tmp_path / "presets.ini"
+    presets.write_text(f"[*]\nthreads = 2\n\n[paired]\nmodel = {smollm2_path}\nmodel-draft = {smollm2_path}\n"
+                       "ctx-size = 512\n")
+    specs = discover(EngineConfig(n_ctx=1024, ngl=None), presets)
+    paired = specs["paired"]
+    assert paired.source == "preset" and paired.path == smollm2_path and paired.draft_path == smollm2_path
+    assert paired.args[:2] == ("--model", str(smollm2_path)) and paired.n_ctx == 512
+    assert paired.args[-6:] == ("--threads", "2", "--draft", str(smollm2_path), "--ctx", "512")  # the section last
+    assert all(s.args[-2:] == ("--threads", "2") for s in specs.values() if s.source != "preset")  # [*] for all
+    one = estimate(smollm2_path, 512, 0)
+    assert estimate(smollm2_path, 512, 0, draft=smollm2_path).ram_bytes == 2 * one.ram_bytes - PROCESS_BYTES
+
+
+async def test_update_adds_and_drops_models_without_touching_the_others(smollm2_path):
+    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)])
+    pool.update([_spec("b", smollm2_path), _spec("c", smollm2_path)])
+    assert pool.known() == ["b", "c"] and [s.name for s in pool.status()] == ["b", "c"]
+    with pytest.raises(UnknownModel):
+        await pool.acquire("a")
+    await pool.close()
+
+
 def test_engine_args_carry_the_routers_engine_options():
     from localspec.backend import LoadOptions
     from localspec.engine.loader import EngineConfig

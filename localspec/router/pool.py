@@ -357,8 +357,8 @@ class Pool:
             if s.loading is not None:
                 s.loading.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # stops under way finish: no process left
-        await asyncio.gather(*(self._stop(s, UNLOADED, "router closing") for s in self._slots.values()),
-                             return_exceptions=True)
+        slots = [*self._slots.values(), *self._retired.values()]
+        await asyncio.gather(*(self._stop(s, UNLOADED, "router closing") for s in slots), return_exceptions=True)
 
     # -- reporting ----------------------------------------------------------------------------------------------
 

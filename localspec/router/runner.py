@@ -151,7 +151,10 @@ class Runner:
                 self.port = int(m.group(1))
                 _set_soon(loop, ready)
             if self.on_line is not None:
-                self.on_line(line)
+                try:
+                    self.on_line(line)
+                except Exception:  # an echo that fails must not stop the draining (and the reaping)
+                    pass
         proc.wait()
         self._exited.set()
         _set_soon(loop, ready)
