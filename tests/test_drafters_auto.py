@@ -93,7 +93,7 @@ def test_run_draft_auto_says_which_in_one_line(target: Path, smollm2_path: Path,
     d.mkdir()
     (d / "renamed.gguf").symlink_to(smollm2_path)
     res = CliRunner().invoke(main, ["run", "-m", str(target), "--draft", "auto", "--models-dir", str(d), "-n", "4",
-                                    "--ctx", "256", "--threads", "2", "Hello"])
+                                    "--ctx", "256", "--threads", "2", "--no-adaptive", "Hello"])  # no calibration
     assert res.exit_code == 0, res.output
     said = [ln for ln in res.output.splitlines() if "--draft auto" in ln]
     assert len(said) == 1, res.output
@@ -103,6 +103,6 @@ def test_run_draft_auto_says_which_in_one_line(target: Path, smollm2_path: Path,
 @pytest.mark.slow
 def test_run_with_a_drafter_too_large_prints_the_warning(target: Path, smollm2_path: Path) -> None:
     res = CliRunner().invoke(main, ["run", "-m", str(smollm2_path), "--draft", str(target), "-n", "2", "--ctx", "256",
-                                    "--threads", "2", "Hello"])
+                                    "--threads", "2", "--no-adaptive", "Hello"])
     assert res.exit_code == 0, res.output
     assert "warning: drafter smol-f16.gguf is too large to pay" in res.output
