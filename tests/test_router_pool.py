@@ -274,19 +274,24 @@ async def test_an_idle_model_sleeps_and_wakes_on_the_next_request(smollm2_path):
 
 
 @pytest.mark.slow
-async def test_memory_eviction_unloads_an_idle_model_for_one_that_would_not_fit(smollm2_path):
-    need = estimate(smollm2_path, 256, 0).ram_bytes
+async def test_memory_eviction_unloads_an_idle_model_for_a_pair_that_would_not_fit(smollm2_path):
+    need = estimate(smollm2_path, 256, 0, draft=smollm2_path).ram_bytes
     pool: Pool
 
-    def available() -> int:  # room for one runner: while "a" runs, "b" does not fit
+    def available() -> int:  # room for one runner: while "a" runs, the pair does not fit
         return need * 3 if "a" not in pool.loaded() else need - 1
 
-    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)], available=available)
+    path = str(smollm2_path)
+    pair = ModelSpec("pair", smollm2_path, ("--model", path, "--draft", path, "--ctx", "256", "--threads", "1"),
+                     draft_path=smollm2_path, n_ctx=256)
+    pool = Pool([_spec("a", smollm2_path), pair], available=available)
     try:
         pool.release(await pool.acquire("a"))
-        rb = await pool.acquire("b")
-        assert {s.name: s.state for s in pool.status()} == {"a": UNLOADED, "b": LOADED}
+        rb = await pool.acquire("pair")
+        assert {s.name: s.state for s in pool.status()} == {"a": UNLOADED, "pair": LOADED}
         assert pool.status()[1].ram_estimate == need
+        ready = next(ln for ln in rb.lines if "localspec serve:" in ln)
+        assert f"speculation {smollm2_path.name}" in ready  # the pair stays a pair in its runner
         pool.release(rb)
     finally:
         await pool.close()
