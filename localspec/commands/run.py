@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
 from ..errors import EmptyPrompt
 from .common import friendly_errors, log_err
 from .options import engine_options, metrics_options, sampling_options
+
+if TYPE_CHECKING:
+    from ..engine.engine import Chunk, Engine
+    from ..engine.outcome import Outcome
+    from ..engine.stats import Stats
+    from ..sampling.params import SamplingParams
+    from ..speculative.types import ControllerState
+    from ..tuning.threads import ThreadState
 
 
 @click.command()
@@ -41,58 +50,91 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     from ..engine.metrics import request_record
 
     text = read_prompt(prompt, prompt_opt, prompt_file)
+    _check_options(chat, system, stop)
+    engine = load_engine(engine_config, log=log_err)
+    before = _states(engine)
+    if chat:
+        text = engine.chat_prompt(([{"role": "system", "content": system}] if system else [])
+                                  + [{"role": "user", "content": text}])
+    answer, last, done = _generate(engine, text, params, max_tokens, stop, echo=not as_json)
+    after = _states(engine)
+    rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=done.mode,
+                         stats=last.stats, finish=last.finish, task=task, controller=after.controller,
+                         before=before.controller, threads=after.threads, threads_before=before.threads)
+    if metrics_log:
+        metrics_log.write(rec)
+    if as_json:
+        click.echo(json.dumps(json_result(answer, last.stats, done, rec)))
+    else:
+        sys.stdout.write("\n")
+        _log_stats(engine, last.stats, done, after, rec)
+
+
+class _States(NamedTuple):
+    """The controllers' states (None without one): the engine's controllers live across requests, so a
+    request's own rounds and thread switches are what changed between its start and its end."""
+
+    controller: ControllerState | None
+    threads: ThreadState | None
+
+
+def _states(engine: Engine) -> _States:
+    return _States(engine.controller.state() if engine.drafter else None,
+                   engine.threads.state() if engine.threads else None)
+
+
+def _check_options(chat: bool, system: str | None, stop: tuple[str, ...]) -> None:
+    """Refuse option mistakes before the model loads (a load takes seconds)."""
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat (a plain prompt has no system message)")
     if any(s == "" for s in stop):
         raise click.BadParameter("a stop string cannot be empty", param_hint="--stop")
-    engine = load_engine(engine_config, log=log_err)
-    before = engine.controller.state() if engine.drafter else None
-    thr_before = engine.threads.state() if engine.threads else None
-    if chat:
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        text = engine.chat_prompt(msgs)
+
+
+def _generate(engine: Engine, prompt: str, params: SamplingParams, max_tokens: int, stop: tuple[str, ...], *,
+              echo: bool) -> tuple[str, Chunk, Outcome]:
+    """The whole answer, its last chunk (stats, finish) and what speculation did; `echo` streams the text."""
     out, last = [], None
-    for chunk in engine.generate(text, params=params, max_tokens=max_tokens, stop=stop):
+    for chunk in engine.generate(prompt, params=params, max_tokens=max_tokens, stop=stop):
         out.append(chunk.text)
         last = chunk
-        if not as_json:
+        if echo:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     if last is None or last.outcome is None:  # the engine ends every answer with a chunk that says how
         raise RuntimeError("generation ended without a final chunk")
-    stats = last.stats
-    ctl = engine.controller.state() if engine.drafter else None
-    thr = engine.threads.state() if engine.threads else None
-    mode, k = last.outcome.mode, last.outcome.k  # one rule for every front end (outcome.outcome)
-    rec = request_record(model=engine.name, drafter=engine.drafter_name, mode=mode, stats=stats,
-                         finish=last.finish, task=task, controller=ctl, before=before, threads=thr,
-                         threads_before=thr_before)
-    if metrics_log:
-        metrics_log.write(rec)
-    if as_json:
-        d = stats.to_dict()
-        click.echo(json.dumps({
-            "text": "".join(out), "tokens": stats.n_generated, "model": engine.name, "drafter": engine.drafter_name,
-            "mode": mode, "k": k, "finish_reason": last.finish,
-            "draft_n": stats.draft_n, "draft_n_accepted": stats.draft_n_accepted,
-            "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
-            "tokens_per_second": stats.tokens_per_second, "ttft_ms": stats.ttft_ms,
-            "prompt_tokens": stats.n_prompt, "prompt_per_second": stats.prompt_per_second,
-            "acceptance_per_position": d["acceptance_per_position"], "stats": d,
-            "k_chosen": rec["k_chosen"], "c": rec.get("c", {}), "v": rec.get("v", []),
-            "spec_disabled_reason": rec.get("spec_disabled_reason"), "by_source": rec["by_source"],
-            "adaptive": bool(ctl and ctl.adaptive),
-            **{key: rec.get(key) for key in ("threads", "threads_batch", "threads_draft", "thread_changes")},
-        }))
-    else:
-        sys.stdout.write("\n")
-        mostly = f" (mostly {k})" if ctl and ctl.label == "auto" and k else ""
-        how = f"{mode}: {engine.drafter_name}, k={ctl.label}{mostly}" if ctl else "plain"
-        log_err(f"[{engine.name} | {how}] {stats.line()}" + (f" | {thr.line()}" if thr else ""))
-        for change in rec.get("thread_changes", []):
-            log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
-        if ctl and ctl.spec_disabled_reason:
-            log_err(f"speculation off: {ctl.spec_disabled_reason}")
+    return "".join(out), last, last.outcome
+
+
+# --json keys taken from the log record as they are; the record has the controller's keys only with a drafter
+_RECORD_KEYS = ("model", "drafter", "mode", "draft_n", "draft_n_accepted", "acceptance_rate",
+                "mean_acceptance_length", "tokens_per_second", "ttft_ms", "acceptance_per_position", "k_chosen",
+                "by_source")
+_CONTROLLER_KEYS: dict[str, Any] = {"c": {}, "v": [], "spec_disabled_reason": None}
+_THREAD_KEYS = ("threads", "threads_batch", "threads_draft", "thread_changes")
+
+
+def json_result(text: str, stats: Stats, done: Outcome, rec: dict[str, Any]) -> dict[str, Any]:
+    """The `run --json` object: the metrics log record (engine.metrics.request_record) under the names this
+    output has always used, plus the text, the draft length and the full stats."""
+    d = stats.to_dict()
+    return {"text": text, "tokens": rec["n_generated"], "k": done.k, "finish_reason": rec["finish"],
+            "prompt_tokens": rec["n_prompt"], "prompt_per_second": d["prompt_per_second"],
+            **{key: rec[key] for key in _RECORD_KEYS},
+            **{key: rec.get(key, empty) for key, empty in _CONTROLLER_KEYS.items()},
+            "adaptive": bool(rec.get("adaptive")), **{key: rec.get(key) for key in _THREAD_KEYS}, "stats": d}
+
+
+def _log_stats(engine: Engine, stats: Stats, done: Outcome, after: _States, rec: dict[str, Any]) -> None:
+    """The stats line on stderr, then each thread switch this request made and why speculation is off."""
+    ctl, thr, k = after.controller, after.threads, done.k
+    mostly = f" (mostly {k})" if ctl and ctl.label == "auto" and k else ""
+    how = f"{done.mode}: {engine.drafter_name}, k={ctl.label}{mostly}" if ctl else "plain"
+    log_err(f"[{engine.name} | {how}] {stats.line()}" + (f" | {thr.line()}" if thr else ""))
+    for change in rec.get("thread_changes", []):
+        log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
+    if ctl and ctl.spec_disabled_reason:
+        log_err(f"speculation off: {ctl.spec_disabled_reason}")
 
 
 def read_prompt(arg: str | None, opt: str | None, path: str | None) -> str:
