@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from localspec.commands.supervise import crash_line
+from localspec.commands.supervise import WATCH_ENV, crash_line
 from localspec.models.model_facts import kv_cache_bytes
 from localspec.router.catalog import (
     GLOBAL_SECTION,
@@ -31,7 +31,7 @@ from localspec.router.errors import RunnerFailed, UnknownModel, WontFit
 from localspec.router.fault import FAULT_ENV
 from localspec.router.memory import PROCESS_BYTES, Estimate, compute_bytes, estimate
 from localspec.router.pool import FAILED, LOADED, SLEEPING, UNLOADED, Pool
-from localspec.router.runner import exit_cause
+from localspec.router.runner import Runner, exit_cause
 
 MARKER = "ZQX-CRASH-HERE"
 RUNNER_ARGS = ("--no-spec", "--ctx", "256", "--threads", "1")
@@ -68,6 +68,14 @@ def test_exit_cause_names_a_crash_a_kill_and_an_exit():
     assert exit_cause(-signal.SIGKILL, "") == crash_line(signal.SIGKILL)
     assert exit_cause(-signal.SIGTERM, "") == "runner killed by SIGTERM"
     assert exit_cause(2, "error: model file not found") == "runner exited with code 2: error: model file not found"
+
+
+def test_a_runner_runs_unwatched_and_without_the_routers_api_key(monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_API_KEY", "secret")
+    r = Runner("tiny", ("--model", "x.gguf"), env={FAULT_ENV: MARKER})
+    assert "LOCALSPEC_API_KEY" not in r.env and r.env[WATCH_ENV] == "1" and r.env[FAULT_ENV] == MARKER
+    assert r.command[-6:] == ["--host", "127.0.0.1", "--port", "0", "--model", "x.gguf"]
+    assert not r.alive and r.failure() is None and r.pid is None
 
 
 def test_presets_read_llama_server_keys_from_ini_and_toml(tmp_path):

@@ -36,6 +36,8 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 600.0  # a load may fetch the embedded model and calibrate; a hung one is stopped after this
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 KEEP_LINES = 50
+# the router checks the API key; its runners listen on 127.0.0.1 for the router alone, which sends no key
+ROUTER_ONLY_ENV = ("LOCALSPEC_API_KEY",)
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGKILL}
 _PR_SET_PDEATHSIG = 1
 
@@ -70,7 +72,8 @@ class Runner:
                  on_line: Callable[[str], None] | None = None, start_timeout: float = START_TIMEOUT) -> None:
         self.name = name
         self.args = tuple(args)
-        self.env = {**os.environ, **(env or {}), WATCH_ENV: "1"}
+        inherited = {k: v for k, v in os.environ.items() if k not in ROUTER_ONLY_ENV}
+        self.env = {**inherited, **(env or {}), WATCH_ENV: "1"}
         self.on_line = on_line  # each output line of the child (the router may echo them, prefixed)
         self.start_timeout = start_timeout
         self.port: int | None = None
