@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from ..engine.engine import Engine
 from .app import create_app
-from .common import ServerConfig
+from .state import ServerConfig
 
 __all__ = ["ServerConfig", "create_app", "bind", "serve"]
 

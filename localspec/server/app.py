@@ -24,7 +24,7 @@ from .. import __version__
 from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
 from . import llamacpp, ollama, openai
-from .common import ApiError, ClientGone, ServerConfig, State
+from .state import ApiError, ClientGone, ServerConfig, State, StateDep
 from .worker import ExceedContext
 
 log = logging.getLogger("localspec.server")
@@ -46,19 +46,21 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
     for module in (llamacpp, openai, ollama):
         app.include_router(module.router(state))
 
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["metrics"])
-    async def metrics() -> Response:
-        text = state.metrics.render(speculation_enabled=engine.drafter is not None,
-                                    queue_waiting=state.worker.waiting, busy=state.worker.busy,
-                                    kv_tokens=engine.target.n_past, n_ctx=engine.target.n_ctx)
-        return PlainTextResponse(text, headers={"Process-Start-Time-Unix": str(int(state.started_at))})
-
+    app.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse, tags=["metrics"])
     _error_handlers(app)
     app.add_middleware(JsonBodyMiddleware)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
     app.add_middleware(CorsMiddleware, origins=config.cors_origins)  # outermost: preflight never meets the key
     return app
+
+
+async def metrics(state: StateDep) -> Response:
+    """Prometheus text: the request counters and the speculative series (metrics.py), and the worker's load."""
+    e = state.engine
+    text = state.metrics.render(speculation_enabled=e.drafter is not None, queue_waiting=state.worker.waiting,
+                                busy=state.worker.busy, kv_tokens=e.target.n_past, n_ctx=e.target.n_ctx)
+    return PlainTextResponse(text, headers={"Process-Start-Time-Unix": str(int(state.started_at))})
 
 
 def error_body(path: str, status: int, message: str, kind: str = "invalid_request_error",
@@ -69,40 +71,47 @@ def error_body(path: str, status: int, message: str, kind: str = "invalid_reques
 
 
 def _error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_body(request.url.path, 400, _describe(exc.errors()))
+    app.exception_handler(RequestValidationError)(invalid)
+    app.exception_handler(StarletteHTTPException)(http_error)
+    app.exception_handler(LocalspecError)(user_error)
+    app.exception_handler(ClientGone)(client_gone)
+    app.exception_handler(ValueError)(value_error)
+    app.exception_handler(Exception)(bug)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        if exc.status_code == 404:
-            msg = f"no route {request.method} {request.url.path} (see /docs)"
-        return error_body(request.url.path, exc.status_code, msg, "not_found_error" if exc.status_code == 404
-                          else "invalid_request_error")
 
-    @app.exception_handler(LocalspecError)
-    async def user_error(request: Request, exc: LocalspecError) -> JSONResponse:
-        if isinstance(exc, ApiError):
-            return error_body(request.url.path, exc.status, exc.message, exc.kind)
-        if isinstance(exc, ExceedContext):
-            return error_body(request.url.path, 400, str(exc), "exceed_context_size_error",
-                              n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
-        status = 404 if isinstance(exc, ModelNotFound) else 400
-        return error_body(request.url.path, status, str(exc))
+async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_body(request.url.path, 400, _describe(exc.errors()))
 
-    @app.exception_handler(ClientGone)
-    async def client_gone(request: Request, exc: ClientGone) -> Response:
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the log does
 
-    @app.exception_handler(ValueError)
-    async def value_error(request: Request, exc: ValueError) -> JSONResponse:
-        return error_body(request.url.path, 400, str(exc))
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    if exc.status_code == 404:
+        msg = f"no route {request.method} {request.url.path} (see /docs)"
+    return error_body(request.url.path, exc.status_code, msg, "not_found_error" if exc.status_code == 404
+                      else "invalid_request_error")
 
-    @app.exception_handler(Exception)
-    async def bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_body(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+async def user_error(request: Request, exc: LocalspecError) -> JSONResponse:
+    if isinstance(exc, ApiError):
+        return error_body(request.url.path, exc.status, exc.message, exc.kind)
+    if isinstance(exc, ExceedContext):
+        return error_body(request.url.path, 400, str(exc), "exceed_context_size_error",
+                          n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    status = 404 if isinstance(exc, ModelNotFound) else 400
+    return error_body(request.url.path, status, str(exc))
+
+
+async def client_gone(request: Request, exc: ClientGone) -> Response:
+    return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the log does
+
+
+async def value_error(request: Request, exc: ValueError) -> JSONResponse:
+    return error_body(request.url.path, 400, str(exc))
+
+
+async def bug(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_body(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
 
 def _describe(errors: Any) -> str:

@@ -10,9 +10,29 @@ llama-server: only the last one could be continued.
 
 from __future__ import annotations
 
-from ..engine.engine import Engine
-from .common import ApiError, chat_prompt, chat_text
+from typing import Any
+
+from ..engine.engine import ChatTemplateError, Engine
 from .schemas import OAIChatRequest
+from .state import ApiError
+
+
+def chat_text(content: str | list[dict[str, Any]] | None) -> str:
+    """OpenAI content may be a list of parts; keep the text ones."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+
+
+def chat_prompt(engine: Engine, messages: list[dict[str, str]]) -> tuple[str, bool]:
+    """The GGUF's chat template over `messages` (with the generation prompt), as a job's build returns it; a
+    template that cannot render them is a 400."""
+    try:
+        return engine.chat_prompt(messages), False
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e)) from None
 
 
 def chat_messages(req: OAIChatRequest) -> list[dict[str, str]]:

@@ -25,9 +25,13 @@ Two differences from llama-server's code, both for the prompt cache:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..errors import LocalspecError
+
+if TYPE_CHECKING:  # the layout itself is pure: scripts and tests use it without loading llama.cpp
+    from ..engine.engine import Engine
+    from .worker import Build, Prompt
 
 _KEYS = {
     "pre": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),
@@ -89,6 +93,11 @@ def require_fim(meta: Mapping[str, str], model_name: str) -> FimTokens:
     return fim
 
 
+def has_fim(meta: Mapping[str, str]) -> bool:
+    """The GGUF declares FIM tokens (`/props`' `fim`, Ollama's "insert" capability)."""
+    return FimTokens.from_metadata(meta) is not None
+
+
 @dataclass(frozen=True)
 class Extra:
     text: str
@@ -116,6 +125,20 @@ def build_infill(fim: FimTokens, tokenize: Callable[[str], list[int]], *, prefix
     head = t_extra[len(t_extra) - n_extra:] + ([bos] if bos is not None else [])
     body = [fim.pre] + t_prefix + [fim.suf] + t_suffix[:n_suffix] + [fim.mid] + t_prompt
     return InfillPrompt(head + body, truncated)
+
+
+def infill_build(fim: FimTokens, *, prefix: str, suffix: str, prompt: str = "", extra: Sequence[Extra] = (),
+                 n_predict: int = 0) -> Build:
+    """The job's prompt builder for a fill-in-the-middle request (`/infill`, `/v1/completions` and
+    `/api/generate` with a suffix). It runs on the worker, with the target's tokenizer: no BOS (the layout places
+    it), and special-token text in the user's code stays text."""
+    def build(e: Engine) -> tuple[Prompt, bool]:
+        t = e.target
+        p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False), prefix=prefix,
+                         suffix=suffix, prompt=prompt, extra=extra, bos=t.bos if t.add_bos and t.bos >= 0 else None,
+                         n_ctx=t.n_ctx, n_predict=n_predict)
+        return p.tokens, p.truncated
+    return build
 
 
 def _rounded(n_prompt: int) -> int:

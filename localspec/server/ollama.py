@@ -19,11 +19,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.engine import Engine
-from .common import Run, State, chat_prompt, sampling, speculative, stops
-from .fim import FimTokens, build_infill, require_fim
+from .chat import chat_prompt
+from .fim import FimTokens, has_fim, infill_build, require_fim
+from .params import sampling, stops
+from .run import Choices, Run, plan
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions, OllamaShowRequest
+from .state import State, StateDep
 from .structured import request_extras
-from .worker import Job
+from .timings import speculative
+from .worker import Build, Job
 
 VERSION = "0.6.3"  # the Ollama API version these routes follow
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1, "repeat_last_n": 64}  # Ollama's
@@ -31,59 +35,61 @@ DONE_REASON = {"stop": "stop", "length": "length", "context": "length", "cancell
 
 
 def router(state: State) -> APIRouter:
+    """The routes; handlers reach `state` through `StateDep` (the same object app.py passes here)."""
     r = APIRouter(tags=["Ollama"])
-
-    @r.get("/api/version")
-    async def version() -> dict[str, str]:
-        return {"version": VERSION}
-
-    @r.get("/api/tags")
-    async def tags() -> dict[str, Any]:
-        return {"models": [_model_entry(state)]}
-
-    @r.post("/api/show")
-    async def show(req: OllamaShowRequest) -> dict[str, Any]:
-        state.check_model(req.model or req.name)
-        return show_body(state)
-
-    @r.post("/api/generate")
-    async def generate(req: OllamaGenerateRequest, request: Request) -> Response:
-        state.check_model(req.model)
-        state.metrics.request("/api/generate")
-        if not req.prompt and not req.suffix:  # Ollama's "load the model" request
-            return JSONResponse(_head(state) | {"response": "", "done": True, "done_reason": "load"})
-        if req.suffix:
-            fim = require_fim(state.engine.metadata, state.engine.name)
-
-            def build(e: Engine) -> tuple[list[int] | str, bool]:
-                t = e.target
-                p = build_infill(fim, lambda s: t.tokenize(s, add_special=False, parse_special=False),
-                                 prefix=req.prompt, suffix=req.suffix or "",
-                                 bos=t.bos if t.add_bos and t.bos >= 0 else None, n_ctx=t.n_ctx)
-                return p.tokens, p.truncated
-        elif req.raw or not state.engine.chat_template:
-            def build(e: Engine) -> tuple[list[int] | str, bool]:
-                return req.prompt, False
-        else:  # Ollama applies the model's template to a generate prompt
-            msgs = ([{"role": "system", "content": req.system}] if req.system else []) + \
-                   [{"role": "user", "content": req.prompt}]
-
-            def build(e: Engine) -> tuple[list[int] | str, bool]:
-                return chat_prompt(e, msgs)
-        return await _answer(state, req.options, req.stream, request, build, chat=False, fmt=req.format)
-
-    @r.post("/api/chat")
-    async def chat(req: OllamaChatRequest, request: Request) -> Response:
-        state.check_model(req.model)
-        state.metrics.request("/api/chat")
-        if not req.messages:
-            return JSONResponse(_head(state) | {"message": {"role": "assistant", "content": ""}, "done": True,
-                                                "done_reason": "load"})
-        msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-        return await _answer(state, req.options, req.stream, request, lambda e: chat_prompt(e, msgs), chat=True,
-                             fmt=req.format)
-
+    r.add_api_route("/api/version", version, methods=["GET"])
+    r.add_api_route("/api/tags", tags, methods=["GET"])
+    r.add_api_route("/api/show", show, methods=["POST"])
+    r.add_api_route("/api/generate", generate, methods=["POST"])
+    r.add_api_route("/api/chat", chat, methods=["POST"])
     return r
+
+
+async def version() -> dict[str, str]:
+    return {"version": VERSION}
+
+
+async def tags(state: StateDep) -> dict[str, Any]:
+    return {"models": [_model_entry(state)]}
+
+
+async def show(req: OllamaShowRequest, state: StateDep) -> dict[str, Any]:
+    state.check_model(req.model or req.name)
+    return show_body(state)
+
+
+async def generate(req: OllamaGenerateRequest, request: Request, state: StateDep) -> Response:
+    state.check_model(req.model)
+    state.metrics.request("/api/generate")
+    if not req.prompt and not req.suffix:  # Ollama's "load the model" request
+        return JSONResponse(_head(state) | {"response": "", "done": True, "done_reason": "load"})
+    return await _answer(state, req.options, req.stream, request, _generate_build(state, req), chat=False,
+                         fmt=req.format)
+
+
+def _generate_build(state: State, req: OllamaGenerateRequest) -> Build:
+    """A `suffix` is fill-in-the-middle; `raw` (or a model without a template) sends the prompt as it is; else
+    Ollama applies the model's template to the prompt (and `system`)."""
+    if req.suffix:
+        fim = require_fim(state.engine.metadata, state.engine.name)
+        return infill_build(fim, prefix=req.prompt, suffix=req.suffix)
+    if req.raw or not state.engine.chat_template:
+        prompt = req.prompt
+        return lambda e: (prompt, False)
+    msgs = ([{"role": "system", "content": req.system}] if req.system else []) + \
+        [{"role": "user", "content": req.prompt}]
+    return lambda e: chat_prompt(e, msgs)
+
+
+async def chat(req: OllamaChatRequest, request: Request, state: StateDep) -> Response:
+    state.check_model(req.model)
+    state.metrics.request("/api/chat")
+    if not req.messages:
+        return JSONResponse(_head(state) | {"message": {"role": "assistant", "content": ""}, "done": True,
+                                            "done_reason": "load"})
+    msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+    return await _answer(state, req.options, req.stream, request, lambda e: chat_prompt(e, msgs), chat=True,
+                         fmt=req.format)
 
 
 def _model_entry(state: State) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def show_body(state: State) -> dict[str, Any]:
     modelfile = (f"# Modelfile generated by localspec\nFROM {e.target.path}\nTEMPLATE \"\"\"{template}\"\"\"\n"
                  + "".join(f"PARAMETER {k} {v}\n" for k, v in params.items()))
     entry = _model_entry(state)
-    fim = FimTokens.from_metadata(e.metadata) is not None
+    fim = has_fim(e.metadata)
     return {"modelfile": modelfile, "parameters": parameters, "template": template, "license": "",
             "details": entry["details"], "model_info": _model_info(e.metadata),
             "capabilities": ["completion", "insert"] if fim else ["completion"],
@@ -149,8 +155,9 @@ def _head(state: State) -> dict[str, Any]:
     return {"model": state.model_name, "created_at": datetime.now(timezone.utc).isoformat()}
 
 
-async def _answer(state: State, options: OllamaOptions | None, stream: bool, request: Request, build,
+async def _answer(state: State, options: OllamaOptions | None, stream: bool, request: Request, build: Build,
                   *, chat: bool, fmt: str | dict | None = None) -> Response:
+    """One generation (Ollama has no `n`), run as every protocol runs its choices (`Choices`)."""
     o = options or OllamaOptions.model_validate({})
     t0 = time.perf_counter()
     extra = request_extras(state.engine, ollama_format=fmt)
@@ -158,8 +165,7 @@ async def _answer(state: State, options: OllamaOptions | None, stream: bool, req
                                      penalties=o, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop),
               context_shift=state.config.context_shift, live=stream)
-    run = Run(state, job, request)
-    await run.start()  # a client gone before the start is a 499 (app.py)
+    run = await Choices(state, request, plan([build], 1, None), lambda choice: job).start()  # gone: a 499 (app.py)
     if stream:
         return StreamingResponse(_ndjson(state, run, chat, t0), media_type="application/x-ndjson")
     text = "".join([ch.text async for ch in run.chunks()])

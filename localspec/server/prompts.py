@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..engine.engine import Engine
-from .common import ApiError
 from .schemas import MAX_PROMPTS
+from .state import ApiError
+from .worker import Build, Prompt
 
 Piece = int | str
 One = str | list[Piece]  # one prompt: text, or token ids and text pieces
@@ -43,6 +44,15 @@ def split_prompts(prompt: str | Sequence[Piece | Sequence[Piece]]) -> list[One]:
     return out
 
 
+def checked_prompts(prompt: str | Sequence[Piece | Sequence[Piece]], n_vocab: int) -> list[One]:
+    """`split_prompts`, each token id checked against the vocabulary (`/completion`, `/v1/completions`)."""
+    prompts = split_prompts(prompt)
+    for p in prompts:
+        if isinstance(p, list):
+            check_ids(p, n_vocab)
+    return prompts
+
+
 def check_ids(pieces: Sequence[Piece], n_vocab: int, what: str = "prompt token ids") -> None:
     """Token ids must name tokens of the vocabulary (llama-server answers 400 too)."""
     bad = [t for t in pieces if isinstance(t, int) and not 0 <= t < n_vocab]
@@ -64,6 +74,13 @@ def mixed_tokens(engine: Engine, pieces: Sequence[Piece], *, add_special: bool =
     return out
 
 
-def prompt_input(engine: Engine, prompt: One) -> str | list[int]:
+def prompt_input(engine: Engine, prompt: One) -> Prompt:
     """What a job's build returns for one prompt: text stays text (the worker tokenizes it, as before)."""
     return prompt if isinstance(prompt, str) else mixed_tokens(engine, prompt)
+
+
+def plain_build(prompt: One) -> Build:
+    """The job's prompt builder for one prompt without a suffix (runs on the worker, as every build does)."""
+    def build(e: Engine) -> tuple[Prompt, bool]:
+        return prompt_input(e, prompt), False
+    return build

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..sampling.infill import Infill
 from ..sampling.params import SamplingParams
-from .common import ApiError
+from .state import ApiError
 
 if TYPE_CHECKING:
-    from .common import State
+    from .state import State
 
 ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")  # llama.cpp's default order, the steps run here
 FILTERS = ("penalties", "top_k", "top_p", "min_p")  # what infill must come after

@@ -14,7 +14,7 @@ from typing import Any
 from ..backend import json_schema_grammar
 from ..engine.engine import Engine
 from ..sampling.constrain import build_constraint
-from .common import ApiError
+from .state import ApiError
 
 JSON_OBJECT = {"type": "object"}  # what llama-server constrains `json_object` to
 

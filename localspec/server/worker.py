@@ -1,9 +1,23 @@
 """The one generation worker: a thread that owns the Engine and runs queued jobs one at a time.
 
-llama contexts are not thread-safe, and batch-1 speculation gains nothing from interleaving requests, so
-every engine call (tokenizing included) happens on this thread. A route submits a `Job` and reads its
-events from a per-job asyncio queue; a client that goes away sets `job.cancel()`, which `Engine.generate`
-checks after each verify round, so the loop's `finally` rewinds the caches to a consistent state.
+llama contexts are not thread-safe, and batch-1 speculation gains nothing from interleaving requests, so every
+call that touches a llama context (its KV cache, decoding, sampling state) happens on this thread: a job's
+`build` (the FIM layout and tokenizing its prompt), tokenizing a text prompt, `Engine.generate` and the cache
+rewind when it ends, and a job's `until` (the client's stop rule, checked after each round).
+
+What runs on the event loop instead, and why that is safe: the calls that read only the model's vocabulary and
+metadata, never a context. `/tokenize`, `/detokenize`, `/props`' token texts, `/completion`'s `prompt` and
+`completion_probabilities` (token pieces), a chat request's prompt (the Jinja template is rendered in Python;
+counting its system tokens for `--context-shift` tokenizes it), and building a request's constraint (a JSON
+schema -> GBNF is Python; llama.cpp's grammar sampler is created over the vocabulary, a new object per job).
+llama.cpp's vocabulary is read-only once the model is loaded and its tokenizer is reentrant (llama-server
+tokenizes on its HTTP threads too, outside its generation loop); our Model's tokenize cache takes a lock and its
+piece cache fills with the same bytes on either thread. So a /tokenize answers at once, even while a long
+generation runs, and a bad grammar or template is a 400 before the job is queued.
+
+A route submits a `Job` and reads its events from a per-job asyncio queue; a client that goes away sets
+`job.cancel()`, which `Engine.generate` checks after each verify round, so the loop's `finally` rewinds the
+caches to a consistent state.
 
 Disable-by-load: when more than `spec_max_queue` jobs are waiting as a job starts, that job decodes plainly
 (speculation spends compute that queued requests need) and says so in its `Started` event.
@@ -28,6 +42,7 @@ from ..sampling.params import SamplingParams
 log = logging.getLogger("localspec.server")
 
 Prompt = str | list[int]
+Build = Callable[[Engine], tuple[Prompt, bool]]  # runs on the worker: the prompt, and whether it was cut to fit
 
 
 class ExceedContext(LocalspecError):
@@ -69,7 +84,7 @@ class Job:
     """One request. `build` runs on the worker and returns the prompt (text or tokens), plus whether it cut
     anything to fit; it may raise LocalspecError (bad input) before anything is generated."""
 
-    build: Callable[[Engine], tuple[Prompt, bool]]
+    build: Build
     params: SamplingParams = SamplingParams()
     max_tokens: int = 256
     stop: Sequence[str] = ()
@@ -77,7 +92,7 @@ class Job:
     context_shift: bool = False  # --context-shift: a full context drops old tokens and goes on
     n_keep: int = 0  # tokens a shift keeps from the start (-1: the whole prompt)
     live: bool = True  # False (an answer sent whole): events reach the event loop at the end, in one wake-up
-    until: Callable[[Chunk], bool] | None = None  # a client's stop rule, checked here after each chunk
+    until: Callable[[Chunk], bool] | None = None  # a client's stop rule, checked here before each chunk is sent
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
@@ -188,8 +203,9 @@ class Worker:
                         job._emit(started)
                         first = False
                     last = chunk
+                    ends = job.until is not None and job.until(chunk)  # before the send: the loop reads its verdict
                     job._emit(chunk)
-                    if job.until is not None and job.until(chunk):
+                    if ends:
                         break  # the client's rule ends it here: no round past it for the next request to wait on
         except (LocalspecError, ValueError) as e:  # bad input: a 4xx for the client
             error = e

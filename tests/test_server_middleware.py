@@ -1,0 +1,82 @@
+"""The app's ASGI middleware (API key, CORS) on a stub ASGI app, and the /metrics text: pure, no model."""
+
+from __future__ import annotations
+
+from localspec.server.app import ApiKeyMiddleware, CorsMiddleware
+
+
+async def _call(app, path: str, headers: list[tuple[bytes, bytes]]) -> int:
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg):
+        sent.append(msg)
+
+    await app({"type": "http", "path": path, "method": "GET", "headers": headers}, receive, send)
+    return sent[0]["status"]
+
+
+async def test_api_key_middleware():
+    async def ok_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = ApiKeyMiddleware(ok_app, key="s3cret")
+    assert await _call(app, "/health", []) == 200
+    assert await _call(app, "/v1/models", []) == 401
+    assert await _call(app, "/v1/models", [(b"authorization", b"Bearer wrong")]) == 401
+    assert await _call(app, "/v1/models", [(b"authorization", b"Bearer s3cret")]) == 200
+    assert await _call(app, "/api/tags", [(b"x-api-key", b"s3cret")]) == 200
+
+
+async def test_cors_preflight_comes_before_the_api_key():
+    """Browsers send no Authorization on a preflight: it must be answered (200), not 401 or 405."""
+    async def ok_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = CorsMiddleware(ApiKeyMiddleware(ok_app, key="s3cret"))
+    sent: list[dict] = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    headers = [(b"origin", b"http://localhost:8080"), (b"access-control-request-method", b"POST")]
+    await app({"type": "http", "path": "/v1/chat/completions", "method": "OPTIONS", "headers": headers},
+              receive, send)
+    start = sent[0]
+    assert start["status"] == 200
+    assert (b"access-control-allow-origin", b"http://localhost:8080") in start["headers"]
+    want = {(b"access-control-allow-credentials", b"true"), (b"access-control-allow-headers", b"*"),
+            (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS")}
+    assert want <= set(start["headers"])  # llama-server's preflight headers
+    assert await _call(app, "/v1/models", [(b"origin", b"http://localhost:8080")]) == 401  # the key still rules
+    sent.clear()
+    await CorsMiddleware(ok_app)({"type": "http", "path": "/v1/models", "method": "GET",
+                                  "headers": [(b"origin", b"http://127.0.0.1:3000")]}, receive, send)
+    assert want | {(b"access-control-allow-origin", b"http://127.0.0.1:3000")} <= set(sent[0]["headers"])
+
+
+def test_cors_origin_rules():
+    local = CorsMiddleware(None)
+    assert local.allow("http://localhost:5173") == "http://localhost:5173"
+    assert local.allow("http://[::1]:80") == "http://[::1]:80" and local.allow("http://app.localhost")
+    assert local.allow("https://example.com") is None and local.allow("") is None
+    assert CorsMiddleware(None, "*").allow("https://example.com") == "*"
+    listed = CorsMiddleware(None, "https://a.example, https://b.example")
+    assert listed.allow("https://b.example") and listed.allow("https://c.example") is None
+
+
+def test_metrics_text_has_the_promised_series():
+    from localspec.server.metrics import Metrics
+
+    text = Metrics().render(speculation_enabled=True, queue_waiting=0, busy=False)
+    for name in ("localspec_requests_total", "llamacpp:tokens_predicted_total", "localspec_draft_n_total",
+                 "localspec_draft_n_accepted_total", "localspec_acceptance_rate",
+                 "localspec_tokens_per_second_bucket", "localspec_speculation_enabled 1"):
+        assert name in text
