@@ -147,8 +147,8 @@ def test_pull_drafter_for_refuses_a_file_with_another_tokenizer(offline: Path, m
     finally:
         hub.server.shutdown()
     assert res.exit_code == 2, res.output
-    assert "cannot draft for" in res.output and "different vocabulary" in res.output and "models rm smol-tiny" in \
-        res.output
+    assert "smol-tiny cannot draft for" in res.output and "same tokenizer" in res.output
+    assert "'localspec models rm smol-tiny' removes it" in res.output
 
 
 

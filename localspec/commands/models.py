@@ -125,8 +125,8 @@ def worth_pulling(ranked: list) -> list:
 def _pull_drafter_for(target: str, verbose: bool) -> None:
     """Pull the best registry drafter for TARGET, then check its tokenizer against the target's file (the
     registry vouched for it; the file decides) and say what --draft auto will predict for it."""
+    from ..engine.loader import check_drafter
     from ..errors import IncompatibleDrafter, ModelNotFound
-    from ..models.candidates import mismatch
     from ..tuning.predict import predict, rank, rank_registry
 
     t = _local_path(target)
@@ -146,10 +146,11 @@ def _pull_drafter_for(target: str, verbose: bool) -> None:
     guess = f"predicted {best.prediction.speedup:.2f}x" if best.prediction else "size unknown"
     log_err(f"localspec: the best registry drafter for {t.name}: {best.offer.name} ({best.offer.why}; {guess})")
     path = _pull_entry(best.offer.name, verbose)
-    why = mismatch(t.path, path)
-    if why:
-        raise IncompatibleDrafter(f"pulled {best.offer.name} ({path}), but it cannot draft for {t.name}: "
-                                  f"{'; '.join(why)} ('localspec models rm {best.offer.name}' removes it)")
+    try:
+        check_drafter(t.path, path, target_name=t.name, drafter_name=best.offer.name)
+    except IncompatibleDrafter:
+        log_err(f"localspec: pulled {path}; 'localspec models rm {best.offer.name}' removes it")
+        raise
     p = predict(t.path, path)
     click.echo(f"{best.offer.name}: {path} ({_human(path.stat().st_size)}); predicted {p.speedup:.2f}x at k={p.k} "
                f"for {t.name} ({p.basis()}); --draft auto picks the fastest")
