@@ -73,6 +73,7 @@ class _Slot:
         self.failure: str | None = None
         self.need: Estimate | None = None
         self.estimated = False
+        self.waiting = 0  # requests waiting for its load
 
 
 def _gb(n: int | None) -> str:
@@ -214,7 +215,11 @@ class Pool:
             if r is not None and slot.state == LOADED:
                 self._mark_dead(slot)
             slot.loading = self._spawn(self._load(slot))
-        return await asyncio.shield(slot.loading)  # a waiter that goes away leaves the load to the others
+        slot.waiting += 1  # between the load's end and the caller's busy += 1, nothing may evict it
+        try:
+            return await asyncio.shield(slot.loading)  # a waiter that goes away leaves the load to the others
+        finally:
+            slot.waiting -= 1
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -250,7 +255,7 @@ class Pool:
         finally:
             slot.loading = None
         slot.state = LOADED
-        slot.last_used = time.monotonic()
+        self._idle(slot)  # its idle clock runs until a request takes it (one whose client left may never come)
         self.log(f"router: {name} loaded (pid {runner.pid}, {runner.url})")
         return runner
 
@@ -259,7 +264,8 @@ class Pool:
                 and s.state in (LOADING, LOADED)]
 
     def _lru_idle(self, but: _Slot) -> _Slot | None:
-        idle = [s for s in self._running(but) if s.state == LOADED and s.busy == 0 and s.loading is None]
+        idle = [s for s in self._running(but) if s.state == LOADED and not s.busy and not s.waiting
+                and s.loading is None]
         return min(idle, key=lambda s: s.last_used, default=None)
 
     def _need(self, slot: _Slot) -> Estimate | None:
@@ -305,7 +311,7 @@ class Pool:
         ka = self.default_keep_alive if slot.keep_alive is None else slot.keep_alive
         slot.expires = None if ka is None or ka < 0 else now + ka
         slot.sleep_at = None if self.sleep_idle_s is None else now + self.sleep_idle_s
-        if ka == 0:
+        if ka == 0 and not slot.waiting:
             self._spawn(self._stop(slot, UNLOADED, "keep_alive 0"))
 
     def _mark_dead(self, slot: _Slot) -> None:
@@ -329,7 +335,7 @@ class Pool:
         now = time.monotonic()
         for slot in list(self._slots.values()):
             r = slot.runner
-            if r is None or slot.loading is not None or slot.state != LOADED:
+            if r is None or slot.loading is not None or slot.state != LOADED or slot.waiting:
                 continue
             if not r.alive:
                 self._mark_dead(slot)
