@@ -218,3 +218,19 @@ async def test_a_caller_that_hangs_up_cancels_the_upstream_request():
     await asyncio.sleep(0)
     assert upstream.cancelled()
     assert await unless_gone(_Hangs(3600), asyncio.sleep(0, "answer")) == "answer"  # type: ignore[arg-type]
+
+
+async def test_ollama_stop_unloads_without_loading_first():
+    class Unloads(Pool):
+        unloaded: list[str] = []
+
+        async def unload(self, name: str) -> bool:
+            self.unloaded.append(name)
+            return True
+
+        async def acquire(self, name: str, keep_alive: float | None = None) -> Runner:
+            raise AssertionError("an unload request must not start the model")
+
+    pool = Unloads(["a"])
+    r = await _post(create_router_app(pool), "/api/generate", {"model": "a", "keep_alive": 0})
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload" and pool.unloaded == ["a"]

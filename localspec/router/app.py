@@ -16,6 +16,7 @@ import logging
 import re
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
@@ -94,6 +95,20 @@ def choose_model(pool: Any, config: RouterConfig, name: str | None) -> str:
     return str(known[0])
 
 
+def is_load_request(path: str, body: dict[str, Any]) -> bool:
+    """Ollama's load (or, with keep_alive 0, unload) request: /api/generate or /api/chat with nothing to say."""
+    if path == "/api/generate":
+        return not body.get("prompt") and not body.get("suffix")
+    return path == "/api/chat" and not body.get("messages")
+
+
+def unload_answer(path: str, name: str) -> dict[str, Any]:
+    """What Ollama answers an unload request: done, done_reason "unload", nothing generated."""
+    now = datetime.now(timezone.utc).isoformat()
+    said = {"message": {"role": "assistant", "content": ""}} if path == "/api/chat" else {"response": ""}
+    return {"model": name, "created_at": now, **said, "done": True, "done_reason": "unload"}
+
+
 def _json_body(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
@@ -131,6 +146,9 @@ def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
         body = _json_body(raw)
         keep_alive = parse_keep_alive(body.get("keep_alive")) if request.url.path.startswith("/api/") else None
         name = choose_model(pool, config, requested_model(body))
+        if keep_alive == 0 and is_load_request(request.url.path, body):  # `ollama stop MODEL`
+            await pool.unload(name)
+            return JSONResponse(unload_answer(request.url.path, name))
         runner = await pool.acquire(name, keep_alive)
         released = False
 

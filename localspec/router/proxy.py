@@ -168,15 +168,14 @@ async def forward(client: httpx.AsyncClient, request: Request, runner: Upstream,
 
 async def _whole(request: Request, resp: httpx.Response, runner: Upstream, model: str,
                  done: Callable[[], None]) -> Response:
-    """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple)."""
+    """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple). The
+    runner sends a whole answer's body with its headers, so the read needs no watch for a caller that left."""
     path = request.url.path
     try:
-        data = await unless_gone(request, resp.aread())
+        data = await resp.aread()
     except httpx.TransportError:
         return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
                           "server_error")
-    except CallerGone:
-        return Response(status_code=499)
     finally:
         try:
             await resp.aclose()
