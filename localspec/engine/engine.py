@@ -127,6 +127,11 @@ class Engine:
     def chat_template(self) -> str | None:
         return self._chat_template or self._meta.get("tokenizer.chat_template")
 
+    @chat_template.setter
+    def chat_template(self, text: str | None) -> None:
+        """`serve --chat-template-file`: a template that wins over models.toml's and the GGUF's."""
+        self._chat_template = text
+
     @property
     def metadata(self) -> dict[str, str]:
         return self._meta
