@@ -60,7 +60,10 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_path: Path,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # the client reads it at import
     monkeypatch.delenv("LOCALSPEC_MODELS_DIR", raising=False)
-    registry(tmp_path / "home", smollm2_f16_path)
+    target = tmp_path / "target" / "smol-f16.gguf"  # a folder of its own: its self copy is the test's, not the cache's
+    target.parent.mkdir()
+    target.symlink_to(smollm2_f16_path)
+    registry(tmp_path / "home", target)
     cache_file(tmp_path / "hub", KIN_REPO, KIN_FILE, smollm2_path)  # the same file as the package's smollm2-135m
     return tmp_path
 
@@ -73,13 +76,14 @@ def test_family_and_size_from_the_registry_text() -> None:
     assert size_from_text("no size said") is None
 
 
-def test_registry_offers_pair_then_family(offline: Path, smollm2_f16_path: Path) -> None:
-    offers = {o.name: o for o in registry_offers(smollm2_f16_path)}
+def test_registry_offers_pair_then_family(offline: Path) -> None:
+    target = offline / "target" / "smol-f16.gguf"
+    offers = {o.name: o for o in registry_offers(target)}
     assert {"smol-tiny", BIG} <= set(offers) and "smol-360m" not in offers  # that one is on disk: a local file
     assert not {"gemma-3-1b-it", "qwen2.5-coder-0.5b-instruct"} & set(offers)  # other families, other pairs
     assert offers["smol-tiny"].paired and "pairs it with smol-f16" in offers["smol-tiny"].why
     assert not offers[BIG].paired and "same family" in offers[BIG].why and offers[BIG].size_bytes == 1_100_000_000
-    ranked = rank_registry(smollm2_f16_path)
+    ranked = rank_registry(target)
     assert ranked[0].offer.name == "smol-tiny"  # 7 MB: predicted far faster than 1.1 GB
     speeds = [r.prediction.speedup for r in ranked if r.prediction]
     assert speeds == sorted(speeds, reverse=True) and speeds[-1] < 1
@@ -87,7 +91,7 @@ def test_registry_offers_pair_then_family(offline: Path, smollm2_f16_path: Path)
     assert all(r.prediction is None for r in ranked[len(speeds):]) and all(not offers[n].size_bytes for n in unknown)
 
 
-def test_drafters_lists_local_registry_and_self_copy_sorted(offline: Path, smollm2_f16_path: Path) -> None:
+def test_drafters_lists_local_registry_and_self_copy_sorted(offline: Path) -> None:
     res = CliRunner().invoke(main, ["models", "drafters", "smol-f16"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
@@ -98,8 +102,9 @@ def test_drafters_lists_local_registry_and_self_copy_sorted(offline: Path, smoll
     assert "not made yet" in lines[row["self-Q4_0"]] and "own copy" in res.output
     assert "models.toml" in lines[row["smollm2-135m "]] and "same" in lines[row["smollm2-135m "]]
     assert "pull --drafter-for smol-f16" in res.output
-    est, p = predict_self_copy(smollm2_f16_path) or (0, None)
-    assert p is not None and p.self_copy and est < smollm2_f16_path.stat().st_size / 2
+    target = offline / "target" / "smol-f16.gguf"
+    est, p = predict_self_copy(target) or (0, None)
+    assert p is not None and p.self_copy and est < target.stat().st_size / 2
 
 
 def test_pull_drafter_for_offline_names_what_it_would_pull(offline: Path) -> None:
@@ -109,7 +114,7 @@ def test_pull_drafter_for_offline_names_what_it_would_pull(offline: Path) -> Non
     assert "HF_HUB_OFFLINE" in res.output and TINY_REPO in res.output
 
 
-def test_pull_drafter_for_pulls_checks_and_auto_finds_it(offline: Path, tiny: Path, smollm2_f16_path: Path,
+def test_pull_drafter_for_pulls_checks_and_auto_finds_it(offline: Path, tiny: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     hub = FakeHub()
     try:
@@ -130,7 +135,8 @@ def test_pull_drafter_for_pulls_checks_and_auto_finds_it(offline: Path, tiny: Pa
     assert any("smol-tiny" in ln and "models.toml" in ln for ln in listed)
     assert not any("smol-tiny" in ln and "registry" in ln for ln in listed)
     said: list[str] = []
-    draft, _ = choose_drafter(EngineConfig(draft="auto"), "smol-f16", smollm2_f16_path, log=said.append)
+    draft, _ = choose_drafter(EngineConfig(draft="auto"), "smol-f16", offline / "target" / "smol-f16.gguf",
+                              log=said.append)
     assert Path(draft).name == TINY_FILE and "smol-tiny" in said[0]
 
 
