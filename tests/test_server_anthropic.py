@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from localspec.engine.answer import AnswerDelta
 from localspec.engine.tools import ToolCallDelta
 from localspec.server.anthropic_convert import CountTokensRequest, openai_messages, tool_choice
 from localspec.server.anthropic_stream import Blocks
@@ -38,8 +39,10 @@ def client(server: ServerProcess) -> Any:
 
 
 def _ask(client: Any, messages: list[dict[str, Any]] = HI, **kw: Any) -> Any:
+    """A greedy request; sampling fields go in the body as sent (newer clients dropped them from create())."""
+    sampling = {"temperature": kw.pop("temperature", 0), **kw.pop("extra_body", {})}
     return client.messages.create(model="x", max_tokens=kw.pop("max_tokens", 8), messages=messages,
-                                  temperature=kw.pop("temperature", 0), **kw)
+                                  extra_body=sampling, **kw)
 
 
 # -- text -------------------------------------------------------------------------------------------------------
@@ -66,12 +69,12 @@ def test_system_as_text_or_blocks_and_multipart_content_are_the_same_prompt(clie
     system = "You are a pirate. Answer like one."
     want = _ask(client, system=system).content[0].text
     blocks = [{"type": "text", "text": "You are a pirate."}, {"type": "text", "text": " Answer like one."}]
-    assert _ask(client, system=[{"type": "text", "text": system}]).content[0].text == want
     assert _ask(client, system=blocks).content[0].text == want
+    plain = _ask(client).content[0].text
+    assert plain != want  # the system prompt counts
     parts = [{"role": "user", "content": [{"type": "text", "text": "Write one short sentence"},
                                           {"type": "text", "text": " about cats."}]}]
-    assert _ask(client, parts).content[0].text == _ask(client).content[0].text
-    assert _ask(client, system=system).content[0].text != _ask(client).content[0].text  # the system prompt counts
+    assert _ask(client, parts).content[0].text == plain
 
 
 @pytest.mark.slow
@@ -87,12 +90,13 @@ def test_stop_sequences_end_the_text_and_name_the_sequence(client):
 
 @pytest.mark.slow
 def test_count_tokens_is_the_prompt_the_message_runs(client):
-    n = client.messages.count_tokens(model="x", messages=HI).input_tokens
-    assert n > 0
-    with_system = client.messages.count_tokens(model="x", messages=HI, system="Be brief.").input_tokens
-    assert with_system > n
+    brief = client.messages.count_tokens(model="x", messages=HI, system="Be brief.").input_tokens
+    longer = client.messages.count_tokens(model="x", messages=HI, system="Be brief. Be kind.").input_tokens
+    assert 0 < brief < longer
+    with_tool = client.messages.count_tokens(model="x", messages=HI, system="Be brief.", tools=[WEATHER])
+    assert with_tool.input_tokens > brief  # the tools are in the prompt
     r = _ask(client, system="Be brief.", max_tokens=1)
-    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == with_system
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == brief
 
 
 # -- streaming --------------------------------------------------------------------------------------------------
@@ -100,7 +104,7 @@ def test_count_tokens_is_the_prompt_the_message_runs(client):
 @pytest.mark.slow
 def test_stream_events_in_order_with_block_indices(client):
     whole = _ask(client, max_tokens=10)
-    with client.messages.stream(model="x", max_tokens=10, messages=HI, temperature=0) as stream:
+    with client.messages.stream(model="x", max_tokens=10, messages=HI, extra_body={"temperature": 0}) as stream:
         events = [e for e in stream if e.type not in ("text",)]  # `text`: the client's own convenience event
         final = stream.get_final_message()
     kinds = [e.type for e in events]
@@ -146,8 +150,8 @@ def test_tool_use_round_trip(client):
 @pytest.mark.slow
 def test_tool_use_streamed_as_input_json_deltas(client):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    with client.messages.stream(model="x", max_tokens=48, messages=ask, temperature=0, tools=[WEATHER],
-                                tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+    with client.messages.stream(model="x", max_tokens=48, messages=ask, extra_body={"temperature": 0},
+                                tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}) as stream:
         events = list(stream)
         final = stream.get_final_message()
     starts = [e for e in events if e.type == "content_block_start"]
@@ -163,7 +167,8 @@ def test_tool_use_streamed_as_input_json_deltas(client):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kw, needle", [
-    ({"temperature": 3}, "temperature"),
+    ({"extra_body": {"temperature": 3}}, "temperature"),
+    ({"extra_body": {"top_k": -1}}, "top_k"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
       "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "image input is not supported"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "not in tools"),
@@ -212,14 +217,18 @@ def test_tool_choice_maps_to_openai():
 
 def test_blocks_open_one_at_a_time_with_sequential_indices():
     b = Blocks()
-    out = b.push("Let me check.") + b.push("", [ToolCallDelta(0, "", id="call_x", name="w")])
-    out += b.push("", [ToolCallDelta(0, '{"a": 1}')]) + b.push("", [ToolCallDelta(1, "{}", id="call_y", name="v")])
-    out += b.finish()
-    events = [json.loads(e.split("data: ", 1)[1]) for e in out]
-    assert [(e["type"], e.get("index")) for e in events] == [
-        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_stop", 0),
-        ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
-        ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2)]
-    assert events[3]["content_block"] == {"type": "tool_use", "id": "toolu_x", "name": "w", "input": {}}
-    assert [e["type"] for e in [json.loads(x.split("data: ", 1)[1]) for x in Blocks().finish()]] == [
-        "content_block_start", "content_block_stop"]  # no content: one empty text block
+    out = b.push(AnswerDelta(reasoning="Hmm.")) + b.push(AnswerDelta(content="Let me check."))
+    out += b.push(AnswerDelta(calls=[ToolCallDelta(0, "", id="call_x", name="w")]))
+    out += b.push(AnswerDelta(calls=[ToolCallDelta(0, '{"a": 1}'), ToolCallDelta(1, "{}", id="call_y", name="v")]))
+    events = [json.loads(e.split("data: ", 1)[1]) for e in out + b.finish()]
+    assert [(e["type"], e.get("index"), e.get("delta", {}).get("type")) for e in events] == [
+        ("content_block_start", 0, None), ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "signature_delta"), ("content_block_stop", 0, None),
+        ("content_block_start", 1, None), ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None),
+        ("content_block_start", 2, None), ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_stop", 2, None),
+        ("content_block_start", 3, None), ("content_block_delta", 3, "input_json_delta"),
+        ("content_block_stop", 3, None)]
+    assert events[7]["content_block"] == {"type": "tool_use", "id": "toolu_x", "name": "w", "input": {}}
+    empty = [json.loads(x.split("data: ", 1)[1]) for x in Blocks().finish()]
+    assert [e["type"] for e in empty] == ["content_block_start", "content_block_stop"]  # no content: one text block

@@ -93,7 +93,7 @@ def content_blocks(answer: Answer) -> list[dict[str, Any]]:
 
 async def answer(state: State, prep: Prepared, run: Run, ident: str) -> Response:
     """The whole message."""
-    text, tokens = "", []
+    text, tokens = "", list[int]()
     async for ch in run.chunks():
         text += ch.text
         tokens.extend(ch.step.tokens)

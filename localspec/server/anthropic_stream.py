@@ -1,8 +1,8 @@
 """The streamed answer of `/v1/messages`, in Anthropic's event order: `message_start`, `ping`, then per content
 block `content_block_start` / `content_block_delta` (`thinking_delta`, `text_delta`, or `input_json_delta` for
-a tool call's arguments) / `content_block_stop` with its index, then `message_delta` (stop_reason, stop_sequence, usage) and
-`message_stop`. Every event is sent as `event: NAME` + `data: {...}`: the `anthropic` client dispatches on the
-event name. A failure mid-stream is an `error` event, as Anthropic sends one.
+a tool call's arguments) / `content_block_stop` with its index, then `message_delta` (stop_reason,
+stop_sequence, usage) and `message_stop`. Every event is sent as `event: NAME` + `data: {...}`: the `anthropic`
+client dispatches on the event name. A failure mid-stream is an `error` event, as Anthropic sends one.
 """
 
 from __future__ import annotations
@@ -74,15 +74,16 @@ async def events(state: State, reading: Reading, run: Run, ident: str) -> AsyncI
     yield sse("message_start", message=message_body(state, ident, [], None, None, {**usage(run), "output_tokens": 0}))
     yield sse("ping")
     blocks, answer = Blocks(), AnswerStream(reading)
-    text, tokens = "", []
+    text, tokens = "", list[int]()
     try:
         async for ch in run.chunks():
             text += ch.text
             tokens.extend(ch.step.tokens)
             for e in blocks.push(answer.push(ch.text)):
                 yield e
-    except LocalspecError as e:
-        yield sse("error", error=anthropic_error(getattr(e, "status", 400), str(e), getattr(e, "kind", ""))["error"])
+    except LocalspecError as err:
+        status, kind = getattr(err, "status", 400), getattr(err, "kind", "")
+        yield sse("error", error=anthropic_error(status, str(err), kind)["error"])
         return
     for e in blocks.push(answer.finish()) + blocks.finish():
         yield e

@@ -25,8 +25,8 @@ from ..errors import LocalspecError
 from .chat import chat_prompt
 from .params import sampling
 from .run import Run, error_event
-from .state import ApiError, State, StateDep
 from .schemas import MAX_TOKENS
+from .state import ApiError, State, StateDep
 from .structured import request_extras
 from .timings import speculative
 from .worker import Job
