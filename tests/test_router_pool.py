@@ -347,3 +347,40 @@ def test_a_killed_router_leaves_no_runner_behind(smollm2_path):
         if router.poll() is None:
             router.kill()
             router.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from each task's /proc children list."""
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return out
+    for t in tasks:
+        try:
+            kids = [int(k) for k in (t / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+        for k in kids:
+            out += [k, *_descendants(k)]
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_localspec_serve_router_takes_its_runners_with_it(tmp_path, smollm2_path):
+    """The real command: the watcher, the router it watches, a runner the router started; SIGKILL the top."""
+    from localspec.models.registry import load_registry
+    from localspec.server.testing import ServerProcess
+
+    (tmp_path / "models").mkdir()
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "LOCALSPEC_HOME": str(tmp_path / "home")}
+    with ServerProcess(["--models-dir", str(tmp_path / "models"), *RUNNER_ARGS], env=env) as srv:
+        body = {"model": load_registry().default, "prompt": "Hi", "n_predict": 2}
+        assert httpx.post(srv.url + "/completion", json=body, timeout=300).status_code == 200
+        assert srv.proc is not None
+        below = _descendants(srv.proc.pid)
+        runners = [p for p in below if b"localspec.router.child" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert runners and len(below) > len(runners)  # the router itself, and its runner
+        srv.proc.kill()
+        srv.proc.wait(30)
+        assert all(_gone(p, zombie_ok=True) for p in below)
