@@ -23,13 +23,14 @@ BIG = "smol-big"
 
 def registry(home: Path, target: Path) -> None:
     """A target by path, its paired drafter on the hub (not pulled), a same-family model on disk (in the hub
-    cache) and a big one of that family, not pulled."""
+    cache), and two of that family not pulled: one smaller than the target, one larger (no drafter)."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "models.toml").write_text(
         f'[models.smol-f16]\npath = "{target}"\n'
         f'[models.smol-tiny]\nhf = "{TINY_REPO}"\nfile = "{TINY_FILE}"\ndescription = "random tiny drafter (7 MB)"\n'
         f'[models.smol-360m]\nhf = "{KIN_REPO}"\nfile = "{KIN_FILE}"\n'
-        f'[models.{BIG}]\nhf = "acme/SmolLM2-1.7B-Instruct-GGUF"\nquant = "Q4_K_M"\ndescription = "(~1.1 GB)"\n'
+        f'[models.{BIG}]\nhf = "acme/SmolLM2-1.7B-Instruct-GGUF"\nquant = "Q4_K_M"\ndescription = "(~200 MB)"\n'
+        '[models.smol-huge]\nhf = "acme/SmolLM2-9B-GGUF"\nquant = "Q4_K_M"\ndescription = "(~5 GB)"\n'
         '[pairs.smol-f16-tiny]\ntarget = "smol-f16"\ndrafter = "smol-tiny"\nk = 4\n')
 
 
@@ -80,11 +81,12 @@ def test_registry_offers_pair_then_family(offline: Path) -> None:
     target = offline / "target" / "smol-f16.gguf"
     offers = {o.name: o for o in registry_offers(target)}
     assert {"smol-tiny", BIG} <= set(offers) and "smol-360m" not in offers  # that one is on disk: a local file
+    assert "smol-huge" not in offers  # larger than the target: a target of its own
     assert not {"gemma-3-1b-it", "qwen2.5-coder-0.5b-instruct"} & set(offers)  # other families, other pairs
     assert offers["smol-tiny"].paired and "pairs it with smol-f16" in offers["smol-tiny"].why
-    assert not offers[BIG].paired and "same family" in offers[BIG].why and offers[BIG].size_bytes == 1_100_000_000
+    assert not offers[BIG].paired and "same family" in offers[BIG].why and offers[BIG].size_bytes == 200_000_000
     ranked = rank_registry(target)
-    assert ranked[0].offer.name == "smol-tiny"  # 7 MB: predicted far faster than 1.1 GB
+    assert ranked[0].offer.name == "smol-tiny"  # 7 MB: predicted far faster than 200 MB
     speeds = [r.prediction.speedup for r in ranked if r.prediction]
     assert speeds == sorted(speeds, reverse=True) and speeds[-1] < 1
     unknown = [r.offer.name for r in ranked if r.prediction is None]

@@ -327,17 +327,19 @@ def drafters(target: str, dirs: tuple[str, ...], show_all: bool) -> None:
     t = _local_path(target)
     rows = rank(t.path, dirs)
     offers = rank_registry(t.path)
-    cells = _drafter_rows(rows, offers, show_all) + _self_copy_row(t.path, target)
+    own = _self_copy_row(t.path, target)
+    cells = _drafter_rows(rows, offers, show_all) + own
     grid = tables.grid("DRAFTER", "WHERE", "SIZE", "TOKENIZER", "PREDICTED", "BASIS", right=[2, 4])
     for c in sorted(cells, key=lambda c: -c[0]):
         tables.add(grid, *c[1:])
     if cells:
         tables.echo(grid)
-    n_ok = sum(r.prediction is not None for r in rows)
+    n_ok, n_pull = sum(r.prediction is not None for r in rows), len(worth_pulling(offers))
     click.echo(f"{n_ok} of {len(rows)} local GGUFs share {t.name}'s tokenizer"
-               + (f"; {len(offers)} registry models not downloaded may ('localspec models pull --drafter-for "
-                  f"{target}' gets the best)" if offers else "")
-               + ("" if n_ok else f"; 'localspec models make-drafter {target}' writes a low-bit copy to draft with"))
+               + (f"; {n_pull} registry models are worth a download ('localspec models pull --drafter-for "
+                  f"{target}' gets the best)" if n_pull else "")
+               + (f"; 'localspec models make-drafter {target}' writes its low-bit copy" if own and not n_ok else "")
+               + ("; --draft auto drafts by prompt lookup for it" if not (n_ok or n_pull or own) else ""))
 
 
 def _self_copy_row(path, target: str) -> list[tuple]:

@@ -295,7 +295,10 @@ def registry_offers(target: str | Path) -> list[RegistryOffer]:
     for name, e in reg.models.items():
         if name in offers or name in on_disk or not e.hf or family(e.hf) not in families:
             continue
-        offers[name] = RegistryOffer(name, size_from_text(e.description), False,
+        size = size_from_text(e.description)
+        if size is not None and size >= t.stat().st_size:
+            continue  # a bigger model of the family is a target, not a drafter
+        offers[name] = RegistryOffer(name, size, False,
                                      f"same family as {families[family(e.hf)]} ({family(e.hf)}; unchecked)")
     return list(offers.values())
 
