@@ -6,7 +6,8 @@ single-model mode, and a crash inside llama.cpp (a SIGSEGV in a CPU kernel) kill
 The child runs unwatched (LOCALSPEC_NO_WATCH: the router is its watcher, so its exit status is the crash's own)
 and dies with the router (PR_SET_PDEATHSIG=SIGKILL, as commands/supervise.py does for the watched command).
 PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so runners must be started from a thread
-that lives as long as the router: the event loop's.
+that lives as long as the router: the event loop's. (Linux only: elsewhere a router killed by SIGKILL leaves its
+runners to be stopped by hand; any other end of the router stops them through Pool.close.)
 
 A reader thread drains the child's output (stdout and stderr, merged): it learns the port from serve's ready
 line, keeps the last lines for `failure()`, and reaps the child the moment its output ends, so a dead runner is
@@ -124,7 +125,7 @@ class Runner:
         self._ready = asyncio.Event()
         self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                      preexec_fn=_dies_with(os.getpid()))
+                                      preexec_fn=_dies_with(os.getpid()) if sys.platform == "linux" else None)
         threading.Thread(target=self._drain, args=(loop, self._ready), daemon=True,
                          name=f"runner {self.name}").start()
         deadline = time.monotonic() + self.start_timeout
