@@ -195,6 +195,26 @@ def test_crash_llama_cpp(http, oai, smol, stream):
     _after_crash(http, oai, smol)
 
 
+# -- a caller that hangs up -------------------------------------------------------------------------------------
+
+def _cancelled(http: httpx.Client, model: str) -> float:
+    lines = http.get("/metrics", params={"model": model}).text.splitlines()
+    return next(float(ln.split()[-1]) for ln in lines if ln.startswith("localspec_requests_cancelled_total"))
+
+
+def test_a_caller_that_hangs_up_stops_the_runners_generation(http, router, smol):
+    """llama.vim drops a whole-answer /infill at the next keystroke: the runner must stop that generation."""
+    before = _cancelled(http, smol)
+    no_end = {"0": False, "2": False}  # SmolLM2's <|endoftext|> and <|im_end|>: the answer cannot end by itself
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(router.url + "/completion", json={"model": smol, "prompt": "Once upon a time", "n_predict": 2000,
+                                                     "logit_bias": no_end}, timeout=httpx.Timeout(600, read=1.0))
+    deadline = time.monotonic() + 120
+    while _cancelled(http, smol) <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _cancelled(http, smol) == before + 1
+
+
 # -- loading and unloading --------------------------------------------------------------------------------------
 
 def test_models_load_and_unload(http, oll):

@@ -102,12 +102,23 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
     async def props(request: Request, model: str | None = None) -> Response:
         if model is None:
             return JSONResponse(router_props(config))
-        model = pool.resolve(model)
-        runner = await pool.acquire(model, None)
-        return await forward(client, request, runner, b"", model, lambda: pool.release(runner, None))
+        return await _runner_get(pool, client, request, pool.resolve(model))
+
+    @r.get("/metrics")
+    async def metrics(request: Request, model: str | None = None) -> Response:
+        """A runner's Prometheus metrics: ?model=X, else the model a request naming none would go to."""
+        from .app import choose_model
+
+        return await _runner_get(pool, client, request, choose_model(pool, config, model))
 
     _ollama_routes(r, pool, rediscover or (lambda: None))
     return r
+
+
+async def _runner_get(pool: Any, client: httpx.AsyncClient, request: Request, model: str) -> Response:
+    """A GET answered by the model's own runner (started if need be)."""
+    runner = await pool.acquire(model, None)
+    return await forward(client, request, runner, b"", model, lambda: pool.release(runner, None))
 
 
 def router_props(config: Any) -> dict[str, Any]:
