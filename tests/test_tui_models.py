@@ -4,13 +4,14 @@ model's drafter, and loads the chosen one without restarting the app; the conver
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from localspec.engine.loader import EngineConfig
 from localspec.tui.app import ChatApp
 from localspec.tui.screens.loading import LoadingScreen
-from localspec.tui.screens.models import ModelPicker
+from localspec.tui.screens.models import DataTable, ModelPicker
 from localspec.tui.widgets.chat_message import AssistantMessage
 
 pytestmark = pytest.mark.slow
@@ -23,22 +24,18 @@ def registry(tmp_path, monkeypatch, smollm2_path, smollm2_f16_path, gemma_path):
     model that is not on disk."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    (tmp_path / "models.toml").write_text(f"""
-[models.small]
-path = "{smollm2_path}"
-[models.big]
-path = "{smollm2_f16_path}"
-[models.other]
-path = "{gemma_path}"
-[models.far-away]
-hf = "nobody/not-here-GGUF"
-quant = "Q4_K_M"
-[pairs.big-small]
-target = "big"
-drafter = "small"
-k = 3
-""")
+    local = overlay({"small": smollm2_path, "big": smollm2_f16_path, "other": gemma_path},
+                    {"big-small": ("big", "small", 3)})
+    (tmp_path / "models.toml").write_text(local + '[models.far-away]\nhf = "nobody/not-here-GGUF"\nquant = "Q4_K_M"\n')
     return tmp_path
+
+
+def overlay(paths: dict[str, Path], pairs: dict[str, tuple[str, str, int | None]]) -> str:
+    """models.toml text for local models (name -> file) and pairs (name -> target, drafter, k or None)."""
+    lines = [f'[models.{name}]\npath = "{path}"' for name, path in paths.items()]
+    lines += [f'[pairs.{name}]\ntarget = "{t}"\ndrafter = "{d}"' + (f"\nk = {k}" if k else "")
+              for name, (t, d, k) in pairs.items()]
+    return "\n" + "\n".join(lines) + "\n"
 
 
 async def wait_until(pilot, cond, timeout: float = 120.0) -> None:
@@ -48,16 +45,19 @@ async def wait_until(pilot, cond, timeout: float = 120.0) -> None:
         await pilot.pause(0.05)
 
 
-def rows(picker: ModelPicker) -> dict[str, list[str]]:
-    from localspec.tui.screens.models import DataTable
+def picker_ready(screen: object) -> bool:
+    """The picker is up and has listed every model: it fills its table once mounted, a moment after it is the
+    app's screen (on a busy machine, long enough for a test to read an empty table)."""
+    return (isinstance(screen, ModelPicker) and bool(screen.query(DataTable))
+            and screen.query_one(DataTable).row_count == len(screen.models))
 
+
+def rows(picker: ModelPicker) -> dict[str, list[str]]:
     table = picker.query_one(DataTable)
     return {str(key.value): [str(c) for c in table.get_row(key)] for key in table.rows}
 
 
 async def pick(pilot, name: str) -> None:
-    from localspec.tui.screens.models import DataTable
-
     picker = pilot.app.screen
     table = picker.query_one(DataTable)
     table.move_cursor(row=list(picker.models).index(name))
@@ -74,7 +74,7 @@ async def test_switching_models_without_restarting(registry):
         close = first.close
         first.close = lambda: (closed.append(True), close())[1]  # type: ignore[method-assign]
         await pilot.press("ctrl+o")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
+        await wait_until(pilot, lambda: picker_ready(app.screen))
         listed = rows(app.screen)
         assert listed["small"][0] == "●" and listed["small"][2] == "on disk"
         assert listed["big"][2] == "on disk" and listed["big"][5] == "small"  # its pair's drafter
@@ -101,21 +101,15 @@ async def test_switching_models_without_restarting(registry):
 async def test_a_failed_switch_goes_back_to_the_picker(registry, tmp_path, smollm2_path):
     """A damaged file is marked in the list and not loaded; a pair that fails at load (a drafter with another
     tokenizer) shows the one-line error, and Esc goes back to the picker."""
-    (registry / "models.toml").write_text((registry / "models.toml").read_text() + f"""
-[models.broken]
-path = "{tmp_path / 'broken.gguf'}"
-[models.mismatched]
-path = "{smollm2_path}"
-[pairs.mismatched-other]
-target = "mismatched"
-drafter = "other"
-""")
+    more = overlay({"broken": tmp_path / "broken.gguf", "mismatched": smollm2_path},
+                   {"mismatched-other": ("mismatched", "other", None)})
+    (registry / "models.toml").write_text((registry / "models.toml").read_text() + more)
     (tmp_path / "broken.gguf").write_bytes(b"not a gguf file at all" * 10)
     app = ChatApp(config=EngineConfig(model="small", n_ctx=512, threads=1), max_tokens=8)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.engine is not None)
         await pilot.press("ctrl+o")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
+        await wait_until(pilot, lambda: picker_ready(app.screen))
         assert rows(app.screen)["broken"][2].startswith("damaged: ")
         await pick(pilot, "broken")
         assert isinstance(app.screen, ModelPicker)
@@ -123,6 +117,6 @@ drafter = "other"
         await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.failed)
         assert "Traceback" not in app.screen.failed and "cannot draft" in app.screen.failed, app.screen.failed
         await pilot.press("escape")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
+        await wait_until(pilot, lambda: picker_ready(app.screen))
         await pick(pilot, "small")
         await wait_until(pilot, lambda: app.engine is not None and app.engine.name == "small")
