@@ -78,6 +78,16 @@ def test_a_runner_runs_unwatched_and_without_the_routers_api_key(monkeypatch):
     assert not r.alive and r.failure() is None and r.pid is None
 
 
+def test_without_its_variable_the_fault_hook_installs_nothing(monkeypatch):
+    from localspec.engine.engine import Engine
+    from localspec.router.fault import install_from_env
+
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    before = Engine.generate
+    install_from_env()
+    assert Engine.generate is before  # the normal path pays nothing
+
+
 def test_presets_read_llama_server_keys_from_ini_and_toml(tmp_path):
     ini = tmp_path / "models.ini"
     ini.write_text("[*]\nthreads = 2\n\n[coder]\nmodel = /m/coder.gguf\nctx-size = 2048\nn-gpu-layers = -1\n"
