@@ -11,6 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+import click
 import httpx
 import pytest
 
@@ -234,3 +235,31 @@ async def test_ollama_stop_unloads_without_loading_first():
     pool = Unloads(["a"])
     r = await _post(create_router_app(pool), "/api/generate", {"model": "a", "keep_alive": 0})
     assert r.status_code == 200 and r.json()["done_reason"] == "unload" and pool.unloaded == ["a"]
+
+
+@dataclass
+class Engine:
+    model: str | None = None
+    models_dirs: tuple[str, ...] = ()
+
+
+def test_router_mode_is_asked_for_or_implied_by_a_models_dir_without_a_model():
+    from localspec.commands.router_mode import wanted
+
+    assert not wanted(Engine(), False, None)  # plain `localspec serve`: the default model, as before
+    assert wanted(Engine(models_dirs=("/m",)), False, None) and wanted(Engine(), True, None)
+    assert not wanted(Engine("x", ("/m",)), False, None)  # --model X --models-dir D: D holds drafters
+    with pytest.raises(click.UsageError):
+        wanted(Engine("x"), True, None)
+
+
+def test_runners_get_the_per_request_options_the_user_gave():
+    from localspec.commands.router_mode import keep_alive_seconds, serve_args
+    from localspec.commands.serve import serve
+
+    ctx = serve.make_context("serve", ["--max-predict", "64", "-n", "12", "--context-shift", "--port", "9",
+                                       "--api-key", "k"])
+    assert serve_args(ctx) == ("--max-predict", "64", "--n-predict", "12", "--context-shift")
+    assert keep_alive_seconds("5m") == 300.0 and keep_alive_seconds("-1") == FOREVER
+    with pytest.raises(click.BadParameter):
+        keep_alive_seconds("later")
