@@ -85,6 +85,9 @@ def test_bench_auto_without_candidates_benches_lookup(target: Path, gemma_path: 
     (spec,) = bench_targets((str(gemma_path),), ("auto",), ())
     assert spec.drafters == () and spec.lookup
     assert "prompt lookup" in capsys.readouterr().err
+    res = CliRunner().invoke(main, ["models", "drafters", str(gemma_path)])  # already 4-bit: no copy offered
+    assert res.exit_code == 0 and "self-Q4_0" not in res.output
+    assert res.output.strip().endswith("--draft auto drafts by prompt lookup for it"), res.output
 
 
 @pytest.mark.slow
