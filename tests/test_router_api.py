@@ -204,6 +204,8 @@ def _cancelled(http: httpx.Client, model: str) -> float:
 
 def test_a_caller_that_hangs_up_stops_the_runners_generation(http, router, smol):
     """llama.vim drops a whole-answer /infill at the next keystroke: the runner must stop that generation."""
+    http.post("/models/load", json={"model": smol})
+    assert _wait_status(http, smol, {"loaded", "failed"}) == "loaded"
     before = _cancelled(http, smol)
     no_end = {"0": False, "2": False}  # SmolLM2's <|endoftext|> and <|im_end|>: the answer cannot end by itself
     with pytest.raises(httpx.ReadTimeout):

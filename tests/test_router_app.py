@@ -76,6 +76,9 @@ class Pool:
     def loaded(self) -> list[str]:
         return list(self.loaded_names)
 
+    def state(self, name: str) -> str:
+        return "loaded" if name in self.loaded_names else "sleeping"
+
     def status(self) -> list[Status]:
         return [Status(n, "loaded" if n in self.loaded_names else "unloaded") for n in self.names]
 
@@ -263,3 +266,12 @@ def test_runners_get_the_per_request_options_the_user_gave():
     assert keep_alive_seconds("5m") == 300.0 and keep_alive_seconds("-1") == FOREVER
     with pytest.raises(click.BadParameter):
         keep_alive_seconds("later")
+
+
+async def test_props_of_a_sleeping_model_do_not_wake_it():
+    transport = httpx.ASGITransport(app=create_router_app(Pool(["a"])))  # acquire would fail: no runner
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
+        r = await c.get("/props", params={"model": "a"})
+        assert r.json()["is_sleeping"] is True and r.json()["status"] == "sleeping"
+        assert (await c.get("/props")).json()["role"] == "router"
+        assert (await c.get("/metrics", params={"model": "a"})).text.startswith("# model a is sleeping")

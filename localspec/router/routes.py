@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..server.app import error_body
@@ -100,16 +100,27 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
 
     @r.get("/props")
     async def props(request: Request, model: str | None = None) -> Response:
+        """The router's own props; ?model=X: that model's runner's, or, when it is not running, its state
+        (`is_sleeping` as llama-server reports it): reading props never wakes a model."""
         if model is None:
             return JSONResponse(router_props(config))
-        return await _runner_get(pool, client, request, pool.resolve(model))
+        name = pool.resolve(model)
+        state = pool.state(name)
+        if state != "loaded":
+            return JSONResponse({"model": name, "model_alias": name, "role": "model", "status": state,
+                                 "is_sleeping": state == "sleeping"})
+        return await _runner_get(pool, client, request, name)
 
     @r.get("/metrics")
     async def metrics(request: Request, model: str | None = None) -> Response:
-        """A runner's Prometheus metrics: ?model=X, else the model a request naming none would go to."""
+        """A runner's Prometheus metrics: ?model=X, else the model a request naming none would go to; a model
+        that is not running has none to give (a scrape never loads or wakes it)."""
         from .app import choose_model
 
-        return await _runner_get(pool, client, request, choose_model(pool, config, model))
+        name = choose_model(pool, config, model)
+        if pool.state(name) != "loaded":
+            return PlainTextResponse(f"# model {name} is {pool.state(name)}: no runner, no metrics\n")
+        return await _runner_get(pool, client, request, name)
 
     _ollama_routes(r, pool, rediscover or (lambda: None))
     return r
