@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_hub import CHUNK, COMMIT, FakeHub, write_gguf
+from test_hub import CHUNK, COMMIT, FakeHub, block_sockets, write_gguf
 
 from localspec.cli import main
 from localspec.engine.loader import EngineConfig, choose_drafter
@@ -93,7 +93,8 @@ def test_registry_offers_pair_then_family(offline: Path) -> None:
     assert all(r.prediction is None for r in ranked[len(speeds):]) and all(not offers[n].size_bytes for n in unknown)
 
 
-def test_drafters_lists_local_registry_and_self_copy_sorted(offline: Path) -> None:
+def test_drafters_lists_local_registry_and_self_copy_sorted(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    block_sockets(monkeypatch)  # the listing reads the disk only
     res = CliRunner().invoke(main, ["models", "drafters", "smol-f16"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
@@ -109,7 +110,8 @@ def test_drafters_lists_local_registry_and_self_copy_sorted(offline: Path) -> No
     assert p is not None and p.self_copy and est < target.stat().st_size / 2
 
 
-def test_pull_drafter_for_offline_names_what_it_would_pull(offline: Path) -> None:
+def test_pull_drafter_for_offline_names_what_it_would_pull(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    block_sockets(monkeypatch)
     res = CliRunner().invoke(main, ["models", "pull", "--drafter-for", "smol-f16"])
     assert res.exit_code == 3, res.output
     assert "smol-tiny" in res.output and "pairs it with smol-f16" in res.output
