@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..models.candidates import (SELF_QUANTS, Match, RegistryOffer, matches, registry_offers, same_shapes,
-                                 self_copy_bytes, self_drafters)
+from ..models.candidates import (
+    SELF_QUANTS,
+    Match,
+    RegistryOffer,
+    matches,
+    registry_offers,
+    same_shapes,
+    self_copy_bytes,
+    self_drafters,
+)
 from ..models.paths import calibration_dir
 from .rate import best_k
 
