@@ -7,7 +7,9 @@ header once. Two files with equal fingerprints tokenize alike; when only the voc
 sizes are within llama.cpp's tolerance, its own rule (pairing.py) decides.
 
 The places searched: models.toml entries on disk, every GGUF in the Hugging Face hub cache, the `--models-dir`
-folders (and LOCALSPEC_MODELS_DIR), and the self drafters `localspec models make-drafter` wrote.
+folders (and LOCALSPEC_MODELS_DIR), and the self drafters `localspec models make-drafter` wrote. Models.toml
+entries not on disk cannot be fingerprinted; `registry_offers` names those the registry vouches for (a pair's
+drafter, or the target's family by hub name), for `models drafters` and `models pull --drafter-for`.
 """
 
 from __future__ import annotations
