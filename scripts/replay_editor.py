@@ -14,6 +14,13 @@ Usage: python scripts/replay_editor.py [--model FIM.gguf] [--llama-server PATH] 
 llama-server`; started as llama.vim's README suggests, `--cache-reuse 256`, one slot, the same threads.)
 `--soak N` instead sends N keystroke requests to localspec alone, abandoning each after a random 10-200 ms,
 and prints the server's resident memory every 100 requests.
+
+Paired replay, `--url A --vs-url B [--model-name NAME] [--n-predict 16]`, starts no server: it sends every
+keystroke request of the session to two running servers that serve the same model (a single-model
+`localspec serve` and a router naming it, docs/bench/router.md), one after the other, each answered in full,
+streamed, greedy, with no time limit, and prints each request's time to first byte, total time and time outside
+the server's own timings on both, and the paired differences B - A (median, p95): what the hop between them
+costs.
 """
 
 import argparse
@@ -28,7 +35,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import httpx
 
@@ -176,38 +183,53 @@ async def session(url: str, middle: bool = False, tally: Tally | None = None) ->
     functions below the cursor (a long `input_suffix`), as when a function is added inside a file. `tally`
     says how each body is shaped and where it goes (`--same-tokens`, `--readme-layout`)."""
     tally = tally or Tally()
-    lines = HEADER.split("\n") + (FOOTER if middle else [])
-    y = len(HEADER.split("\n")) - 1
+    lines, y = page(middle)
     async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as client:
-        await ask(client, {**infill_body(lines, y, 0), "n_predict": 0, "samplers": [],
-                           "t_max_prompt_ms": 1, "t_max_predict_ms": 1}, tally)  # llama.vim's warm-up
-        for text in TYPED:
-            for x in range(1, len(text) + 1):
-                lines[y] = text[:x]
-                task = asyncio.create_task(ask(client, infill_body(lines, y, x), tally))
-                if x == len(text) or text[x:x + 1] == " ":  # a pause: the typist waits for the suggestion
-                    try:
-                        wait, out = await task
-                    except httpx.TimeoutException:
-                        tally.timeouts += 1
-                        continue
-                    tally.waits.append(wait)
-                    t = out.get("timings", {})
-                    tally.inside.append((t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000)
-                    tally.outside.append(wait - tally.inside[-1])
-                    if x == len(text) and out["content"]:
-                        prev = out["content"].split("\n")
-                        dt, _ = await ask(client, infill_body(lines, y, x, prev, t_max=1000), tally)
-                        tally.prefetch.append(dt)
+        await ask(client, warm_up(lines, y), tally)
+        for y, x, text in keystrokes(lines, y):
+            task = asyncio.create_task(ask(client, infill_body(lines, y, x), tally))
+            if x == len(text) or text[x:x + 1] == " ":  # a pause: the typist waits for the suggestion
+                try:
+                    wait, out = await task
+                except httpx.TimeoutException:
+                    tally.timeouts += 1
                     continue
-                await asyncio.sleep(KEY_S)
-                if not task.done():
-                    task.cancel()
-                    tally.abandoned += 1
-                await asyncio.gather(task, return_exceptions=True)
-            y += 1
-            lines.insert(y, "")
+                tally.waits.append(wait)
+                t = out.get("timings", {})
+                tally.inside.append((t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000)
+                tally.outside.append(wait - tally.inside[-1])
+                if x == len(text) and out["content"]:
+                    prev = out["content"].split("\n")
+                    dt, _ = await ask(client, infill_body(lines, y, x, prev, t_max=1000), tally)
+                    tally.prefetch.append(dt)
+                continue
+            await asyncio.sleep(KEY_S)
+            if not task.done():
+                task.cancel()
+                tally.abandoned += 1
+            await asyncio.gather(task, return_exceptions=True)
     return tally
+
+
+def page(middle: bool) -> tuple[list[str], int]:
+    """The file being edited and the line the typing starts on; `middle`: with FOOTER's functions below."""
+    return HEADER.split("\n") + (FOOTER if middle else []), len(HEADER.split("\n")) - 1
+
+
+def warm_up(lines: list[str], y: int) -> dict:
+    """llama.vim's first request: it fills the server's cache with the file and generates nothing."""
+    return {**infill_body(lines, y, 0), "n_predict": 0, "samplers": [], "t_max_prompt_ms": 1, "t_max_predict_ms": 1}
+
+
+def keystrokes(lines: list[str], y: int) -> Iterator[tuple[int, int, str]]:
+    """Type TYPED into `lines` from line y, one key a step: yields (y, x, the line being typed) with lines[y]
+    holding its first x characters; a new line opens below each typed one."""
+    for text in TYPED:
+        for x in range(1, len(text) + 1):
+            lines[y] = text[:x]
+            yield y, x, text
+        y += 1
+        lines.insert(y, "")
 
 
 def free_port() -> int:
@@ -245,7 +267,7 @@ def summary(name: str, tallies: list[Tally]) -> dict:
     waits = sorted(w for t in tallies for w in t.waits)
     n_draft = sum(t.draft_n for t in tallies)
     return {"server": name, "pauses": len(waits), "median_ms": 1000 * statistics.median(waits),
-            "p95_ms": 1000 * waits[max(0, round(0.95 * len(waits)) - 1)],
+            "p95_ms": 1000 * p95(waits),
             "inside_median_ms": 1000 * statistics.median([o for t in tallies for o in t.inside]),
             "outside_median_ms": 1000 * statistics.median([o for t in tallies for o in t.outside]),
             "prefetch_median_ms": 1000 * statistics.median([w for t in tallies for w in t.prefetch] or [0]),
@@ -255,6 +277,111 @@ def summary(name: str, tallies: list[Tally]) -> dict:
             "cached_median": statistics.median([c for t in tallies for c in t.cached]),
             "predicted_mean": statistics.mean([p for t in tallies for p in t.predicted]),
             "draft_n": n_draft, "accepted": sum(t.draft_accepted for t in tallies)}
+
+
+# -- paired: the same requests against two servers that serve the same model (a router hop's cost) ----------
+
+# What paired replay changes in each editor body: streamed (the first byte is the first token), greedy (top_k 1:
+# the editor's sampler chain has no temperature step) and with no time limit, so both servers generate the same
+# tokens and a difference in time is the servers' alone
+PAIRED = {"stream": True, "top_k": 1, "temperature": 0.0, "t_max_prompt_ms": 0, "t_max_predict_ms": 0}
+
+
+@dataclass
+class Timed:
+    ttfb: float  # seconds from sending the request to the first byte of the answer's body
+    total: float  # to its last byte
+    text: str  # the suggestion
+    inside: float | None  # the server's own prompt_ms + predicted_ms (its final event's timings), seconds
+
+    @property
+    def outside(self) -> float | None:
+        """The rest of the total: HTTP, parsing, queueing, and any hop to another process."""
+        return None if self.inside is None else self.total - self.inside
+
+
+def timed(client: httpx.Client, body: dict) -> Timed:
+    """One streamed /infill, timed by the byte."""
+    t0 = time.perf_counter()
+    first, data = 0.0, b""
+    with client.stream("POST", "/infill", json=body) as r:
+        r.raise_for_status()
+        for chunk in r.iter_raw():
+            first = first or time.perf_counter()
+            data += chunk
+    end = time.perf_counter()
+    return Timed((first or end) - t0, end - t0, *answer(data))
+
+
+def answer(sse: bytes) -> tuple[str, float | None]:
+    """The streamed text, and the server's own time from the event that has `timings` (the final one)."""
+    text, inside = "", None
+    for line in sse.split(b"\n"):
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            text += event.get("content", "")
+            t = event.get("timings")
+            if t:
+                inside = (t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000
+    return text, inside
+
+
+def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int) -> list[dict]:
+    """Every keystroke request of the session, sent to both servers one after the other (A then B, then B then A
+    for the next, so neither always goes first into a cache the other just warmed on the CPU), each answered in
+    full before the next is sent. The warm-up is sent to each first and not timed (a router may start its runner
+    then)."""
+    named = {"model": model} if model else {}  # llama.vim sends none; a router may need it to pick the model
+    extra = {**PAIRED, "n_predict": n_predict, **named}
+    rows: list[dict] = []
+    with httpx.Client(base_url=url, timeout=120) as a, httpx.Client(base_url=vs_url, timeout=120) as b:
+        for r in range(rounds):
+            lines, y = page(middle)
+            for c in (a, b):
+                timed(c, {**warm_up(lines, y), **named})
+            for y, x, _ in keystrokes(lines, y):
+                body = {**infill_body(lines, y, x), **extra}
+                first, second = (a, b) if len(rows) % 2 == 0 else (b, a)
+                t = {first: timed(first, body), second: timed(second, body)}
+                rows.append(pair_row(len(rows), t[a], t[b]))
+                print(" ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
+    return rows
+
+
+def pair_row(i: int, a: Timed, b: Timed) -> dict:
+    row: dict = {"i": i, "same_text": a.text == b.text}
+    for what in ("ttfb", "total", "outside"):
+        ta, tb = getattr(a, what), getattr(b, what)
+        diff = None if ta is None or tb is None else tb - ta
+        row |= {f"{what}_a_ms": _ms(ta), f"{what}_b_ms": _ms(tb), f"{what}_diff_ms": _ms(diff)}
+    return row
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 3)
+
+
+def paired_summary(rows: list[dict]) -> dict:
+    """Medians of each server, and the median and p95 of the paired differences (B - A). Total time only over
+    the requests answered with the same text on both (the others differ by generation, not by the hop; they are
+    counted). `outside` (total minus the server's own timings) leaves generation out: the hop's cost itself."""
+    same = [r for r in rows if r["same_text"]]
+    out: dict = {"requests": len(rows), "different_text": len(rows) - len(same)}
+    for what, over in (("ttfb", rows), ("total", same), ("outside", rows)):
+        over = [r for r in over if r[f"{what}_diff_ms"] is not None]
+        if not over:
+            continue
+        for k in ("a", "b"):
+            out[f"{what}_{k}_median_ms"] = round(statistics.median(r[f"{what}_{k}_ms"] for r in over), 3)
+        diffs = [r[f"{what}_diff_ms"] for r in over]
+        out[f"{what}_diff_median_ms"], out[f"{what}_diff_p95_ms"] = round(statistics.median(diffs), 3), p95(diffs)
+    return out
+
+
+def p95(xs: list[float]) -> float:
+    """The nearest-rank 95th percentile."""
+    xs = sorted(xs)
+    return xs[max(0, round(0.95 * len(xs)) - 1)]
 
 
 async def soak(url: str, pid: int, n: int) -> None:
@@ -281,7 +408,7 @@ async def soak(url: str, pid: int, n: int) -> None:
         print(f"a request after the storm answered in {1000 * (time.perf_counter() - t0):.0f} ms")
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=cache_dir() / "fixtures" / "SmolLM2-135M-Instruct.fim.Q4_1.gguf")
     ap.add_argument("--llama-server", default="", help="path to llama-server (omit: localspec alone)")
@@ -294,8 +421,20 @@ def main() -> int:
                     help="the cursor line in input_prefix, so both servers evaluate the same tokens")
     ap.add_argument("--readme-layout", action="store_true",
                     help="llama-server gets localspec's layout (cursor line after FIM_MID) as a /completion")
+    ap.add_argument("--url", default="", help="paired replay: a running server (A); starts no server")
+    ap.add_argument("--vs-url", default="", help="paired replay: the server compared with A (B), same model")
+    ap.add_argument("--model-name", default="", help="paired replay: the `model` field each request carries")
+    ap.add_argument("--n-predict", type=int, default=16, help="paired replay: tokens each request generates")
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
+    if args.url or args.vs_url:
+        if not (args.url and args.vs_url):
+            sys.exit("error: paired replay needs both --url and --vs-url")
+        return paired(args)
     ours = ServerProcess(["--model", str(args.model), "--ctx", "4096", "--threads", str(args.threads)])
     with ours:
         if args.soak:
@@ -308,6 +447,7 @@ def main() -> int:
             if theirs:
                 servers["llama-server"] = theirs.url
             tallies: dict[str, list[Tally]] = {name: [] for name in servers}
+
             def tally(name: str) -> Tally:
                 if args.same_tokens:
                     return Tally(shape=in_prefix)
@@ -323,6 +463,19 @@ def main() -> int:
     print(json.dumps(rows, indent=1))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def paired(args: argparse.Namespace) -> int:
+    """`--url A --vs-url B`: a line per request as it is answered, then the summary as JSON (`--json`: the
+    summary and every request)."""
+    rows = replay_paired(args.url, args.vs_url, rounds=args.rounds, middle=args.where == "middle",
+                         model=args.model_name, n_predict=args.n_predict)
+    out = paired_summary(rows)
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"url": args.url, "vs_url": args.vs_url, "summary": out, "requests": rows},
+                                        indent=1))
     return 0
 
 
