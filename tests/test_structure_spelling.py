@@ -200,6 +200,25 @@ def test_the_walk_is_kept_while_the_answer_follows_it():
     assert second.tokens == first.tokens[2:]
 
 
+def test_inside_free_text_nothing_is_walked():
+    masks = []
+
+    class Counting(Template):
+        def mask(self) -> np.ndarray:
+            masks.append(self.done)
+            return super().mask()
+
+        def clone(self) -> "Counting":
+            return Counting(self.forms, self.done)
+
+    d = StructureDrafter(piece, is_eog=lambda t: t == EOG)
+    params = drafter_params(Counting([[b'{"name":"', FREE, b'"}']]))
+    prompt = tokenize("x")
+    params.constraint.state(prompt)
+    draft = d.propose(prompt + tokenize('{"name":"Pa'), lambda s: 8, params, np.random.default_rng(0))
+    assert len(draft) == 0 and masks == []  # two letters allowed: free text, told by single-token checks
+
+
 def test_a_lookup_draft_is_cut_where_the_grammar_forbids_it():
     d = StructureDrafter(piece, is_eog=lambda t: t == EOG, fallback=PromptLookup())
     params = drafter_params(Template([CALL]))
