@@ -251,7 +251,8 @@ class StructureDrafter:
         self.piece, self.is_eog, self.fallback = piece, is_eog, fallback
         extra = fallback.sources if fallback else ()
         self.sources: tuple[str, ...] = (STRUCTURE, *extra)
-        # a mask per walked token: cheap next to a target step, counted as free (the controller corrects α)
+        # declared free: a walk's masks cost about a step on a small model, once per forced segment; the adaptive
+        # controller learns the real c from each round's drafting time
         self.cost: Mapping[str, float | None] = {STRUCTURE: 0.0, **(fallback.cost if fallback else {})}
         self.prior: Mapping[str, tuple[float, ...]] = {STRUCTURE: STRUCTURE_PRIOR,
                                                       **(fallback.prior if fallback else {})}
