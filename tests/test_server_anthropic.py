@@ -182,12 +182,14 @@ def test_bad_requests_are_anthropic_errors(client, kw, needle):
 
 
 @pytest.mark.slow
-def test_missing_messages_is_a_400_and_unknown_route_a_404_in_anthropic_shape(server):
+def test_missing_messages_is_a_400_an_unknown_route_a_404_and_no_messages_an_answer(server):
     r = httpx.post(server.url + "/v1/messages", json={"model": "x", "max_tokens": 4}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "messages" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/messages/batches", json={}, timeout=60)
     assert r.status_code == 404 and r.json()["type"] == "error"
+    r = httpx.post(server.url + "/v1/messages", json={"model": "x", "max_tokens": 1, "messages": []}, timeout=120)
+    assert r.status_code == 200 and r.json()["type"] == "message"  # llama-server too accepts an empty list
 
 
 # -- pure pieces -------------------------------------------------------------------------------------------------
