@@ -72,31 +72,11 @@ def model_entry(s: Any, created: int) -> dict[str, Any]:
 def router(pool: Any, config: Any, client: httpx.AsyncClient,
            rediscover: Callable[[], None] | None = None) -> APIRouter:
     r = APIRouter(tags=["router"])
-    started = int(time.time())
-    loads: set[asyncio.Task] = set()  # background loads, held until done (the loop keeps only weak references)
 
     @r.get("/health")
     @r.get("/v1/health", include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
-
-    @r.get("/models")
-    @r.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_entry(s, started) for s in pool.status()]}
-
-    @r.post("/models/load")
-    async def load(request: Request) -> Response:
-        name = await _named(pool, request)
-        task = asyncio.ensure_future(_quietly(pool.load(name)))  # its state shows in /models
-        loads.add(task)
-        task.add_done_callback(loads.discard)
-        return JSONResponse({"success": True})
-
-    @r.post("/models/unload")
-    async def unload(request: Request) -> Response:
-        await pool.unload(await _named(pool, request))
-        return JSONResponse({"success": True})
 
     @r.get("/props")
     async def props(request: Request, model: str | None = None) -> Response:
@@ -122,8 +102,33 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
             return PlainTextResponse(f"# model {name} is {pool.state(name)}: no runner, no metrics\n")
         return await _runner_get(pool, client, request, name)
 
+    _model_routes(r, pool)
     _ollama_routes(r, pool, rediscover or (lambda: None))
     return r
+
+
+def _model_routes(r: APIRouter, pool: Any) -> None:
+    """llama-server's router: the model list with each one's status, load and unload by name."""
+    started = int(time.time())
+    loads: set[asyncio.Task] = set()  # background loads, held until done (the loop keeps only weak references)
+
+    @r.get("/models")
+    @r.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_entry(s, started) for s in pool.status()]}
+
+    @r.post("/models/load")
+    async def load(request: Request) -> Response:
+        name = await _named(pool, request)
+        task = asyncio.ensure_future(_quietly(pool.load(name)))  # its state shows in /models
+        loads.add(task)
+        task.add_done_callback(loads.discard)
+        return JSONResponse({"success": True})
+
+    @r.post("/models/unload")
+    async def unload(request: Request) -> Response:
+        await pool.unload(await _named(pool, request))
+        return JSONResponse({"success": True})
 
 
 async def _runner_get(pool: Any, client: httpx.AsyncClient, request: Request, model: str) -> Response:
