@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from localspec.sampling.constrain import Constraint
+from localspec.sampling.constrain import Constraint, gbnf_literals
 from localspec.sampling.params import SamplingParams
 from localspec.speculative.drafters import PromptLookup
 from localspec.speculative.structure import (
@@ -219,6 +219,32 @@ def test_inside_free_text_nothing_is_walked():
     assert len(draft) == 0 and masks == []  # two letters allowed: free text, told by single-token checks
 
 
+def test_with_the_grammar_s_literals_the_walk_needs_no_mask():
+    masks = []
+
+    class Counting(Template):
+        def mask(self) -> np.ndarray:
+            masks.append(self.done)
+            return super().mask()
+
+        def clone(self) -> "Counting":
+            return Counting(self.forms, self.done)
+
+    form = [b'{"name":"', FREE, b'","city":"', FREE, b'"}']
+    prompt = tokenize("x")
+    drafts = []
+    for literals in ((), ('{', '"name"', ':', '","city":"', '"}')):
+        d = StructureDrafter(piece, is_eog=lambda t: t == EOG)
+        c = Constraint(len(VOCAB), grammar=Counting([form]), tokenize=tokenize, literals=literals)
+        c.state(prompt)
+        ctx = prompt + tokenize('{"name":"Lyon')
+        drafts.append(d.propose(ctx + [VOCAB.index(b'"')], lambda s: 8, SamplingParams(constraint=c),
+                                np.random.default_rng(0)).tokens)
+        assert bool(masks) == (not literals)  # the literals' tokens are asked about one by one
+        masks.clear()
+    assert drafts[0] == drafts[1] and text_of(drafts[0]) == b',"city":"'
+
+
 def test_a_lookup_draft_is_cut_where_the_grammar_forbids_it():
     d = StructureDrafter(piece, is_eog=lambda t: t == EOG, fallback=PromptLookup())
     params = drafter_params(Template([CALL]))
@@ -229,3 +255,8 @@ def test_a_lookup_draft_is_cut_where_the_grammar_forbids_it():
     draft = d.propose(ctx, lambda s: 8, params, rng)
     # lookup copies '" is big': the quote ends the value, a space may follow, 'is' may not (a ',' or '}' must)
     assert draft.source != STRUCTURE and text_of(draft.tokens) == b'" '
+
+
+def test_a_grammar_s_literals_are_read_unescaped_and_classes_skipped():
+    gbnf = 'root ::= "{" space "\\"name\\"" ":" [^"\\\\] "}"\nspace ::= " "?'
+    assert gbnf_literals(gbnf) == ["{", '"name"', ":", "}", " "]

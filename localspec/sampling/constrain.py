@@ -15,6 +15,8 @@ the drafter's q rows and the target's p rows share them. One `Constraint` serves
 
 from __future__ import annotations
 
+import json
+import re
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -49,10 +51,13 @@ class Constraint:
     """logit_bias (added to every row; -inf bans a token) and an optional grammar, for one generation."""
 
     def __init__(self, n_vocab: int, *, bias: Mapping[int, float] | None = None,
-                 grammar: GrammarState | None = None, tokenize: Callable[[str], list[int]] | None = None) -> None:
+                 grammar: GrammarState | None = None, tokenize: Callable[[str], list[int]] | None = None,
+                 literals: Sequence[str] = ()) -> None:
         self.n_vocab = n_vocab
-        # the model's tokenizer (text -> ids, no BOS): the structure drafter spells the forced text with it
+        # the model's tokenizer (text -> ids, no BOS): the structure drafter spells the forced text with it, and
+        # the grammar's string literals (keys, enum values, punctuation): the tokens it asks the grammar about
         self.tokenize = tokenize
+        self.literals = tuple(literals)
         self.bias: np.ndarray | None = None
         if bias:
             self.bias = np.zeros(n_vocab, dtype=np.float32)
@@ -219,4 +224,22 @@ def build_constraint(model: "Model", *, logit_bias: Mapping[int, float] | None =
     if bad:
         raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {model.n_vocab})")
     return Constraint(model.n_vocab, bias=logit_bias, grammar=Grammar(model, grammar) if grammar else None,
-                      tokenize=lambda text: model.tokenize(text, add_special=False))
+                      tokenize=lambda text: model.tokenize(text, add_special=False),
+                      literals=gbnf_literals(grammar) if grammar else ())
+
+
+_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_CLASS = re.compile(r"\[(?:[^\]\\]|\\.)*\]")  # a character class ([^"\\]) holds quotes that open no literal
+
+
+def gbnf_literals(gbnf: str) -> list[str]:
+    """The quoted string literals of a GBNF grammar, unescaped (`"\\"name\\""` -> `"name"`), in order, once each."""
+    out: dict[str, None] = {}
+    for m in _LITERAL.finditer(_CLASS.sub(" ", gbnf)):
+        try:
+            text = json.loads(f'"{m.group(1)}"')
+        except ValueError:  # an escape JSON does not have (GBNF's \x..): the literal as written
+            text = m.group(1)
+        if text:
+            out[text] = None
+    return list(out)

@@ -47,6 +47,8 @@ _MAX_BYTES = 256  # forced text walked ahead at most
 _HISTORY = 4096  # bytes of the answer so far the layout guess reads (the prompt's layout is not the model's)
 WHITESPACE = b" \t\n\r"
 _WS_BYTES = tuple(WHITESPACE[i:i + 1] for i in range(len(WHITESPACE)))
+_PROBE_TEXT = ('{"', '"}', '":', '",', "[{", "}]", "{", "}", "[", "]", ",", ":", '"', " ", "\n", "0123456789",
+               "aeiost", "true", "false", "null")  # with a grammar's literals: the walk's candidate tokens
 _SEPARATORS = (b"{", b"[", b",", b":", b"}", b"]")  # where JSON's layout is a habit the answer repeats
 
 Piece = Callable[[int], bytes]
@@ -163,8 +165,22 @@ def _before_space(g: GrammarState, pieces: Mapping[int, bytes], t: int, spaces: 
     return t
 
 
+def full_mask(g: GrammarState) -> np.ndarray:
+    """Every token the grammar allows next: one pass over the vocabulary (about a target step on a small model)."""
+    return np.flatnonzero(g.mask())
+
+
+def among(candidates: Sequence[int]) -> Callable[[GrammarState], np.ndarray]:
+    """The allowed tokens among `candidates` only, by single-token checks: the grammar's literals in the model's
+    tokens, their characters, JSON's punctuation, digits and letters (`StructureDrafter._candidates`). A free
+    position still shows as one (several letters or digits allowed); far cheaper than a mask of a large
+    vocabulary (Gemma's 262,144 tokens)."""
+    return lambda g: np.array([t for t in candidates if g.allows(t)], dtype=np.int64)
+
+
 def forced_text(state: GrammarState, piece: Piece, *, is_eog: Callable[[int], bool] = lambda t: False,
-                history: bytes = b"", max_bytes: int = _MAX_BYTES, spaces: Sequence[int] = ()) -> bytes:
+                history: bytes = b"", max_bytes: int = _MAX_BYTES, spaces: Sequence[int] = (),
+                allowed: Callable[[GrammarState], np.ndarray] = full_mask) -> bytes:
     """The bytes the grammar forces from `state` (walked on a clone), whitespace choices guessed from
     `history` + the walk (`guess_layout`). `spaces`: whitespace tokens (` `, `\\n`), to find the optional
     whitespace a chain hides (`_before_space`). Stops where the grammar may end or offers a real choice; never
@@ -174,7 +190,7 @@ def forced_text(state: GrammarState, piece: Piece, *, is_eog: Callable[[int], bo
     g = state.clone()
     try:
         while len(out) < max_bytes:
-            ids = np.flatnonzero(g.mask())
+            ids = allowed(g)
             if len(ids) == 0 or len(ids) > _MAX_SET:
                 break
             pieces = {int(t): piece(int(t)) for t in ids}
@@ -260,6 +276,7 @@ class StructureDrafter:
         self._ahead: tuple[Constraint, bytes] | None = None  # (its request, generated text + forced text)
         self._space_ids: tuple[int, ...] | None = None
         self._probes: tuple[tuple[int, int], ...] | None = None  # letter and digit pairs (`_free`)
+        self._cands: tuple[Constraint, tuple[int, ...]] | None = None  # (its request, `_candidates`)
 
     def _piece(self, t: int) -> bytes:
         p = self._pieces.get(t)
@@ -306,8 +323,9 @@ class StructureDrafter:
                 return ahead[len(done):]
         if self._free(c, state):
             return b""
+        cands = self._candidates(c)
         forced = forced_text(state, self._piece, is_eog=self.is_eog, history=done[-_HISTORY:],
-                             spaces=self._spaces(c))
+                             spaces=self._spaces(c), allowed=among(cands) if cands else full_mask)
         self._ahead = (c, done + forced) if forced else None
         return forced
 
@@ -320,6 +338,20 @@ class StructureDrafter:
             self._probes = tuple((x[0], y[0]) for x, y in pairs if len(x) == len(y) == 1)
         return any(state.allows(x) and state.allows(y) for x, y in self._probes or ())
 
+    def _candidates(self, c: Constraint) -> tuple[int, ...]:
+        """The tokens the walk asks the grammar about, for this request's grammar (found once per request): its
+        literals as the model spells them and their characters, JSON's punctuation, whitespace, digits, and a
+        few letters (so free text shows as a choice). Empty without literals: the walk masks instead."""
+        if self._cands is not None and self._cands[0] is c:
+            return self._cands[1]
+        ids: dict[int, None] = {}
+        if c.tokenize is not None and c.literals:
+            texts = list(c.literals) + list(_PROBE_TEXT)
+            for text in texts + sorted({ch for lit in texts for ch in lit}):
+                ids.update(dict.fromkeys(c.tokenize(text)))
+        self._cands = (c, tuple(ids))
+        return self._cands[1]
+
     def _spaces(self, c: Constraint) -> tuple[int, ...]:
         """The target's tokens for one space and one newline (its tokenizer's spelling), found once."""
         if self._space_ids is None and c.tokenize is not None:
@@ -328,6 +360,6 @@ class StructureDrafter:
         return self._space_ids or ()
 
     def close(self) -> None:
-        self._ahead = None
+        self._ahead = self._cands = None
         if self.fallback is not None:
             self.fallback.close()
