@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from localspec.engine.engine import ChatTemplateError, render_chat
+from localspec.engine.toolgrammar import tool_grammar
 from localspec.engine.tools import (
     ToolCallStream,
     ToolChoiceError,
@@ -230,3 +231,14 @@ def test_without_tools_a_plain_history_is_left_as_it_is() -> None:
 def test_arguments_that_are_not_json_leave_the_call_as_content() -> None:
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>'
     assert plan("hermes").parse(text) == (text, [])
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3"])
+def test_without_parallel_calls_the_grammar_allows_one_call(fmt: str) -> None:
+    """A required call under parallel_tool_calls=false: the grammar ends after one call, so generation stops
+    there instead of running to max_tokens."""
+    fns = [WEATHER["function"]]
+    one = tool_grammar(fmt, fns, required=True, parallel=False) or ""
+    assert one.splitlines()[0].count("tool-call") == 1
+    many = tool_grammar(fmt, fns, required=True, parallel=True) or ""
+    assert fmt == "llama3" or "*" in many.splitlines()[0]

@@ -65,14 +65,14 @@ def tool_grammar(fmt: str, fns: list[dict], *, required: bool, parallel: bool) -
         return None
     args_key = "parameters" if fmt == "llama3" else "arguments"
     call = _renamed(json_schema_grammar(call_schema(fns, args_key=args_key)), "tool-call")
-    more = "*" if parallel else "?"
     if fmt == "hermes":
         one = f'{_lit("<tool_call>")} "\\n"? tool-call "\\n"? {_lit("</tool_call>")}'
-        root = f'root ::= {one} ("\\n" {one}){"*" if parallel else ""}'
+        root = f'root ::= {one}' + (f' ("\\n" {one})*' if parallel else "")
     elif fmt == "mistral":
-        root = f'root ::= {_lit("[TOOL_CALLS]")} "[" tool-call ("," " "? tool-call){more} "]"'
+        more = ' ("," " "? tool-call)*' if parallel else ""
+        root = f'root ::= {_lit("[TOOL_CALLS]")} "[" tool-call{more} "]"'
     else:
-        root = "root ::= tool-call"
+        root = "root ::= tool-call"  # Llama 3.x: one call per answer
     return root + "\n" + call
 
 
