@@ -7,8 +7,9 @@ in the tokens the target would pick.
 
 The forced text is found on the grammar, then spelled by the target's tokenizer:
 - the walk (`forced_text`): at each grammar state, when the allowed-next set is a prefix chain (one token's
-  bytes extend every other's: `"`, `"lo`, `"location`), its longest token's bytes are forced; an allowed set
-  that diverges (a free string, a choice between keys or values) ends the walk;
+  bytes extend every other's: `"`, `"lo`, `"location`), its longest token's bytes are forced, unless a shorter
+  one may be followed by a space (`_before_space`); otherwise the set's common prefix, when a token spells it;
+  an allowed set that diverges (a free string, a choice between keys or values) ends the walk;
 - layout: llama.cpp's JSON-schema grammars allow optional whitespace between tokens (`space`), which would end
   every walk at the next separator. Where the only choice is whitespace before forced text and the answer so
   far has twice put the same whitespace after the same character, the walk takes that (`guess_layout`) and
@@ -16,8 +17,11 @@ The forced text is found on the grammar, then spelled by the target's tokenizer:
 - spelling (`spell`): the grammar's greedy longest tokens (`{"name`) are not how the model writes the text
   (`{"` `name`), so the forced bytes are tokenized by the target's own tokenizer (`Constraint.tokenize`), in the
   context of the token before them, and every drafted token is checked against the grammar.
-The walk costs one full-vocabulary mask per step; the forced text ahead is kept between rounds, so a segment
-the target accepts over several rounds is walked once.
+Cost: a full-vocabulary mask costs about a target step on a small model (far more on Gemma's 262,144 tokens),
+so the walk asks the grammar about candidate tokens one by one (`among`: the grammar's literals as the model
+spells them, digits, letters); it does not run inside free text (`_free`), and the forced text ahead is kept
+between rounds, so a segment the target accepts over several rounds is walked once
+(docs/bench/structure.md#structure-drafting).
 
 Rules this keeps:
 - the draft is a function of the context and the grammar only, never of the sampling draws, so the same-seed
