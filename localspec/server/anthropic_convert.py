@@ -65,8 +65,10 @@ def block_text(content: Any, where: str) -> str:
     """A string, or text blocks joined; an image or document is a 400 (a text model)."""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} must be a string or a list of content blocks")
     out = []
-    for b in content or []:
+    for b in content:
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text":
             out.append(str(b.get("text", "")))
@@ -78,8 +80,8 @@ def block_text(content: Any, where: str) -> str:
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    calls = [{"id": b.get("id") or "", "type": "function",
-              "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input") or {})}}
+    calls = [{"id": str(b.get("id") or ""), "type": "function",
+              "function": {"name": str(b.get("name") or ""), "arguments": json.dumps(b.get("input") or {})}}
              for b in blocks if b.get("type") == "tool_use"]
     msg: dict[str, Any] = {"role": "assistant",
                            "content": block_text([b for b in blocks if b.get("type") != "tool_use"], where)}
@@ -94,7 +96,7 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     for b in blocks:
         if b.get("type") == "tool_result":
             text = block_text(b.get("content") or "", f"{where}.tool_result")
-            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+            out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or ""),
                         "content": f"Error: {text}" if b.get("is_error") else text})
     rest = [b for b in blocks if b.get("type") != "tool_result"]
     if rest or not out:
@@ -123,10 +125,13 @@ def openai_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | N
         return None
     out = []
     for t in tools:
-        if t.get("type", "custom") != "custom" or not t.get("name"):
+        schema = t.get("input_schema") or {"type": "object"}
+        if t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str) or not t["name"]:
             raise ApiError(400, f"tools: only custom tools with a name are supported, got {json.dumps(t)[:80]}")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                                     "parameters": t.get("input_schema") or {"type": "object"}}})
+        if not isinstance(schema, dict):
+            raise ApiError(400, f"tools: input_schema of {t['name']!r} must be a JSON schema object")
+        out.append({"type": "function", "function": {"name": t["name"], "parameters": schema,
+                                                     "description": str(t.get("description") or "")}})
     return out
 
 
@@ -141,7 +146,7 @@ def tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
     if kind == "any":
         return "required", parallel
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name", "")}}, parallel
+        return {"type": "function", "function": {"name": str(choice.get("name") or "")}}, parallel
     raise ApiError(400, f"tool_choice.type must be auto, any, tool or none, got {kind!r}")
 
 

@@ -73,7 +73,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, str]]:
         return msgs + [{"role": "user", "content": req.input}]
     for i, item in enumerate(req.input):
         kind, role = item.get("type", "message"), item.get("role")
-        if kind != "message" or role not in ROLES:
+        if kind != "message" or not isinstance(role, str) or role not in ROLES:
             raise ApiError(400, f"input.{i}: only messages with role user, assistant, system or developer are "
                                 f"supported (got type {kind!r}, role {role!r}; tool calls: /v1/chat/completions)")
         msgs.append({"role": ROLES[role], "content": _content(item.get("content"), f"input.{i}.content")})
