@@ -76,7 +76,8 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--all-drafters", is_flag=True, help="Prompt lookup and every given or registry-paired drafter.")
 @click.option("-k", "--k", "ks", metavar="LIST", help="Draft lengths, e.g. 1,2,4,6,8, and/or 'auto' (the adaptive "
               "controller; default 2,4,6,auto, --quick 2,4,auto). No drafting (plain) is always measured.")
-@click.option("--tasks", metavar="LIST", help="Tasks to run: code,edit,chat,rag,json,prose (default: all).")
+@click.option("--tasks", metavar="LIST", help="Tasks to run: code,edit,chat,rag,json,prose (default: all), and "
+              "tools,json-schema (prompts with a grammar; only when named).")
 @click.option("--per-task", type=click.IntRange(1), help="Prompts per task (default: all; --quick: 1).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Your own prompts (JSONL with "
               "\"task\" and \"prompt\"; \"chat\": false for raw completion).")

@@ -127,6 +127,9 @@ _ENGINE = [
                  "(same as --draft NAME --lookup)."),
     click.option("--draft-p-min", type=Finite(0, 1), default=0.0, help="Model drafter stops once its top "
                  "probability falls below this (default 0 = never)."),
+    click.option("--structure/--no-structure", default=False, help="Draft the text a request's grammar or JSON "
+                 "schema forces (keys, punctuation, a tool's name) before the drafter; lossless; off by default "
+                 "(docs/bench/structure.md#structure-drafting)."),
 ]
 
 
@@ -203,7 +206,8 @@ def engine_config_from(v: dict):
     return EngineConfig(model=model, draft=draft, k=v["k"], n_ctx=v["n_ctx"], threads=v["threads"], ngl=v["ngl"],
                       ngl_draft=v["ngl_draft"], verbose=v["verbose"], load=_load_options(v),
                       adaptive=not v["no_adaptive"], k_min=v["k_min"], k_max=v["k_max"], hybrid=hybrid,
-                      p_min=v["draft_p_min"], models_dirs=tuple(v["models_dirs"]))
+                      p_min=v["draft_p_min"], models_dirs=tuple(v["models_dirs"]),
+                      structure=v["structure"])
 
 
 engine_options = bundle(_ENGINE, lambda v, _rest: {"engine_config": engine_config_from(v)})
