@@ -4,9 +4,10 @@ folder), driven by the real `openai` and `ollama` clients and httpx.
 
 Checks: every model listed in each protocol; a chat to each model from its own client; an unknown model is a 404
 in each protocol's shape that lists the known ones; a runner killed by SIGSEGV mid-answer (the fault hook,
-router/fault.py) gives an error naming the crash, streamed and not, in the llama.cpp, OpenAI and Ollama shapes,
-while the other model answers and the next request restarts the crashed one; /models/load and /models/unload;
-Ollama's keep_alive 0; /api/pull and /api/delete on a hub cache built here, offline.
+router/fault.py) gives an error naming the crash, streamed and not, in the llama.cpp, OpenAI and Ollama shapes
+(and a stream's in Anthropic's), while the other model answers and the next request restarts the crashed one; a
+caller that hangs up stops its generation; /models/load and /models/unload; Ollama's keep_alive 0; /api/pull and
+/api/delete on a hub cache built here, offline.
 """
 
 from __future__ import annotations
@@ -192,6 +193,22 @@ def test_crash_llama_cpp(http, oai, smol, stream):
         assert "content" in events[0] and "SIGSEGV" in events[-1]["error"]["message"]
     else:
         assert r.status_code == 502 and "SIGSEGV" in json.loads(raw)["error"]["message"]
+    _after_crash(http, oai, smol)
+
+
+def test_anthropic_client_answers_and_sees_a_crash_as_an_error_event(http, oai, router, smol):
+    anthropic = pytest.importorskip("anthropic")
+    a = anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0, timeout=600)
+    try:
+        ok = a.messages.create(model=F16, max_tokens=4, messages=HI)
+    except anthropic.NotFoundError as e:  # the runner's 404: forwarded, but not a route it serves
+        pytest.skip(f"the single-model server does not serve /v1/messages yet: {e}")
+    assert ok.model == F16 and ok.content
+    with pytest.raises(anthropic.APIError) as e:
+        with a.messages.stream(model=smol, max_tokens=64, messages=CRASH) as stream:
+            for _event in stream:
+                pass
+    assert "SIGSEGV" in str(e.value)
     _after_crash(http, oai, smol)
 
 
