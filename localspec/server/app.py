@@ -1,7 +1,8 @@
 """The FastAPI app: the three protocols' routes over one generation worker, `/metrics`, the API key, and errors.
 
 Every client error becomes a 4xx with a JSON body in the caller's protocol shape — Ollama's `{"error": "..."}`
-under /api/, llama-server's and OpenAI's `{"error": {"code", "message", "type"}}` elsewhere — and never a 500.
+under /api/, Anthropic's `{"type": "error", "error": {"type", "message"}}` under /v1/messages, llama-server's and
+OpenAI's `{"error": {"code", "message", "type"}}` elsewhere — and never a 500.
 CORS follows llama-server: by default a browser page on a localhost origin may call every route (preflight
 included, before the API key check: browsers send no credentials on it).
 """
@@ -23,7 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
-from . import llamacpp, ollama, openai
+from . import anthropic, llamacpp, ollama, openai, responses
+from .anthropic_convert import anthropic_error
 from .state import ApiError, ClientGone, ServerConfig, State, StateDep
 from .worker import ExceedContext
 
@@ -43,7 +45,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
     app = FastAPI(title="localspec", version=__version__, lifespan=lifespan,
                   description="llama.cpp-, OpenAI- and Ollama-compatible completion server with speculative decoding")
     app.state.localspec = state
-    for module in (llamacpp, openai, ollama):
+    for module in (llamacpp, openai, ollama, anthropic, responses):
         app.include_router(module.router(state))
 
     app.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse, tags=["metrics"])
@@ -67,6 +69,8 @@ def error_body(path: str, status: int, message: str, kind: str = "invalid_reques
                **fields: Any) -> JSONResponse:
     if path.startswith("/api/"):
         return JSONResponse({"error": message}, status_code=status)
+    if path.startswith("/v1/messages"):  # Anthropic's shape: {"type": "error", "error": {"type", "message"}}
+        return JSONResponse(anthropic_error(status, message, kind), status_code=status)
     return JSONResponse({"error": {"code": status, "message": message, "type": kind, **fields}}, status_code=status)
 
 
