@@ -56,10 +56,17 @@ def _url(host: str, port: int) -> str:
                    "once, -1 = forever); a request's own keep_alive wins.")
 @click.option("--default-model", metavar="NAME", help="Router mode: the model for requests that name none "
               "(llama.vim's /infill).")
+@click.option("--chat-template-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
+              help="A Jinja chat template that replaces the model's (llama-server's option): its tool-call syntax "
+                   "decides how tools are offered and read.")
+@click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek"]), default="auto",
+              show_default=True, help="<think> text: auto and deepseek move it to reasoning_content (Ollama's "
+              "thinking), none leaves it in the content (llama-server's option).")
 @engine_options
 @click.pass_context
 def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
-          router, models_max, models_preset, sleep_idle_seconds, keep_alive, default_model, engine_config):
+          router, models_max, models_preset, sleep_idle_seconds, keep_alive, default_model, chat_template_file,
+          reasoning_format, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -87,10 +94,12 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
                                       sleep_idle_s=sleep_idle_seconds, keep_alive=keep_alive, presets=models_preset,
                                       default_model=default_model)
     engine = load_engine(engine_config, log=log_err)
+    if chat_template_file:  # wins over models.toml's template and the GGUF's
+        engine.chat_template = chat_template_file.read_text(encoding="utf-8")
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
                           aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,
-                          context_shift=context_shift)
+                          context_shift=context_shift, reasoning_format=reasoning_format)
     urls = ", ".join(_url(h, real_port) for h in hosts)
     try:
         run_server(engine, config, socks, on_ready=lambda: log_err(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.engine import ChatTemplateError, Engine
-from .schemas import OAIChatRequest
+from .schemas import ChatMessage, OAIChatRequest
 from .state import ApiError
 
 
@@ -26,31 +26,50 @@ def chat_text(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
 
 
-def chat_prompt(engine: Engine, messages: list[dict[str, str]]) -> tuple[str, bool]:
-    """The GGUF's chat template over `messages` (with the generation prompt), as a job's build returns it; a
-    template that cannot render them is a 400."""
+def chat_prompt(engine: Engine, messages: list[dict[str, Any]], **context: Any) -> tuple[str, bool]:
+    """The chat template over `messages` (with the generation prompt), as a job's build returns it; `context`:
+    what else the template reads (`tools`, `enable_thinking`). A template that cannot render them is a 400."""
     try:
-        return engine.chat_prompt(messages), False
+        return engine.chat_prompt(messages, **context), False
     except ChatTemplateError as e:
         raise ApiError(400, str(e)) from None
 
 
-def chat_messages(req: OAIChatRequest) -> list[dict[str, str]]:
-    """OpenAI messages as the template reads them: text parts joined, `developer` as `system`."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": chat_text(m.content)}
-            for m in req.messages]
+def chat_messages(req: OAIChatRequest) -> list[dict[str, Any]]:
+    """OpenAI messages as the template reads them: text parts joined, `developer` as `system`; calls and tool
+    results keep their ids and names, the legacy `function_call` and `function` result become a call and a
+    `tool` result."""
+    return [_message(m) for m in req.messages]
 
 
-def chat_messages_prompt(engine: Engine, req: OAIChatRequest) -> str:
-    msgs = chat_messages(req)
+def _message(m: ChatMessage) -> dict[str, Any]:
+    role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+    out: dict[str, Any] = {"role": role, "content": chat_text(m.content)}
+    legacy_id = f"call_{m.name or (m.function_call or {}).get('name') or ''}"  # pairs a legacy call and result
+    if m.tool_calls:
+        out["tool_calls"] = m.tool_calls
+    elif m.function_call:
+        out["tool_calls"] = [{"id": legacy_id, "type": "function", "function": m.function_call}]
+    if m.tool_call_id or m.role == "function":
+        out["tool_call_id"] = m.tool_call_id or legacy_id
+    if m.name:
+        out["name"] = m.name
+    return out
+
+
+def chat_messages_prompt(engine: Engine, req: OAIChatRequest, messages: list[dict[str, Any]] | None = None,
+                         **context: Any) -> str:
+    """The prompt for `messages` (default: the request's, as chat_messages reads them) with the template's
+    `context`; a trailing assistant message is a prefill (see above)."""
+    msgs = chat_messages(req) if messages is None else messages
     trailing = msgs[-1]["role"] == "assistant"
     if req.continue_final_message and not trailing:
         raise ApiError(400, "continue_final_message needs the last message to be the assistant's")
     if not trailing or req.continue_final_message is False:
-        return chat_prompt(engine, msgs)[0]
+        return chat_prompt(engine, msgs, **context)[0]
     if len(msgs) > 1 and msgs[-2]["role"] == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
-    return chat_prompt(engine, msgs[:-1])[0] + msgs[-1]["content"]
+    return chat_prompt(engine, msgs[:-1], **context)[0] + msgs[-1]["content"]
 
 
 def system_tokens(engine: Engine, req: OAIChatRequest, prompt: str) -> int:

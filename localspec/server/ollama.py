@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..engine.answer import AnswerDelta, AnswerStream, Reading, read_answer
 from ..engine.engine import Engine
 from .chat import chat_prompt
+from .chat_tools import ollama_calls, ollama_message, ollama_setup
 from .fim import FimTokens, has_fim, infill_build, require_fim
 from .params import sampling, stops
 from .run import Choices, Run, plan
@@ -87,9 +90,10 @@ async def chat(req: OllamaChatRequest, request: Request, state: StateDep) -> Res
     if not req.messages:
         return JSONResponse(_head(state) | {"message": {"role": "assistant", "content": ""}, "done": True,
                                             "done_reason": "load"})
-    msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-    return await _answer(state, req.options, req.stream, request, lambda e: chat_prompt(e, msgs), chat=True,
-                         fmt=req.format)
+    setup = ollama_setup(state.engine, req, state.config.reasoning_format)  # bad tools: a 400 before the run
+    text = chat_prompt(state.engine, setup.messages, **setup.context)[0]
+    return await _answer(state, req.options, req.stream, request, lambda e: (text, False), chat=True,
+                         fmt=req.format, talk=Talk(setup.reading(text), req.think))
 
 
 def _model_entry(state: State) -> dict[str, Any]:
@@ -155,25 +159,36 @@ def _head(state: State) -> dict[str, Any]:
     return {"model": state.model_name, "created_at": datetime.now(timezone.utc).isoformat()}
 
 
+@dataclass(frozen=True)
+class Talk:
+    """How /api/chat reads its answer: reasoning, content and tool calls (`reading`), and the request's `think`."""
+
+    reading: Reading = Reading()
+    think: bool | str | None = None
+
+
 async def _answer(state: State, options: OllamaOptions | None, stream: bool, request: Request, build: Build,
-                  *, chat: bool, fmt: str | dict | None = None) -> Response:
+                  *, chat: bool, fmt: str | dict | None = None, talk: Talk = Talk()) -> Response:
     """One generation (Ollama has no `n`), run as every protocol runs its choices (`Choices`)."""
     o = options or OllamaOptions.model_validate({})
     t0 = time.perf_counter()
-    extra = request_extras(state.engine, ollama_format=fmt)
+    tools = talk.reading.plan
+    extra = request_extras(state.engine, ollama_format=fmt, tool_grammar=tools.grammar if tools else None)
     job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS,
                                      penalties=o, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop),
               context_shift=state.config.context_shift, live=stream)
     run = await Choices(state, request, plan([build], 1, None), lambda choice: job).start()  # gone: a 499 (app.py)
     if stream:
-        return StreamingResponse(_ndjson(state, run, chat, t0), media_type="application/x-ndjson")
+        return StreamingResponse(_ndjson(state, run, t0, talk if chat else None), media_type="application/x-ndjson")
     text = "".join([ch.text async for ch in run.chunks()])
-    return JSONResponse(_piece(state, text, chat) | _final(state, run, t0))
+    body = {"message": ollama_message(read_answer(text, talk.reading), talk.think)} if chat else {"response": text}
+    return JSONResponse(_head(state) | body | _final(state, run, t0))
 
 
-def _piece(state: State, text: str, chat: bool) -> dict[str, Any]:
-    body = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+def _piece(state: State, text: str, chat: bool, **message: Any) -> dict[str, Any]:
+    """A streamed object: `response` text, or a chat `message` with content and what else it carries."""
+    body = {"message": {"role": "assistant", "content": text, **message}} if chat else {"response": text}
     return _head(state) | body
 
 
@@ -187,8 +202,31 @@ def _final(state: State, run: Run, t0: float) -> dict[str, Any]:
             "speculative": speculative(state, run)}
 
 
-async def _ndjson(state: State, run: Run, chat: bool, t0: float) -> AsyncIterator[str]:
+async def _ndjson(state: State, run: Run, t0: float, talk: Talk | None) -> AsyncIterator[str]:
+    """Text as it comes (chat: content and thinking; a tool call, whole, once the answer is read), then the
+    final object with the durations."""
+    answer = AnswerStream(talk.reading) if talk else None
     async for ch in run.chunks():
-        if ch.text:
-            yield json.dumps(_piece(state, ch.text, chat) | {"done": False}) + "\n"
-    yield json.dumps(_piece(state, "", chat) | _final(state, run, t0)) + "\n"
+        if answer is None:
+            if ch.text:
+                yield json.dumps(_piece(state, ch.text, False) | {"done": False}) + "\n"
+            continue
+        piece = _chat_piece(state, answer.push(ch.text), talk)
+        if piece:
+            yield piece
+    if answer is not None:
+        piece = _chat_piece(state, answer.finish(), talk)
+        if piece:
+            yield piece
+        if answer.calls:  # Ollama sends the calls whole, in an object of their own
+            yield json.dumps(_piece(state, "", True, tool_calls=ollama_calls(answer.calls)) | {"done": False}) + "\n"
+    yield json.dumps(_piece(state, "", talk is not None) | _final(state, run, t0)) + "\n"
+
+
+def _chat_piece(state: State, delta: AnswerDelta, talk: Talk | None) -> str:
+    """A chat object for a delta's content and thinking ("" when it adds neither: nothing is sent)."""
+    thinking = delta.reasoning if talk is not None and talk.think is not False else ""
+    if not (delta.content or thinking):
+        return ""
+    extra = {"thinking": thinking} if thinking else {}
+    return json.dumps(_piece(state, delta.content, True, **extra) | {"done": False}) + "\n"

@@ -17,8 +17,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
+from ..engine.answer import AnswerStream, Reading, read_answer
+from ..engine.tools import ToolCall
 from ..sampling.logprobs import TokenLogprob
 from .chat import chat_messages_prompt, system_tokens
+from .chat_tools import is_legacy, openai_delta, openai_finish, openai_message, openai_setup
 from .fim import infill_build, require_fim
 from .params import sampling, stops
 from .probs import openai_chat, openai_completion
@@ -72,9 +75,11 @@ async def chat(req: OAIChatRequest, request: Request, state: StateDep) -> Respon
     state.metrics.request("/v1/chat/completions")
     if req.max_completion_tokens is not None and req.max_tokens is None:
         req.max_tokens = req.max_completion_tokens
-    text = chat_messages_prompt(state.engine, req)  # a bad message list is a 400 before anything runs
+    setup = openai_setup(state.engine, req, state.config.reasoning_format)  # bad tools: a 400 before anything runs
+    text = chat_messages_prompt(state.engine, req, setup.messages, **setup.context)
     keep = system_tokens(state.engine, req, text) if state.config.context_shift else 0
-    return await OpenAIAnswer(state, req, request, [lambda e: (text, False)], chat=True, n_keep=keep).answer()
+    return await OpenAIAnswer(state, req, request, [lambda e: (text, False)], chat=True, n_keep=keep,
+                              reading=setup.reading(text)).answer()
 
 
 def _text(prompt: One) -> str:
@@ -98,11 +103,12 @@ def _logprobs(req: OAIRequest) -> int | None:
 class OpenAIAnswer:
     """One completions or chat request: `n` choices per prompt, generated one after another on the one worker
     (each later one reuses the prompt's KV cache); `choices[].index` is prompt * n + choice, as OpenAI and
-    llama-server number them."""
+    llama-server number them. A chat answer is read as reasoning, content and tool calls (`reading`)."""
 
     def __init__(self, state: State, req: OAIRequest, request: Request, builds: list[Build], *, chat: bool,
-                 n_keep: int = 0) -> None:
-        self.state, self.req, self.chat, self.n_keep = state, req, chat, n_keep
+                 n_keep: int = 0, reading: Reading = Reading()) -> None:
+        self.state, self.req, self.chat, self.n_keep, self.reading = state, req, chat, n_keep, reading
+        self.legacy = isinstance(req, OAIChatRequest) and is_legacy(req)
         self.choices = Choices(state, request, plan(builds, req.n, req.seed), self.job)
         self.ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.object = "chat.completion" if chat else "text_completion"
@@ -113,7 +119,8 @@ class OpenAIAnswer:
         state, req = self.state, self.req
         extra = request_extras(state.engine, logit_bias=req.logit_bias, grammar=req.grammar,
                                json_schema=req.json_schema, response_format=req.response_format,
-                               logprobs=_logprobs(req))
+                               logprobs=_logprobs(req),
+                               tool_grammar=self.reading.plan.grammar if self.reading.plan else None)
         params = chained(parse_samplers(req.samplers), state, sampling(req.temperature, req.top_k, req.top_p,
                                                                        req.min_p, choice.seed, defaults=DEFAULTS,
                                                                        penalties=req, **extra))
@@ -136,20 +143,26 @@ class OpenAIAnswer:
                 return Response(status_code=499)  # the client hung up: nobody reads this
             out.append(self.choice(choice.index, text, self.logprobs(run.job, lps),
                                    FINISH[run.last.finish if run.last else None], whole=True))
+            if self.chat:
+                answer = read_answer(text, self.reading)
+                out[-1].update(message=openai_message(answer, legacy=self.legacy),
+                               finish_reason=openai_finish(out[-1]["finish_reason"], answer.calls, legacy=self.legacy))
         return JSONResponse({"id": self.ident, "object": self.object, "created": self.created,
                              "model": self.state.model_name, "system_fingerprint": FINGERPRINT, "choices": out,
                              **self.extras()})
 
     def choice(self, index: int, text: str | None, lps: Any, finish: str | None, *, whole: bool = False,
-               role: bool = False) -> dict[str, Any]:
-        """One entry of `choices`: a chat `message` (whole) or `delta` (streamed), or a completion's `text`."""
+               role: bool = False, delta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One entry of `choices`: a chat `message` (whole) or `delta` (streamed; `delta` its fields when given),
+        or a completion's `text`."""
         c: dict[str, Any] = {"index": index, "logprobs": lps, "finish_reason": finish}
         if not self.chat:
             c["text"] = text or ""
         elif whole:
             c["message"] = {"role": "assistant", "content": text}
         else:
-            c["delta"] = {"role": "assistant", "content": None} if role else {} if text is None else {"content": text}
+            c["delta"] = ({"role": "assistant", "content": None} if role else delta if delta is not None
+                          else {} if text is None else {"content": text})
         return c
 
     def logprobs(self, job: Job, lps: list, offset: int = 0) -> dict[str, Any] | None:
@@ -197,19 +210,28 @@ class OpenAIAnswer:
         if self.chat or req.return_progress:  # OpenAI's first chat delta: the role, content null (llama-server's)
             yield sse_data(head)
         offset = 0
+        answer = AnswerStream(self.reading) if self.chat else None
         async for ch in run.chunks():
             if ch.text or ch.step.logprobs:
                 lps = self.logprobs(run.job, list(ch.step.logprobs), offset)
-                d = self.chunk(self.choice(choice.index, ch.text, lps, None))
+                delta = openai_delta(answer.push(ch.text), legacy=self.legacy) if answer else None
+                offset += len(ch.text)
+                if delta == {} and lps is None:
+                    continue  # text held back: it may still become a tag or a call
+                d = self.chunk(self.choice(choice.index, ch.text, lps, None, delta=delta))
                 if req.timings_per_token:
                     d["timings"] = run.timings
                 yield sse_data(d)
-                offset += len(ch.text)
-        yield sse_data(self.finish(choice, run))
+        rest = openai_delta(answer.finish(), legacy=self.legacy) if answer else None
+        if rest:
+            yield sse_data(self.chunk(self.choice(choice.index, None, None, None, delta=rest)))
+        yield sse_data(self.finish(choice, run, answer.calls if answer else []))
 
-    def finish(self, choice: Choice, run: Run) -> dict[str, Any]:
-        """A choice's last chunk; the request's last also carries the first choice's timings and speculative."""
-        final = self.chunk(self.choice(choice.index, None, None, FINISH[run.last.finish if run.last else "stop"]))
+    def finish(self, choice: Choice, run: Run, calls: list[ToolCall]) -> dict[str, Any]:
+        """A choice's last chunk (`finish_reason` "tool_calls" when it made calls); the request's last also carries
+        the first choice's timings and speculative."""
+        reason = openai_finish(FINISH[run.last.finish if run.last else "stop"], calls, legacy=self.legacy)
+        final = self.chunk(self.choice(choice.index, None, None, reason))
         if len(self.choices.runs) == len(self.choices.plan):
             first = self.choices.runs[0][1]
             final.update(timings=first.timings, speculative=speculative(self.state, first))

@@ -112,8 +112,15 @@ class OAICompletionRequest(Sampling, Streaming):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]
     content: str | list[dict[str, Any]] | None = ""
+    tool_calls: list[dict[str, Any]] | None = None  # the assistant's calls, arguments as JSON text
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None  # a tool or legacy `function` result: the function's name
+    function_call: dict[str, Any] | None = None  # the legacy form of one call
+
+
+ToolChoice = Literal["auto", "none", "required"] | dict[str, Any] | None
 
 
 class OAIChatRequest(Sampling, Streaming):
@@ -129,6 +136,15 @@ class OAIChatRequest(Sampling, Streaming):
     top_logprobs: int | None = Field(None, ge=0, le=1024)
     continue_final_message: bool | None = Field(None, description="a trailing assistant message is continued "
                                                 "(the default when the last message is the assistant's)")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice = None
+    parallel_tool_calls: bool = True
+    functions: list[dict[str, Any]] | None = Field(None, description="the legacy form of `tools`")
+    function_call: Literal["auto", "none"] | dict[str, Any] | None = Field(None, description="legacy tool_choice")
+    reasoning_format: Literal["auto", "none", "deepseek"] | None = Field(
+        None, description="where <think> text goes (llama-server's per-request --reasoning-format)")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="more variables for the chat template "
+                                                        "(e.g. enable_thinking)")
 
 
 # -- Ollama -----------------------------------------------------------------------------------------------------
@@ -177,7 +193,10 @@ class DetokenizeRequest(_Body):
 
 class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+    content: str | None = ""
+    tool_calls: list[dict[str, Any]] | None = None  # {"function": {"name": ..., "arguments": {...}}}
+    tool_name: str | None = None  # a tool result: the function that gave it
+    thinking: str | None = None  # an earlier answer's reasoning (templates drop it)
 
 
 class OllamaChatRequest(_Body):
@@ -186,3 +205,5 @@ class OllamaChatRequest(_Body):
     stream: bool = True
     options: OllamaOptions | None = None
     format: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None  # None: as the model does by itself

@@ -44,6 +44,7 @@ class ServerConfig:
     tags: tuple[str, ...] = ()  # llama-server's --tags: informational, listed in /v1/models
     n_predict: int | None = None  # llama-server's -n: tokens a request generates when it does not say
     context_shift: bool = False  # llama-server's --context-shift: off by default, as there
+    reasoning_format: str = "auto"  # llama-server's --reasoning-format: where <think> text goes (engine/reasoning.py)
 
 
 class State:

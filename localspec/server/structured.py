@@ -21,9 +21,16 @@ JSON_OBJECT = {"type": "object"}  # what llama-server constrains `json_object` t
 
 def request_extras(engine: Engine, *, logit_bias: Any = None, grammar: str | None = None,
                    json_schema: Any = None, response_format: Any = None, ollama_format: Any = None,
-                   logprobs: int | None = None) -> dict[str, Any]:
-    """The `SamplingParams` keyword arguments for these fields (empty when the request uses none)."""
+                   logprobs: int | None = None, tool_grammar: str | None = None) -> dict[str, Any]:
+    """The `SamplingParams` keyword arguments for these fields (empty when the request uses none).
+    `tool_grammar`: the tool plan's (engine/toolgrammar.py), which holds the whole answer to a call's shape, so a
+    request's own structure beside it is a 400."""
     gbnf = grammar_text(grammar, json_schema, response_format, ollama_format)
+    if tool_grammar and gbnf:
+        raise ApiError(400, "this request's tools hold the answer to a tool call's grammar (tool_choice required or "
+                            "a named function, or a model whose template has no tool syntax); send grammar, "
+                            "json_schema, response_format or format without them")
+    gbnf = tool_grammar or gbnf
     bias = parse_logit_bias(logit_bias, engine)
     extra: dict[str, Any] = {}
     if logprobs is not None:
