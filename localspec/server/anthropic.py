@@ -70,8 +70,10 @@ def prepare(state: State, req: CountTokensRequest) -> Prepared:
         text = engine.chat_prompt(msgs, **template_context(plan, tools))
     except ChatTemplateError as e:
         raise ApiError(400, str(e)) from None
-    fmt = getattr(state.config, "reasoning_format", "auto")
-    return Prepared(text + prefill, Reading(plan, fmt, started=opens_thinking(text + prefill)))
+    fmt = getattr(state.config, "reasoning_format", "auto")  # --reasoning-format
+    # a grammar holds the answer from its first token: a think block the template opened is not the answer's
+    started = fmt != "none" and (plan is None or plan.grammar is None) and opens_thinking(text + prefill)
+    return Prepared(text + prefill, Reading(plan, fmt, started))
 
 
 def job(state: State, req: MessagesRequest, prep: Prepared) -> Job:
