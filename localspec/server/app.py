@@ -1,4 +1,4 @@
-"""The FastAPI app: the three protocols' routes over one generation worker, `/metrics`, the API key, and errors.
+"""The FastAPI app: each protocol's routes over one generation worker, `/metrics`, the API key, and errors.
 
 Every client error becomes a 4xx with a JSON body in the caller's protocol shape — Ollama's `{"error": "..."}`
 under /api/, Anthropic's `{"type": "error", "error": {"type", "message"}}` under /v1/messages, llama-server's and
