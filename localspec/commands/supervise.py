@@ -48,7 +48,7 @@ def run_watched(main: Callable[[], object]) -> NoReturn:
     pid = os.fork()
     if pid == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        _die_with(parent)
+        die_with(parent)
         main()
         sys.exit(0)
     status = _wait(pid)
@@ -62,8 +62,8 @@ def run_watched(main: Callable[[], object]) -> NoReturn:
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 128 + os.WTERMSIG(status))
 
 
-def _die_with(parent: int) -> None:
-    """Linux: the kernel sends this process SIGKILL when its parent dies."""
+def die_with(parent: int) -> None:
+    """Linux: the kernel sends this process SIGKILL when its parent dies (the router's runners use it too)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
+import functools
 import os
 import re
 import signal
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable
 
-from ..commands.supervise import WATCH_ENV, crash_line
+from ..commands.supervise import WATCH_ENV, crash_line, die_with
 from .errors import RunnerFailed
 
 CHILD_MODULE = "localspec.router.child"  # serve's command line, with the test-only fault hook (fault.py)
@@ -40,21 +40,11 @@ KEEP_LINES = 50
 # the router checks the API key; its runners listen on 127.0.0.1 for the router alone, which sends no key
 ROUTER_ONLY_ENV = ("LOCALSPEC_API_KEY",)
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGKILL}
-_PR_SET_PDEATHSIG = 1
 
 
 def _dies_with(parent: int) -> Callable[[], None]:
     """A preexec_fn: the kernel sends the child SIGKILL when the forking thread of `parent` ends."""
-
-    def arm() -> None:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the router died before prctl took effect
-            os._exit(128 + signal.SIGKILL)
-
-    return arm
+    return functools.partial(die_with, parent)
 
 
 def exit_cause(returncode: int, last_line: str) -> str:
