@@ -244,12 +244,15 @@ async def test_ollama_stop_unloads_without_loading_first():
 class Engine:
     model: str | None = None
     models_dirs: tuple[str, ...] = ()
+    draft: str | None = None
 
 
-def test_router_mode_is_asked_for_or_implied_by_a_models_dir_without_a_model():
+def test_router_mode_unless_a_model_is_named():
     from localspec.commands.router_mode import wanted
 
-    assert not wanted(Engine(), False, None)  # plain `localspec serve`: the default model, as before
+    assert wanted(Engine(), False, None)  # plain `localspec serve`: every known model
+    assert wanted(Engine(draft="lookup"), False, None)  # --lookup: the same for every runner
+    assert not wanted(Engine(draft="/m/drafter.gguf"), False, None)  # a drafter for the default target
     assert wanted(Engine(models_dirs=("/m",)), False, None) and wanted(Engine(), True, None)
     assert not wanted(Engine("x", ("/m",)), False, None)  # --model X --models-dir D: D holds drafters
     with pytest.raises(click.UsageError):

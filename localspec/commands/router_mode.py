@@ -26,14 +26,22 @@ _SERVE_PASSED = {"spec_max_queue": "--spec-max-queue", "max_predict": "--max-pre
 _DURATION = re.compile(r"^-?\d+(\.\d+)?(ns|us|µs|ms|s|m|h)?$")
 
 
+# drafter choices that mean the same for every model, so a router can hand them to each runner
+_ANY_MODEL_DRAFTS = (None, "lookup", "none", "auto", "self")
+
+
 def wanted(engine_config: Any, router: bool, models_preset: Path | None) -> bool:
-    """Router mode: asked for (--router or --models-preset), or --models-dir without --model/--pair."""
+    """Router mode unless a model is named: `localspec serve` alone serves every model this machine knows (as
+    llama-server's router and Ollama do). --model/--pair, or a --draft model (a drafter for the default target),
+    keep the single-model server."""
     if engine_config.model is not None:
         if router or models_preset:
             raise click.UsageError("router mode serves every known model: drop --model/--pair (use "
                                    "--default-model NAME for requests that name none)")
         return False
-    return router or models_preset is not None or bool(engine_config.models_dirs)
+    if router or models_preset is not None or engine_config.models_dirs:
+        return True
+    return engine_config.draft in _ANY_MODEL_DRAFTS
 
 
 def keep_alive_seconds(text: str) -> float:

@@ -73,8 +73,9 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
     llama.cpp: POST /infill /completion /tokenize /detokenize /apply-template, GET /health /props
     OpenAI:    POST /v1/completions /v1/chat/completions (/input_tokens), GET /v1/models
     Ollama:    POST /api/generate /api/chat, GET /api/tags /api/version
+    Anthropic: POST /v1/messages /v1/messages/count_tokens;  Responses: POST /v1/responses
     Metrics:   GET /metrics (Prometheus)
-    Router mode (--router, or --models-dir without --model): every known model, chosen by each request's
+    Router mode (no --model/--pair): every known model, chosen by each request's
     `model`; GET /models, POST /models/load /models/unload, GET /api/ps, POST /api/pull, DELETE /api/delete.
     Sampling options come with each request (llama.cpp/OpenAI/Ollama field names).
     """

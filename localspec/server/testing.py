@@ -17,6 +17,14 @@ from pathlib import Path
 _READY = re.compile(r"localspec serve: http://([^:\s]+):(\d+)")
 
 
+ROUTED = ("--model", "-m", "--pair", "--router", "--models-dir", "--models-preset")
+
+
+def _single_unless_routed(args: list[str]) -> list[str]:
+    """A bare `localspec serve` is a router; the tests that start one mean the embedded default model alone."""
+    return args if any(a.split("=")[0] in ROUTED for a in args) else ["--model", "smollm2-135m", *args]
+
+
 class ServerProcess:
     """`with ServerProcess(["--ctx", "1024"]) as srv: srv.url` — the process is stopped on exit."""
 
@@ -29,7 +37,7 @@ class ServerProcess:
         self.log: list[str] = []
 
     def __enter__(self) -> "ServerProcess":
-        cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", *self.args]
+        cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", *_single_unless_routed(self.args)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=self.env, cwd=Path(__file__).resolve().parents[2])
         deadline = time.monotonic() + self.timeout
