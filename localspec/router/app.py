@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..server.app import ApiKeyMiddleware, CorsMiddleware, error_body
+from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body
 from . import routes
 from .errors import RouterError, RunnerFailed, UnknownModel, WontFit
 from .proxy import forward, new_client

@@ -24,7 +24,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..server.app import error_body
+from ..server.http import error_body
 
 STREAMED = ("text/event-stream", "application/x-ndjson")
 # hop-by-hop and per-connection headers (RFC 9110 7.6.1), and the ones the router sets itself: Origin stays

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..server.app import error_body
+from ..server.http import error_body
 from . import pulls
 from .proxy import forward
 

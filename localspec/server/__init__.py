@@ -4,13 +4,27 @@ one generation worker that owns the Engine (see app.py for the routes, worker.py
 from __future__ import annotations
 
 import socket
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..engine.engine import Engine
-from .app import create_app
-from .state import ServerConfig
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
+    from .state import ServerConfig
 
 __all__ = ["ServerConfig", "create_app", "bind", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    """ServerConfig and create_app load the engine (and llama.cpp) only when asked for: router mode imports
+    localspec.server.http and must not load a model library it never runs."""
+    if name == "ServerConfig":
+        from .state import ServerConfig
+
+        return ServerConfig
+    if name == "create_app":
+        from .app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -31,6 +45,8 @@ def serve(engine: Engine, config: ServerConfig, socks: socket.socket | Sequence[
     """Run until interrupted. uvicorn with one process: the worker thread owns the models; one socket per
     --host address."""
     import uvicorn
+
+    from .app import create_app
 
     app = create_app(engine, config)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))

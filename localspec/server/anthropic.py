@@ -5,7 +5,8 @@ A request runs as an OpenAI chat request would (anthropic_convert.py turns it in
 template, the engine's tool-call plan when `tools` are given (a required call is grammar-constrained, so even a
 tiny model writes a valid one), a trailing assistant message as a prefill the answer continues. Besides
 Anthropic's fields, answers carry our `speculative` block (not llama-server's `timings`, as llama-server's own
-Anthropic route leaves them out). Errors have Anthropic's shape (`anthropic_error`; app.py picks it by path).
+Anthropic route leaves them out). Errors have Anthropic's shape (http.anthropic_error; http.error_body picks
+it by path).
 """
 
 from __future__ import annotations

@@ -22,9 +22,6 @@ from .run import Run
 from .schemas import MAX_TOKENS
 from .state import ApiError, State
 
-ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
-               "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
-
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")  # metadata, thinking, service_tier, ...: accepted, ignored
@@ -51,12 +48,6 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0, le=1 << 20)
-
-
-def anthropic_error(status: int, message: str, kind: str) -> dict[str, Any]:
-    """Anthropic's error body; our kinds that Anthropic lacks become its nearest (api_error for a 5xx)."""
-    t = kind if kind in ERROR_TYPES else ("api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": t, "message": message}}
 
 
 # -- request -> OpenAI-style messages --------------------------------------------------------------------------

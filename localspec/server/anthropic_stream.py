@@ -12,7 +12,8 @@ from typing import Any, AsyncIterator
 
 from ..engine.answer import AnswerDelta, AnswerStream, Reading
 from ..errors import LocalspecError
-from .anthropic_convert import anthropic_error, message_body, stop_reason, tool_use_id, usage
+from .anthropic_convert import message_body, stop_reason, tool_use_id, usage
+from .http import anthropic_error
 from .run import Run
 from .state import State
 from .timings import speculative
