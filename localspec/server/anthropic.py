@@ -20,8 +20,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.answer import Answer, Reading, read_answer
 from ..engine.engine import ChatTemplateError
-from ..engine.reasoning import opens_thinking
-from ..engine.tools import ToolChoiceError, plan_tools, template_context, tool_messages
 from .anthropic_convert import (
     CountTokensRequest,
     MessagesRequest,
@@ -34,6 +32,7 @@ from .anthropic_convert import (
     usage,
 )
 from .anthropic_stream import events
+from .chat_tools import chat_setup
 from .params import sampling, stops
 from .run import Run
 from .state import ApiError, State, StateDep
@@ -53,28 +52,22 @@ class Prepared:
 
 
 def prepare(state: State, req: CountTokensRequest) -> Prepared:
-    """The prompt and how to read its answer; a bad request is a 400 here, before anything is queued."""
+    """The prompt and how to read its answer; a bad request is a 400 here, before anything is queued. The tools
+    and messages go through the chat routes' setup (chat_tools.chat_setup), in OpenAI's terms."""
     engine = state.engine
-    msgs = openai_messages(req)
-    tools = openai_tools(req.tools)
     choice, parallel = tool_choice(req.tool_choice)
-    try:
-        plan = plan_tools(engine.chat_template, tools, choice, parallel=parallel)
-    except ToolChoiceError as e:
-        raise ApiError(400, str(e)) from None
-    if plan is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs):
-        msgs = tool_messages(msgs, plan, engine.chat_template)
+    setup = chat_setup(engine, openai_messages(req), tools=openai_tools(req.tools), choice=choice,
+                       parallel=parallel, reasoning=state.config.reasoning_format)
+    msgs = setup.messages
     prefill = ""
     if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
         prefill = msgs.pop()["content"]  # Anthropic's prefill: the answer continues this text
     try:
-        text = engine.chat_prompt(msgs, **template_context(plan, tools))
+        text = engine.chat_prompt(msgs, **setup.context)
     except ChatTemplateError as e:
         raise ApiError(400, str(e)) from None
-    fmt = getattr(state.config, "reasoning_format", "auto")  # --reasoning-format
     # a grammar holds the answer from its first token: a think block the template opened is not the answer's
-    started = fmt != "none" and (plan is None or plan.grammar is None) and opens_thinking(text + prefill)
-    return Prepared(text + prefill, Reading(plan, fmt, started))
+    return Prepared(text + prefill, setup.reading(text + prefill))
 
 
 def job(state: State, req: MessagesRequest, prep: Prepared) -> Job:
