@@ -66,7 +66,31 @@ def test_chat_logprobs_come_with_every_token(client):
     plain = client.chat.completions.create(model="x", max_tokens=8, temperature=0,
                                            messages=[{"role": "user", "content": "Say hello."}])
     assert plain.choices[0].logprobs is None
-    assert plain.choices[0].message.content == r.choices[0].message.content  # asking for logprobs changes nothing
+    assert_same_or_near_tie(content, plain.choices[0].message.content)  # asking for logprobs changes nothing
+
+
+# nats. A 1-row decode and a batched verify differ by up to 0.19 nats in a top-3 token's log-probability
+# (SmolLM2 Q4_1, measured on a 2-core x86 CPU); two tokens can move apart by twice that.
+NEAR_TIE = 0.5
+
+
+def assert_same_or_near_tie(content, text: str) -> None:
+    """`text` is the answer `content` (a greedy run's tokens with their top log-probabilities) spells, or one
+    that leaves it where the target was at a tie. The two runs are the same greedy decoding, but the lookup
+    drafter remembers earlier answers, so their verify passes batch different drafts, and a CPU's logits differ
+    in the last bits between batch shapes (docs/design.md, Numerics): a near-tie may go the other way, and only
+    one may. Seen on another CPU: "...to my world!" and "...to my world." after 7 equal tokens."""
+    said = ""
+    for t in content:
+        if not text.startswith(said + t.token):
+            if len(text) <= len(said):
+                break  # the other answer stopped here (length: same token count, shorter text)
+            alts = [a for a in t.top_logprobs[1:] if text.startswith(said + a.token) or (said + a.token).startswith(text)]
+            assert alts, f"{text!r} leaves {said + t.token!r} for a token not among the top {len(t.top_logprobs)}"
+            assert t.logprob - alts[0].logprob < NEAR_TIE, (t.token, alts[0].token, t.logprob, alts[0].logprob)
+            return
+        said += t.token
+    assert said.startswith(text), (said, text)
 
 
 def test_completion_logprobs_legacy_shape(client):
