@@ -9,6 +9,7 @@ import asyncio
 import json
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import click
@@ -218,10 +219,10 @@ class _Hangs:
 async def test_a_caller_that_hangs_up_cancels_the_upstream_request():
     upstream = asyncio.ensure_future(asyncio.sleep(3600))
     with pytest.raises(CallerGone):
-        await unless_gone(_Hangs(0.01), upstream)  # type: ignore[arg-type]
+        await unless_gone(_Hangs(0.01).receive, upstream)
     await asyncio.sleep(0)
     assert upstream.cancelled()
-    assert await unless_gone(_Hangs(3600), asyncio.sleep(0, "answer")) == "answer"  # type: ignore[arg-type]
+    assert await unless_gone(_Hangs(3600).receive, asyncio.sleep(0, "answer")) == "answer"
 
 
 async def test_ollama_stop_unloads_without_loading_first():
@@ -266,6 +267,9 @@ def test_runners_get_the_per_request_options_the_user_gave():
     ctx = serve.make_context("serve", ["--max-predict", "64", "-n", "12", "--context-shift", "--port", "9",
                                        "--api-key", "k"])
     assert serve_args(ctx) == ("--max-predict", "64", "--n-predict", "12", "--context-shift")
+    template = Path(__file__).parent / "templates" / "qwen2.5.jinja"
+    ctx = serve.make_context("serve", ["--chat-template-file", str(template), "--reasoning-format", "none"])
+    assert serve_args(ctx) == ("--chat-template-file", str(template), "--reasoning-format", "none")
     assert keep_alive_seconds("5m") == 300.0 and keep_alive_seconds("-1") == FOREVER
     with pytest.raises(click.BadParameter):
         keep_alive_seconds("later")

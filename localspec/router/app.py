@@ -27,7 +27,8 @@ from .. import __version__
 from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body
 from . import routes
 from .errors import RouterError, RunnerFailed, UnknownModel, WontFit
-from .proxy import forward, new_client
+from .proxy import forward
+from .relay import Upstreams
 
 log = logging.getLogger("localspec.router")
 FOREVER = -1.0  # Ollama: a negative keep_alive keeps the model loaded
@@ -119,11 +120,16 @@ def _json_body(body: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+OWN_POSTS = frozenset({"/models/load", "/models/unload", "/api/pull"})  # the router's own POST routes (routes.py)
+
+
 def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
-                      rediscover: Callable[[], None] | None = None) -> FastAPI:
-    """The app over `pool` (router/pool.py's Pool): its runners start on demand and stop with the app.
-    `rediscover` lists the models again (after /api/pull and /api/delete change the hub cache)."""
-    client = new_client()
+                      rediscover: Callable[[], None] | None = None) -> Any:
+    """The ASGI app over `pool` (router/pool.py's Pool): its runners start on demand and stop with the app.
+    `rediscover` lists the models again (after /api/pull and /api/delete change the hub cache).
+    Every POST but the router's own goes to `Forwarder` as raw ASGI, past FastAPI's routing (the hop's cost,
+    proxy.py); the rest is a FastAPI app (routes.py, /docs)."""
+    upstreams = Upstreams()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -133,22 +139,56 @@ def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
         finally:
             reaper.cancel()
             await pool.close()
-            await client.aclose()
+            upstreams.close()
 
-    app = FastAPI(title="localspec router", version=__version__, lifespan=lifespan,
+    api = FastAPI(title="localspec router", version=__version__, lifespan=lifespan,
                   description="one localspec serve process per model, behind llama.cpp/OpenAI/Ollama routes")
-    app.include_router(routes.router(pool, config, client, rediscover))
+    api.include_router(routes.router(pool, config, upstreams, rediscover))
+    _error_handlers(api)
+    app: Any = Forwarder(api, pool, config, upstreams)
+    if config.api_key:
+        app = ApiKeyMiddleware(app, key=config.api_key)
+    return CorsMiddleware(app, origins=config.cors_origins)  # outermost: preflight never meets the key
 
-    @app.post("/{path:path}", include_in_schema=False)
-    async def proxied(path: str, request: Request) -> Response:
-        """Every protocol route of a runner: pick the model, start its runner if need be, forward."""
-        raw = await request.body()
+
+class Forwarder:
+    """Every protocol route of a runner (any POST the router does not answer itself): pick the model, start
+    its runner if need be, forward. Other requests go to `api`."""
+
+    def __init__(self, api: FastAPI, pool: Any, config: RouterConfig, upstreams: Upstreams) -> None:
+        self.api, self.pool, self.config, self.upstreams = api, pool, config, upstreams
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] in OWN_POSTS:
+            return await self.api(scope, receive, send)
+        path, started = scope["path"], False
+
+        async def sending(message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.forward(scope, receive, sending, await _read_body(receive))
+        except RouterError as e:
+            await router_error(path, e)(scope, receive, send)
+        except ValueError as e:
+            await error_body(path, 400, str(e))(scope, receive, send)
+        except Exception as e:  # a bug: the caller still gets its protocol's shape, when nothing was sent yet
+            log.exception("unhandled error on %s", path)
+            if started:
+                raise
+            await error_body(path, 500, f"internal error: {type(e).__name__}: {e}", "server_error")(
+                scope, receive, send)
+
+    async def forward(self, scope, receive, send, raw: bytes) -> None:
+        path, pool = scope["path"], self.pool
         body = _json_body(raw)
-        keep_alive = parse_keep_alive(body.get("keep_alive")) if request.url.path.startswith("/api/") else None
-        name = choose_model(pool, config, requested_model(body))
-        if keep_alive == 0 and is_load_request(request.url.path, body):  # `ollama stop MODEL`
+        keep_alive = parse_keep_alive(body.get("keep_alive")) if path.startswith("/api/") else None
+        name = choose_model(pool, self.config, requested_model(body))
+        if keep_alive == 0 and is_load_request(path, body):  # `ollama stop MODEL`
             await pool.unload(name)
-            return JSONResponse(unload_answer(request.url.path, name))
+            return await JSONResponse(unload_answer(path, name))(scope, receive, send)
         runner = await pool.acquire(name, keep_alive)
         released = False
 
@@ -158,13 +198,18 @@ def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
                 released = True
                 pool.release(runner, keep_alive)
 
-        return await forward(client, request, runner, raw, name, done)
+        await forward(self.upstreams, scope, receive, send, runner, raw, name, done)
 
-    _error_handlers(app)
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
-    app.add_middleware(CorsMiddleware, origins=config.cors_origins)  # outermost: preflight never meets the key
-    return app
+
+async def _read_body(receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ValueError("the client hung up before sending the whole body")
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
 
 
 def router_error(path: str, exc: RouterError) -> JSONResponse:

@@ -1,11 +1,15 @@
 """The router's hop to a runner: one request forwarded to the runner's own `localspec serve`, its answer relayed
-byte for byte, and a runner that dies mid-answer turned into an error in the caller's protocol.
+piece by piece at the ASGI level, and a runner that dies mid-answer turned into an error in the caller's protocol.
 
-Why one shared `httpx.AsyncClient`: its keep-alive pool keeps a connection per runner open, so a forwarded
-request costs no TCP handshake (an editor's keystroke waits on this hop). Its idle connections expire before
-uvicorn's keep-alive timeout (5 s) closes them from the other end, so the client never writes into a closed
-socket. Streamed answers (SSE, Ollama's NDJSON) are relayed chunk by chunk; whole answers are read and sent
-with their length, as the runner sent them.
+Why raw ASGI over relay.py's client instead of a FastAPI route over httpx: the hop is on every editor keystroke,
+and on 2 cores every layer between the caller's socket and the runner's costs CPU that the runner's llama.cpp
+threads want (docs/bench/router.md#router-hop). Connections to a runner are kept alive (relay.Upstreams), so a
+forwarded request costs no TCP handshake. Streamed answers (SSE, Ollama's NDJSON) are relayed as they come;
+whole answers are read and sent with their length, as the runner sent them.
+
+A caller that hangs up: while the runner has not answered, the upstream request is cancelled (its connection
+closed, which the runner's server reads as a disconnect and stops the generation); during a stream, the
+upstream connection is closed at once by a watch on the caller's `receive`.
 
 A runner that dies while answering: before its headers (a whole answer, or a stream that had not started) the
 caller gets the protocol's error body, 500 under /api/ (Ollama's status) and 502 elsewhere (a bad gateway);
@@ -20,18 +24,17 @@ import asyncio
 import json
 from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
-import httpx
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from ..server.http import error_body
+from .relay import Reply, Upstreams, UpstreamBroken
 
-STREAMED = ("text/event-stream", "application/x-ndjson")
+STREAMED = (b"text/event-stream", b"application/x-ndjson")
 # hop-by-hop and per-connection headers (RFC 9110 7.6.1), and the ones the router sets itself: Origin stays
 # here so the router's CORS middleware alone answers it (a runner would add a second set of headers)
-_DROP_REQUEST = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "origin", "te",
-                 "upgrade", "proxy-connection", "authorization", "x-api-key"}
-_DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+_DROP_REQUEST = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"origin", b"te",
+                 b"upgrade", b"proxy-connection", b"authorization", b"x-api-key", b"expect"}
+_DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
 OLLAMA_CRASH = "llama runner process has terminated"  # Ollama's words for a runner that died
 T = TypeVar("T")
 DEATH_WAIT_S = 3.0  # a runner whose connection broke has this long to be seen dead before the cause is a guess
@@ -49,13 +52,6 @@ class Upstream(Protocol):
     def failure(self) -> str | None: ...
 
     async def died(self, timeout: float = 2.0) -> str | None: ...
-
-
-def new_client() -> httpx.AsyncClient:
-    """The one client every forwarded request shares (see the module docstring)."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
-                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
-                                                 keepalive_expiry=4.0))
 
 
 def protocol_of(path: str) -> str:
@@ -106,30 +102,29 @@ async def cause_of_death(runner: Upstream) -> str:
     return "it was stopped"
 
 
-def _request_headers(request: Request) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST]
+def _request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in scope["headers"] if k not in _DROP_REQUEST]
 
 
-def _response_headers(resp: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
+def _response_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in reply.headers if k not in _DROP_RESPONSE]
 
 
 class CallerGone(Exception):
     """The caller hung up before the answer came: the upstream request was cancelled."""
 
 
-async def _gone(request: Request) -> None:
+async def _gone(receive: Callable[[], Awaitable[dict]]) -> None:
     """Returns when the caller disconnects (after the body, the next ASGI message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def unless_gone(request: Request, work: Awaitable[T]) -> T:
-    """`work`, cancelled if the caller hangs up first (CallerGone): cancelling an httpx request closes its
-    connection, which the runner's server reads as a disconnect and stops the generation (llama.vim drops a
-    whole-answer /infill at the next keystroke; the runner must not go on with it)."""
+async def unless_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
+    """`work`, cancelled if the caller hangs up first (CallerGone): llama.vim drops a whole-answer /infill at
+    the next keystroke, and the runner must not go on with it."""
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_gone(request))
+    watch = asyncio.ensure_future(_gone(receive))
     try:
         finished, _ = await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -141,61 +136,96 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     raise CallerGone
 
 
-async def forward(client: httpx.AsyncClient, request: Request, runner: Upstream, body: bytes, model: str,
-                  done: Callable[[], None]) -> Response:
-    """Send `request` (its `body` already read) to `runner` and relay the answer; `done` runs once, when the
-    answer has been relayed, failed or was abandoned by the caller (the pool's release)."""
-    path = request.url.path
-    url = runner.url + path + (f"?{request.url.query}" if request.url.query else "")
-    upstream = client.build_request(request.method, url, headers=_request_headers(request), content=body)
+def _target(scope: dict) -> str:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    return (path + b"?" + query if query else path).decode("latin-1")
+
+
+async def forward(upstreams: Upstreams, scope: dict, receive: Callable, send: Callable, runner: Upstream,
+                  body: bytes, model: str, done: Callable[[], None]) -> None:
+    """Send the request (its `body` already read) to `runner` and relay the answer to `send`; `done` runs
+    once, when the answer has been relayed, failed or was abandoned by the caller (the pool's release)."""
+    path = scope["path"]
     try:
-        resp = await unless_gone(request, client.send(upstream, stream=True))
-    except httpx.TransportError:
+        reply = await unless_gone(receive, upstreams.send(runner.url, scope["method"], _target(scope),
+                                                          _request_headers(scope), body))
+    except UpstreamBroken:
         done()
-        return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
-                          "server_error")
+        return await (await _crashed(path, runner, model))(scope, receive, send)
     except CallerGone:
         done()
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the log does
+        return await Response(status_code=499)(scope, receive, send)  # nginx's "client closed request"
     except BaseException:
         done()
         raise
-    if not resp.headers.get("content-type", "").startswith(STREAMED):
-        return await _whole(request, resp, runner, model, done)
-    return StreamingResponse(_relay(resp, path, runner, model, done), status_code=resp.status_code,
-                             headers=_response_headers(resp))
+    try:
+        if reply.header(b"content-type").startswith(STREAMED):
+            await _stream(reply, path, runner, model, receive, send)
+        else:
+            await _whole(reply, path, runner, model, scope, receive, send)
+    finally:
+        try:
+            reply.close()
+        finally:
+            done()
 
 
-async def _whole(request: Request, resp: httpx.Response, runner: Upstream, model: str,
-                 done: Callable[[], None]) -> Response:
+class Relayed(Response):
+    """`forward` as a Response a FastAPI route can return (the router's GET /props?model=, /metrics)."""
+
+    def __init__(self, upstreams: Upstreams, runner: Upstream, model: str, done: Callable[[], None]) -> None:
+        super().__init__()
+        self.upstreams, self.runner, self.model, self.done = upstreams, runner, model, done
+
+    async def __call__(self, scope, receive, send) -> None:
+        await forward(self.upstreams, scope, receive, send, self.runner, b"", self.model, self.done)
+
+
+async def _crashed(path: str, runner: Upstream, model: str) -> Response:
+    return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
+                      "server_error")
+
+
+async def _whole(reply: Reply, path: str, runner: Upstream, model: str, scope: dict, receive: Callable,
+                 send: Callable) -> None:
     """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple). The
     runner sends a whole answer's body with its headers, so the read needs no watch for a caller that left."""
-    path = request.url.path
     try:
-        data = await resp.aread()
-    except httpx.TransportError:
-        return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
-                          "server_error")
-    finally:
-        try:
-            await resp.aclose()
-        finally:
-            done()
-    return Response(data, status_code=resp.status_code, headers=_response_headers(resp))
+        data = await reply.read()
+    except UpstreamBroken:
+        return await (await _crashed(path, runner, model))(scope, receive, send)
+    headers = _response_headers(reply) + [(b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
-async def _relay(resp: httpx.Response, path: str, runner: Upstream, model: str,
-                 done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """The stream's bytes as they come; a broken stream ends with one error event. When the caller hangs up,
-    Starlette cancels this generator and the `finally` closes the upstream connection, which the runner's
-    server reads as a disconnect and cancels the generation."""
+async def _stream(reply: Reply, path: str, runner: Upstream, model: str, receive: Callable,
+                  send: Callable) -> None:
+    """The stream's pieces as they come; a broken stream ends with one error event. A caller that hangs up
+    closes the upstream connection at once (the watch's callback), which ends the loop. The head goes out
+    with the first piece: a runner sends its head a moment before its first event, and on a machine whose
+    cores the runner's threads fill, each wake-up of this process delays the runner's next write."""
+    head = {"type": "http.response.start", "status": reply.status, "headers": _response_headers(reply)}
+    started = False
+
+    async def out(body: bytes, more: bool = True) -> None:
+        nonlocal started
+        if not started:
+            started = True
+            await send(head)
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+
+    watch = asyncio.ensure_future(_gone(receive))
+    hang_up = lambda _: reply.abort()  # noqa: E731
+    watch.add_done_callback(hang_up)
     try:
-        async for chunk in resp.aiter_raw():
-            yield chunk
-    except httpx.TransportError:
-        yield error_event(path, 500, crash_message(path, model, await cause_of_death(runner)))
+        async for piece in reply.pieces():
+            await out(piece)
+    except UpstreamBroken:
+        if not watch.done():  # the runner broke it, not the caller
+            await out(error_event(path, 500, crash_message(path, model, await cause_of_death(runner))))
     finally:
-        try:
-            await resp.aclose()
-        finally:
-            done()
+        watch.remove_done_callback(hang_up)
+        watch.cancel()
+    await out(b"", more=False)

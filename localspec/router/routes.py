@@ -15,14 +15,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..server.http import error_body
 from . import pulls
-from .proxy import forward
+from .proxy import Relayed
+from .relay import Upstreams
 
 OWNER = "localspec"
 
@@ -69,7 +69,7 @@ def model_entry(s: Any, created: int) -> dict[str, Any]:
                      "source": s.source, "path": s.path, "busy": s.busy}}
 
 
-def router(pool: Any, config: Any, client: httpx.AsyncClient,
+def router(pool: Any, config: Any, upstreams: Upstreams,
            rediscover: Callable[[], None] | None = None) -> APIRouter:
     r = APIRouter(tags=["router"])
 
@@ -89,7 +89,7 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
         if state != "loaded":
             return JSONResponse({"model": name, "model_alias": name, "role": "model", "status": state,
                                  "is_sleeping": state == "sleeping"})
-        return await _runner_get(pool, client, request, name)
+        return await _runner_get(pool, upstreams, name)
 
     @r.get("/metrics")
     async def metrics(request: Request, model: str | None = None) -> Response:
@@ -100,7 +100,7 @@ def router(pool: Any, config: Any, client: httpx.AsyncClient,
         name = choose_model(pool, config, model)
         if pool.state(name) != "loaded":
             return PlainTextResponse(f"# model {name} is {pool.state(name)}: no runner, no metrics\n")
-        return await _runner_get(pool, client, request, name)
+        return await _runner_get(pool, upstreams, name)
 
     _model_routes(r, pool)
     _ollama_routes(r, pool, rediscover or (lambda: None))
@@ -131,10 +131,10 @@ def _model_routes(r: APIRouter, pool: Any) -> None:
         return JSONResponse({"success": True})
 
 
-async def _runner_get(pool: Any, client: httpx.AsyncClient, request: Request, model: str) -> Response:
+async def _runner_get(pool: Any, upstreams: Upstreams, model: str) -> Response:
     """A GET answered by the model's own runner (started if need be)."""
     runner = await pool.acquire(model, None)
-    return await forward(client, request, runner, b"", model, lambda: pool.release(runner, None))
+    return Relayed(upstreams, runner, model, lambda: pool.release(runner, None))
 
 
 def router_props(config: Any) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""A minimal HTTP/1.1 client for the router's hop to its runners: keep-alive connections on loopback, one
+request at a time on each, the answer's body handed on piece by piece as it arrives.
+
+Why not httpx: the hop is on every editor keystroke, and httpx's layers (request and response models, header
+normalisation, its connection-pool state machine, per-chunk decoding) cost about a millisecond a request on a
+2-core machine that is also running the model. The peer is always a runner, i.e. our own `localspec serve`
+under uvicorn, so the client needs only what uvicorn sends: a status line, headers, then a body framed by
+Content-Length, by chunked transfer encoding, or by the connection's close.
+
+Idle connections are dropped after IDLE_S, before uvicorn's keep-alive timeout (5 s) closes them from the other
+end; a reused connection that fails before any byte of the answer (the runner closed it first) is retried once
+on a fresh one, which is safe because such a request was never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+from urllib.parse import urlsplit
+
+IDLE_S = 4.0  # an idle connection older than this is not reused (uvicorn closes its end after 5 s)
+HEAD_LIMIT = 1 << 16  # a response head larger than this is not a runner's
+Headers = list[tuple[bytes, bytes]]
+
+
+class UpstreamBroken(Exception):
+    """The connection to the runner failed or closed before the answer was complete."""
+
+
+@dataclass(eq=False)
+class _Conn:
+    key: tuple[str, int]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = 0.0
+
+    def close(self) -> None:
+        self.writer.transport.abort()  # no FIN handshake to wait for: the peer reads it as a disconnect
+
+
+@dataclass(eq=False)
+class Reply:
+    """A runner's answer: its status and headers, then its body from `pieces()` or `read()`, once. The
+    connection goes back to the pool when the body has been read to its end, and is closed otherwise."""
+
+    status: int
+    headers: Headers
+    _conn: _Conn
+    _pool: "Upstreams"
+    _length: int | None  # Content-Length; None: chunked (_chunked) or until the connection closes
+    _chunked: bool
+    _keep: bool
+    _done: bool = field(default=False)
+
+    def header(self, name: bytes) -> bytes:
+        return next((v for k, v in self.headers if k == name), b"")
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (chunked framing removed). Raises UpstreamBroken if it is cut short."""
+        try:
+            if self._chunked:
+                async for piece in self._chunks():
+                    yield piece
+            elif self._length is not None:
+                if self._length:
+                    yield await self._conn.reader.readexactly(self._length)
+            else:
+                while piece := await self._conn.reader.read(1 << 16):
+                    yield piece
+                self._keep = False
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            self._keep = False
+            raise UpstreamBroken(str(e) or type(e).__name__) from None
+        self._done = True
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        reader = self._conn.reader
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the empty line
+                    pass
+                return
+            piece = await reader.readexactly(size + 2)
+            yield piece[:-2]
+
+    async def read(self) -> bytes:
+        return b"".join([p async for p in self.pieces()])
+
+    def close(self) -> None:
+        """Hand the connection back if the answer was read to its end, else close it (which a runner reads
+        as the caller hanging up, and stops generating)."""
+        conn, self._conn = self._conn, None  # type: ignore[assignment]
+        if conn is None:
+            return
+        if self._done and self._keep:
+            self._pool.put(conn)
+        else:
+            conn.close()
+
+    def abort(self) -> None:
+        """Close the connection now, from anywhere (the caller hung up): a pending read raises."""
+        if self._conn is not None:
+            self._keep = False
+            self._conn.close()
+
+
+class Upstreams:
+    """Keep-alive connections to the runners, by (host, port)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+
+    async def send(self, url: str, method: str, target: str, headers: Headers, body: bytes) -> Reply:
+        """Send one request and read the answer's head. Raises UpstreamBroken (refused, reset, closed)."""
+        where = urlsplit(url)
+        key = (where.hostname or "127.0.0.1", where.port or 80)
+        head = _request_head(method, target, key, headers, len(body))
+        conn = self._take(key)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, head, body, method)
+            except UpstreamBroken:
+                pass  # closed by the runner while idle: the request was never read, send it again
+        return await self._exchange(await _connect(key), head, body, method)
+
+    async def _exchange(self, conn: _Conn, head: bytes, body: bytes, method: str) -> Reply:
+        try:
+            conn.writer.write(head + body)
+            raw = await conn.reader.readuntil(b"\r\n\r\n")
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+            conn.close()
+            raise UpstreamBroken(str(e) or type(e).__name__) from None
+        except BaseException:
+            conn.close()
+            raise
+        status, headers = _parse_head(raw)
+        length, chunked, keep = _framing(status, headers, method)
+        return Reply(status, headers, conn, self, length, chunked, keep)
+
+    def _take(self, key: tuple[str, int]) -> _Conn | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < IDLE_S and not conn.reader.at_eof():
+                return conn
+            conn.close()
+        return None
+
+    def put(self, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+
+
+async def _connect(key: tuple[str, int]) -> _Conn:
+    try:
+        reader, writer = await asyncio.open_connection(*key, limit=HEAD_LIMIT)
+    except OSError as e:
+        raise UpstreamBroken(str(e) or type(e).__name__) from None
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each SSE event leaves at once
+    return _Conn(key, reader, writer)
+
+
+def _request_head(method: str, target: str, key: tuple[str, int], headers: Headers, n_body: int) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1\r\nhost: {key[0]}:{key[1]}\r\ncontent-length: {n_body}\r\n".encode()]
+    lines += [k + b": " + v + b"\r\n" for k, v in headers]
+    return b"".join(lines) + b"\r\n"
+
+
+def _parse_head(raw: bytes) -> tuple[int, Headers]:
+    lines = raw[:-4].split(b"\r\n")
+    try:
+        status = int(lines[0].split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise UpstreamBroken(f"not an HTTP answer: {lines[0][:80]!r}") from None
+    headers = []
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers.append((name.strip().lower(), value.strip()))
+    return status, headers
+
+
+def _framing(status: int, headers: Headers, method: str) -> tuple[int | None, bool, bool]:
+    """(Content-Length, chunked, keep-alive) from the head (RFC 9112 6.3)."""
+    values = dict(headers)
+    keep = values.get(b"connection", b"").lower() != b"close"
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        return 0, False, keep
+    if b"chunked" in values.get(b"transfer-encoding", b"").lower():
+        return None, True, keep
+    if b"content-length" in values:
+        return int(values[b"content-length"]), False, keep
+    return None, False, False
