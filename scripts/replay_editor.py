@@ -326,11 +326,14 @@ def answer(sse: bytes) -> tuple[str, float | None]:
     return text, inside
 
 
-def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int) -> list[dict]:
+def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int,
+                  gap_s: float = 0.05) -> list[dict]:
     """Every keystroke request of the session, sent to both servers one after the other (A then B, then B then A
     for the next, so neither always goes first into a cache the other just warmed on the CPU), each answered in
-    full before the next is sent. The warm-up is sent to each first and not timed (a router may start its runner
-    then)."""
+    full before the next is sent, `gap_s` after the one before (a typist's keys are 120 ms apart; with none, the
+    server that answered first still spins its threads and tidies up while the second starts, and on 2 cores
+    whichever goes second pays for it). The warm-up is sent to each first and not timed (a router may start its
+    runner then)."""
     named = {"model": model} if model else {}  # llama.vim sends none; a router may need it to pick the model
     extra = {**PAIRED, "n_predict": n_predict, **named}
     rows: list[dict] = []
@@ -342,7 +345,10 @@ def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: st
             for y, x, _ in keystrokes(lines, y):
                 body = {**infill_body(lines, y, x), **extra}
                 first, second = (a, b) if len(rows) % 2 == 0 else (b, a)
-                t = {first: timed(first, body), second: timed(second, body)}
+                t = {}
+                for c in (first, second):
+                    time.sleep(gap_s)
+                    t[c] = timed(c, body)
                 rows.append(pair_row(len(rows), t[a], t[b]))
                 print(" ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
     return rows
@@ -375,6 +381,10 @@ def paired_summary(rows: list[dict]) -> dict:
             out[f"{what}_{k}_median_ms"] = round(statistics.median(r[f"{what}_{k}_ms"] for r in over), 3)
         diffs = [r[f"{what}_diff_ms"] for r in over]
         out[f"{what}_diff_median_ms"], out[f"{what}_diff_p95_ms"] = round(statistics.median(diffs), 3), p95(diffs)
+        for order, parity in (("a_first", 0), ("b_first", 1)):  # even rows went to A first: an order effect shows
+            part = [r[f"{what}_diff_ms"] for r in over if r["i"] % 2 == parity]
+            if part:
+                out[f"{what}_diff_median_{order}_ms"] = round(statistics.median(part), 3)
     return out
 
 
@@ -425,6 +435,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--vs-url", default="", help="paired replay: the server compared with A (B), same model")
     ap.add_argument("--model-name", default="", help="paired replay: the `model` field each request carries")
     ap.add_argument("--n-predict", type=int, default=16, help="paired replay: tokens each request generates")
+    ap.add_argument("--gap-ms", type=float, default=50.0, help="paired replay: pause before each request")
     ap.add_argument("--json", type=Path)
     return ap
 
@@ -470,7 +481,7 @@ def paired(args: argparse.Namespace) -> int:
     """`--url A --vs-url B`: a line per request as it is answered, then the summary as JSON (`--json`: the
     summary and every request)."""
     rows = replay_paired(args.url, args.vs_url, rounds=args.rounds, middle=args.where == "middle",
-                         model=args.model_name, n_predict=args.n_predict)
+                         model=args.model_name, n_predict=args.n_predict, gap_s=args.gap_ms / 1000)
     out = paired_summary(rows)
     print(json.dumps(out, indent=1))
     if args.json:
