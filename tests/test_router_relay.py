@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from localspec.router.proxy import forward
-from localspec.router.relay import Upstreams, UpstreamBroken
+from localspec.router.relay import UpstreamBroken, Upstreams
 
 Answer = Callable[[bytes], list[bytes]]  # the request's head -> what to write, piece by piece
 

@@ -85,7 +85,8 @@ def assert_same_or_near_tie(content, text: str) -> None:
         if not text.startswith(said + t.token):
             if len(text) <= len(said):
                 break  # the other answer stopped here (length: same token count, shorter text)
-            alts = [a for a in t.top_logprobs[1:] if text.startswith(said + a.token) or (said + a.token).startswith(text)]
+            alts = [a for a in t.top_logprobs[1:]
+                    if text.startswith(said + a.token) or (said + a.token).startswith(text)]
             assert alts, f"{text!r} leaves {said + t.token!r} for a token not among the top {len(t.top_logprobs)}"
             assert t.logprob - alts[0].logprob < NEAR_TIE, (t.token, alts[0].token, t.logprob, alts[0].logprob)
             return

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import Awaitable, Callable, Protocol, TypeVar
 
 from starlette.responses import Response
 
 from ..server.http import error_body
-from .relay import Reply, Upstreams, UpstreamBroken
+from .relay import Reply, UpstreamBroken, Upstreams
 
 STREAMED = (b"text/event-stream", b"application/x-ndjson")
 # hop-by-hop and per-connection headers (RFC 9110 7.6.1), and the ones the router sets itself: Origin stays
