@@ -170,16 +170,10 @@ class Forwarder:
 
         try:
             await self.forward(scope, receive, sending, await _read_body(receive))
-        except RouterError as e:
-            await router_error(path, e)(scope, receive, send)
-        except ValueError as e:
-            await error_body(path, 400, str(e))(scope, receive, send)
-        except Exception as e:  # a bug: the caller still gets its protocol's shape, when nothing was sent yet
-            log.exception("unhandled error on %s", path)
+        except Exception as e:  # the caller gets its protocol's shape, when nothing was sent yet
             if started:
                 raise
-            await error_body(path, 500, f"internal error: {type(e).__name__}: {e}", "server_error")(
-                scope, receive, send)
+            await caller_error(path, e)(scope, receive, send)
 
     async def forward(self, scope, receive, send, raw: bytes) -> None:
         path, pool = scope["path"], self.pool
@@ -226,19 +220,23 @@ def router_error(path: str, exc: RouterError) -> JSONResponse:
     return error_body(path, 500, str(exc), "server_error")
 
 
+def caller_error(path: str, exc: Exception) -> JSONResponse:
+    """Any error the router raises, in the caller's shape: a pool refusal (router_error), a bad value (400),
+    else a bug (500, logged). The one mapping for the forwarded POSTs and the FastAPI routes alike."""
+    if isinstance(exc, RouterError):
+        return router_error(path, exc)
+    if isinstance(exc, ValueError):
+        return error_body(path, 400, str(exc))
+    log.exception("unhandled error on %s", path, exc_info=exc)
+    return error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
 def _error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RouterError)
-    async def refused(request: Request, exc: RouterError) -> JSONResponse:
-        return router_error(request.url.path, exc)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        return caller_error(request.url.path, exc)
 
-    @app.exception_handler(ValueError)
-    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
-        return error_body(request.url.path, 400, str(exc))
-
-    @app.exception_handler(Exception)
-    async def bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_body(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+    for kind in (RouterError, ValueError, Exception):  # Exception's own handler runs outermost, and re-raises
+        app.add_exception_handler(kind, failed)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -152,7 +152,7 @@ async def forward(upstreams: Upstreams, scope: dict, receive: Callable, send: Ca
                                                           _request_headers(scope), body))
     except UpstreamBroken:
         done()
-        return await (await _crashed(path, runner, model))(scope, receive, send)
+        return await _crashed(scope, receive, send, runner, model)
     except CallerGone:
         done()
         return await Response(status_code=499)(scope, receive, send)  # nginx's "client closed request"
@@ -182,9 +182,12 @@ class Relayed(Response):
         await forward(self.upstreams, scope, receive, send, self.runner, b"", self.model, self.done)
 
 
-async def _crashed(path: str, runner: Upstream, model: str) -> Response:
-    return error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
+async def _crashed(scope: dict, receive: Callable, send: Callable, runner: Upstream, model: str) -> None:
+    """The answer to a caller whose runner died before its answer began: the protocol's error body."""
+    path = scope["path"]
+    body = error_body(path, crash_status(path), crash_message(path, model, await cause_of_death(runner)),
                       "server_error")
+    await body(scope, receive, send)
 
 
 async def _whole(reply: Reply, path: str, runner: Upstream, model: str, scope: dict, receive: Callable,
@@ -194,7 +197,7 @@ async def _whole(reply: Reply, path: str, runner: Upstream, model: str, scope: d
     try:
         data = await reply.read()
     except UpstreamBroken:
-        return await (await _crashed(path, runner, model))(scope, receive, send)
+        return await _crashed(scope, receive, send, runner, model)
     headers = _response_headers(reply) + [(b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
