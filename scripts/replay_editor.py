@@ -284,6 +284,7 @@ def summary(name: str, tallies: list[Tally]) -> dict:
 # What paired replay changes in each editor body: streamed (the first byte is the first token), greedy (top_k 1:
 # the editor's sampler chain has no temperature step) and with no time limit, so both servers generate the same
 # tokens and a difference in time is the servers' alone
+MEASURES = ("ttfb", "total", "outside", "ttfb_outside")  # Timed's fields, paired and summarised
 PAIRED = {"stream": True, "top_k": 1, "temperature": 0.0, "t_max_prompt_ms": 0, "t_max_predict_ms": 0}
 
 
@@ -293,11 +294,18 @@ class Timed:
     total: float  # to its last byte
     text: str  # the suggestion
     inside: float | None  # the server's own prompt_ms + predicted_ms (its final event's timings), seconds
+    prompt: float | None  # the server's own prompt_ms alone, seconds
 
     @property
     def outside(self) -> float | None:
         """The rest of the total: HTTP, parsing, queueing, and any hop to another process."""
         return None if self.inside is None else self.total - self.inside
+
+    @property
+    def ttfb_outside(self) -> float | None:
+        """The first byte's wait less the prompt's evaluation: what a hop adds to it, without the run-to-run
+        spread of the model's own time (a few ms a request on a shared 2-core machine)."""
+        return None if self.prompt is None else self.ttfb - self.prompt
 
 
 def timed(client: httpx.Client, body: dict) -> Timed:
@@ -313,9 +321,10 @@ def timed(client: httpx.Client, body: dict) -> Timed:
     return Timed((first or end) - t0, end - t0, *answer(data))
 
 
-def answer(sse: bytes) -> tuple[str, float | None]:
-    """The streamed text, and the server's own time from the event that has `timings` (the final one)."""
-    text, inside = "", None
+def answer(sse: bytes) -> tuple[str, float | None, float | None]:
+    """The streamed text, and the server's own time (all of it, and the prompt's) from the event that has
+    `timings` (the final one)."""
+    text, inside, prompt = "", None, None
     for line in sse.split(b"\n"):
         if line.startswith(b"data: "):
             event = json.loads(line[6:])
@@ -323,7 +332,8 @@ def answer(sse: bytes) -> tuple[str, float | None]:
             t = event.get("timings")
             if t:
                 inside = (t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000
-    return text, inside
+                prompt = t.get("prompt_ms", 0) / 1000
+    return text, inside, prompt
 
 
 def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int,
@@ -356,7 +366,7 @@ def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: st
 
 def pair_row(i: int, a: Timed, b: Timed) -> dict:
     row: dict = {"i": i, "same_text": a.text == b.text}
-    for what in ("ttfb", "total", "outside"):
+    for what in MEASURES:
         ta, tb = getattr(a, what), getattr(b, what)
         diff = None if ta is None or tb is None else tb - ta
         row |= {f"{what}_a_ms": _ms(ta), f"{what}_b_ms": _ms(tb), f"{what}_diff_ms": _ms(diff)}
@@ -373,7 +383,8 @@ def paired_summary(rows: list[dict]) -> dict:
     counted). `outside` (total minus the server's own timings) leaves generation out: the hop's cost itself."""
     same = [r for r in rows if r["same_text"]]
     out: dict = {"requests": len(rows), "different_text": len(rows) - len(same)}
-    for what, over in (("ttfb", rows), ("total", same), ("outside", rows)):
+    for what in MEASURES:
+        over = same if what == "total" else rows
         over = [r for r in over if r[f"{what}_diff_ms"] is not None]
         if not over:
             continue
@@ -381,11 +392,19 @@ def paired_summary(rows: list[dict]) -> dict:
             out[f"{what}_{k}_median_ms"] = round(statistics.median(r[f"{what}_{k}_ms"] for r in over), 3)
         diffs = [r[f"{what}_diff_ms"] for r in over]
         out[f"{what}_diff_median_ms"], out[f"{what}_diff_p95_ms"] = round(statistics.median(diffs), 3), p95(diffs)
+        out[f"{what}_diff_median_ci95_ms"] = median_ci95(diffs)
         for order, parity in (("a_first", 0), ("b_first", 1)):  # even rows went to A first: an order effect shows
             part = [r[f"{what}_diff_ms"] for r in over if r["i"] % 2 == parity]
             if part:
                 out[f"{what}_diff_median_{order}_ms"] = round(statistics.median(part), 3)
     return out
+
+
+def median_ci95(xs: list[float], resamples: int = 2000) -> list[float]:
+    """A 95 % bootstrap interval of the median (seeded, so a summary is reproducible from its rows)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    return [round(meds[int(0.025 * resamples)], 3), round(meds[int(0.975 * resamples) - 1], 3)]
 
 
 def p95(xs: list[float]) -> float:

@@ -1,8 +1,11 @@
-"""The app's ASGI middleware (API key, CORS) on a stub ASGI app, and the /metrics text: pure, no model."""
+"""The app's ASGI middleware (API key, CORS, held heads) on a stub ASGI app, and the /metrics text: pure, no model."""
 
 from __future__ import annotations
 
+import asyncio
+
 from localspec.server.app import ApiKeyMiddleware, CorsMiddleware
+from localspec.server.http import HeldHeads
 
 
 async def _call(app, path: str, headers: list[tuple[bytes, bytes]]) -> int:
@@ -60,6 +63,34 @@ async def test_cors_preflight_comes_before_the_api_key():
     await CorsMiddleware(ok_app)({"type": "http", "path": "/v1/models", "method": "GET",
                                   "headers": [(b"origin", b"http://127.0.0.1:3000")]}, receive, send)
     assert want | {(b"access-control-allow-origin", b"http://127.0.0.1:3000")} <= set(sent[0]["headers"])
+
+
+async def test_a_runner_sends_a_streams_head_with_its_first_piece():
+    """Behind the router, the head waits for the first piece (the router then wakes once, at the first token);
+    the order and content of the messages are unchanged, and a whole answer is as it was."""
+    events: list[str] = []
+    first_piece = asyncio.Event()
+
+    async def streaming_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        events.append("app: head")
+        await first_piece.wait()  # the prompt's evaluation
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg):
+        events.append(msg["type"])
+
+    call = asyncio.ensure_future(HeldHeads(streaming_app)({"type": "http", "path": "/infill", "method": "POST",
+                                                            "headers": []}, receive, send))
+    await asyncio.sleep(0.01)
+    assert events == ["app: head"]  # nothing reached the socket yet
+    first_piece.set()
+    await call
+    assert events == ["app: head", "http.response.start", "http.response.body", "http.response.body"]
 
 
 def test_cors_origin_rules():

@@ -62,11 +62,13 @@ def _url(host: str, port: int) -> str:
 @click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek"]), default="auto",
               show_default=True, help="<think> text: auto and deepseek move it to reasoning_content (Ollama's "
               "thinking), none leaves it in the content (llama-server's option).")
+@click.option("--behind-router", is_flag=True, hidden=True,
+              help="Set by the router for its runners: a stream's head goes out with its first piece.")
 @engine_options
 @click.pass_context
 def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
           router, models_max, models_preset, sleep_idle_seconds, keep_alive, default_model, chat_template_file,
-          reasoning_format, engine_config):
+          reasoning_format, behind_router, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -100,7 +102,7 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
                           aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,
-                          context_shift=context_shift, reasoning_format=reasoning_format)
+                          context_shift=context_shift, reasoning_format=reasoning_format, hold_heads=behind_router)
     urls = ", ".join(_url(h, real_port) for h in hosts)
     try:
         run_server(engine, config, socks, on_ready=lambda: log_err(

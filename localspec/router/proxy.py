@@ -123,8 +123,8 @@ async def _gone(receive: Callable[[], Awaitable[dict]]) -> None:
 async def unless_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
     """`work`, cancelled if the caller hangs up first (CallerGone): llama.vim drops a whole-answer /infill at
     the next keystroke, and the runner must not go on with it."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_gone(receive))
+    watch = asyncio.ensure_future(_gone(receive))  # first: the work's first step (the write) is then the last one
+    task = asyncio.ensure_future(work)  # before this process sleeps, so nothing here delays the runner's start
     try:
         finished, _ = await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -77,7 +77,8 @@ class Runner:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", CHILD_MODULE, "serve", "--host", HOST, "--port", "0", *self.args]
+        return [sys.executable, "-m", CHILD_MODULE, "serve", "--behind-router", "--host", HOST, "--port", "0",
+                *self.args]
 
     @property
     def url(self) -> str:

@@ -20,7 +20,7 @@ from .. import __version__
 from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
 from . import anthropic, llamacpp, ollama, openai, responses
-from .http import ApiKeyMiddleware, CorsMiddleware, JsonBodyMiddleware, error_body
+from .http import ApiKeyMiddleware, CorsMiddleware, HeldHeads, JsonBodyMiddleware, error_body
 from .state import ApiError, ClientGone, ServerConfig, State, StateDep
 from .worker import ExceedContext
 
@@ -45,6 +45,8 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
     app.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse, tags=["metrics"])
     _error_handlers(app)
     app.add_middleware(JsonBodyMiddleware)
+    if config.hold_heads:
+        app.add_middleware(HeldHeads)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
     app.add_middleware(CorsMiddleware, origins=config.cors_origins)  # outermost: preflight never meets the key

@@ -124,3 +124,32 @@ class CorsMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_cors)
+
+
+class HeldHeads:
+    """An answer's head goes out with its first body piece, in a runner behind the router.
+
+    Why: a streamed answer's head is sent before the prompt is evaluated, so the router would wake for it just as
+    the runner's llama.cpp threads take both cores of a small machine, and delay them; held, it arrives with the
+    first token and the router wakes once (docs/bench/router.md#router-hop). A direct client gains nothing from
+    it, so a single-model server sends heads at once, as llama-server does."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        held = None
+
+        async def send_with_body(message) -> None:
+            nonlocal held
+            if message["type"] == "http.response.start":
+                held = message
+                return
+            if held is not None:
+                head, held = held, None
+                await send(head)
+            await send(message)
+
+        await self.app(scope, receive, send_with_body)

@@ -45,6 +45,7 @@ class ServerConfig:
     n_predict: int | None = None  # llama-server's -n: tokens a request generates when it does not say
     context_shift: bool = False  # llama-server's --context-shift: off by default, as there
     reasoning_format: str = "auto"  # llama-server's --reasoning-format: where <think> text goes (engine/reasoning.py)
+    hold_heads: bool = False  # a runner behind the router: each answer's head waits for its first piece (http.py)
 
 
 class State:
