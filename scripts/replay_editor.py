@@ -284,7 +284,7 @@ def summary(name: str, tallies: list[Tally]) -> dict:
 # What paired replay changes in each editor body: streamed (the first byte is the first token), greedy (top_k 1:
 # the editor's sampler chain has no temperature step) and with no time limit, so both servers generate the same
 # tokens and a difference in time is the servers' alone
-MEASURES = ("ttfb", "total", "outside", "ttfb_outside")  # Timed's fields, paired and summarised
+MEASURES = ("ttfb", "total", "outside")  # Timed's fields, paired and summarised
 PAIRED = {"stream": True, "top_k": 1, "temperature": 0.0, "t_max_prompt_ms": 0, "t_max_predict_ms": 0}
 
 
@@ -294,18 +294,11 @@ class Timed:
     total: float  # to its last byte
     text: str  # the suggestion
     inside: float | None  # the server's own prompt_ms + predicted_ms (its final event's timings), seconds
-    prompt: float | None  # the server's own prompt_ms alone, seconds
 
     @property
     def outside(self) -> float | None:
         """The rest of the total: HTTP, parsing, queueing, and any hop to another process."""
         return None if self.inside is None else self.total - self.inside
-
-    @property
-    def ttfb_outside(self) -> float | None:
-        """The first byte's wait less the prompt's evaluation: what a hop adds to it, without the run-to-run
-        spread of the model's own time (a few ms a request on a shared 2-core machine)."""
-        return None if self.prompt is None else self.ttfb - self.prompt
 
 
 def timed(client: httpx.Client, body: dict) -> Timed:
@@ -321,10 +314,9 @@ def timed(client: httpx.Client, body: dict) -> Timed:
     return Timed((first or end) - t0, end - t0, *answer(data))
 
 
-def answer(sse: bytes) -> tuple[str, float | None, float | None]:
-    """The streamed text, and the server's own time (all of it, and the prompt's) from the event that has
-    `timings` (the final one)."""
-    text, inside, prompt = "", None, None
+def answer(sse: bytes) -> tuple[str, float | None]:
+    """The streamed text, and the server's own time from the event that has `timings` (the final one)."""
+    text, inside = "", None
     for line in sse.split(b"\n"):
         if line.startswith(b"data: "):
             event = json.loads(line[6:])
@@ -332,8 +324,7 @@ def answer(sse: bytes) -> tuple[str, float | None, float | None]:
             t = event.get("timings")
             if t:
                 inside = (t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000
-                prompt = t.get("prompt_ms", 0) / 1000
-    return text, inside, prompt
+    return text, inside
 
 
 def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int,
