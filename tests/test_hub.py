@@ -192,6 +192,24 @@ def test_pull_resumes_after_the_connection_drops_mid_file(fake_hub, tmp_path):
     assert again.exit_code == 0 and len(fake_hub.ranges("tiny-Q4_K_M.gguf")) == 2
 
 
+async def test_router_pull_streams_each_files_bytes_as_they_arrive(fake_hub, tmp_path, monkeypatch):
+    """/api/pull's lines (Ollama's format): the byte count grows while the file arrives, under the digest the
+    hub gave (its sha256), and reaches the total before "success"."""
+    from localspec.router import pulls
+
+    data = write_gguf(tmp_path / "src.gguf", n=200_000)
+    fake_hub.repos["acme/tiny-GGUF"] = {"tiny-Q4_K_M.gguf": data}
+    monkeypatch.setattr(pulls, "PROGRESS_EVERY_S", 0.0)  # a line for every piece read, not four a second
+    pulled: list[bool] = []
+    lines = [e async for e in pulls.pull_events("acme/tiny-GGUF:Q4_K_M", lambda: pulled.append(True))]
+    sha = hashlib.sha256(data).hexdigest()
+    live = [e for e in lines if e.get("digest") == f"sha256:{sha}"]
+    assert lines[0] == {"status": "pulling manifest"} and lines[-1] == {"status": "success"} and pulled
+    assert len(live) > 2 and all(e["total"] == len(data) and e["status"] == f"pulling {sha[:12]}" for e in live)
+    done = [e["completed"] for e in live]
+    assert done == sorted(done) and done[0] < len(data) and done[-1] == len(data)
+
+
 def test_pull_resumes_across_runs_after_a_dead_network(fake_hub, tmp_path):
     data = write_gguf(tmp_path / "src.gguf", n=80_000)
     fake_hub.repos["acme/tiny-GGUF"] = {"tiny-Q4_K_M.gguf": data}

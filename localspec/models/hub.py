@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from huggingface_hub import CachedFileInfo, CachedRevisionInfo
 
 Log = Callable[[str], None]
+# a transfer's progress, as the bytes arrive: (file name, its etag (an LFS file's sha256), bytes in place, total)
+Progress = Callable[[str, str, int, "int | None"], None]
 
 DEFAULT_QUANT = "Q4_K_M"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -222,7 +224,8 @@ def _is_transport_error(e: BaseException) -> bool:
     return type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2", "requests")
 
 
-def _get_range(url: str, part: Path, headers: dict[str, str], size: int | None, filename: str) -> None:
+def _get_range(url: str, part: Path, headers: dict[str, str], size: int | None, filename: str, etag: str,
+               progress: Progress | None) -> None:
     """One GET from the end of `part` to the end of the file, appended as the bytes arrive."""
     from huggingface_hub import get_session
     from huggingface_hub.utils import hf_raise_for_status, tqdm
@@ -241,9 +244,13 @@ def _get_range(url: str, part: Path, headers: dict[str, str], size: int | None, 
             for chunk in r.iter_bytes():
                 f.write(chunk)
                 bar.update(len(chunk))
+                have += len(chunk)
+                if progress is not None:
+                    progress(filename, etag, have, size)
 
 
-def _fetch(url: str, etag: str, size: int | None, filename: str, log: Log, *, tries: int = 5) -> Path:
+def _fetch(url: str, etag: str, size: int | None, filename: str, log: Log, *, tries: int = 5,
+           progress: Progress | None = None) -> Path:
     """The file at `url` in our partial file, resumed across dropped connections and runs, checked by `etag`."""
     from huggingface_hub.utils import build_hf_headers
 
@@ -257,7 +264,7 @@ def _fetch(url: str, etag: str, size: int | None, filename: str, log: Log, *, tr
     for attempt in range(tries):
         before = part.stat().st_size if part.exists() else 0
         try:
-            _get_range(url, part, headers, size, filename)
+            _get_range(url, part, headers, size, filename, etag, progress)
             break
         except Exception as e:
             if not _is_transport_error(e) or attempt == tries - 1:
@@ -292,7 +299,7 @@ def _reuse(repo: str, filename: str, etag: str, size: int | None, dst: Path, log
     return False
 
 
-def _download(repo: str, filename: str, revision: str, log: Log) -> Path:
+def _download(repo: str, filename: str, revision: str, log: Log, progress: Progress | None = None) -> Path:
     """One file into the hub cache; returns its path there (the client's own, with the revision's ref)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 
@@ -305,12 +312,16 @@ def _download(repo: str, filename: str, revision: str, log: Log) -> Path:
         dst = Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache, endpoint=ep,
                                    dry_run=True).local_path)
         if not _reuse(repo, filename, meta.etag, meta.size, dst, log):
-            part = _fetch(meta.location, meta.etag, meta.size, filename, log)
+            part = _fetch(meta.location, meta.etag, meta.size, filename, log, progress=progress)
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(part, dst)
             with contextlib.suppress(OSError):
                 part.parent.rmdir()  # only when no other partial download waits there
-    return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache, endpoint=ep))
+    path = Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache, endpoint=ep))
+    if progress is not None:  # whole: already cached, linked from another revision, or fetched by hf_xet
+        size = path.stat().st_size
+        progress(filename, meta.etag, size, size)
+    return path
 
 
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -345,8 +356,9 @@ def hub_logs(verbose: bool):
         logger.setLevel(level)
 
 
-def pull(ref: HubRef, *, log: Log = print, verbose: bool = False) -> Path:
-    """Download every file `ref` needs (all shards) into the hub cache; returns the first file's path."""
+def pull(ref: HubRef, *, log: Log = print, verbose: bool = False, progress: Progress | None = None) -> Path:
+    """Download every file `ref` needs (all shards) into the hub cache; returns the first file's path.
+    `progress` hears of each file's bytes as they arrive (the router's /api/pull streams them)."""
     if is_offline():
         raise HubError(f"offline (HF_HUB_OFFLINE is set): cannot pull {ref.repo}; unset it and retry")
     why = unreachable()
@@ -354,16 +366,16 @@ def pull(ref: HubRef, *, log: Log = print, verbose: bool = False) -> Path:
         raise HubError(f"cannot reach {endpoint()} ({why}): no network? check it or HF_ENDPOINT, then run the "
                        "pull again (it resumes)")
     with hub_logs(verbose):
-        return _pull(ref, log)
+        return _pull(ref, log, progress)
 
 
-def _pull(ref: HubRef, log: Log) -> Path:
+def _pull(ref: HubRef, log: Log, progress: Progress | None = None) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
     try:
         names = list_repo_files(ref.repo, ref.revision)
         chosen = select_files(names, ref)
-        paths = [_download(ref.repo, name, ref.revision, log) for name in chosen]
+        paths = [_download(ref.repo, name, ref.revision, log, progress) for name in chosen]
     except RepositoryNotFoundError:
         raise HubError(f"repository {ref.repo} not found on {endpoint()} (private or gated repos need "
                        "'hf auth login')") from None
