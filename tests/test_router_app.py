@@ -18,7 +18,7 @@ import pytest
 
 from localspec.commands.supervise import crash_line
 from localspec.router.app import FOREVER, RouterConfig, choose_model, create_router_app, parse_keep_alive
-from localspec.router.errors import UnknownModel
+from localspec.router.errors import RunnerFailed, UnknownModel
 from localspec.router.proxy import CallerGone, error_event, unless_gone
 
 CAUSE = crash_line(signal.SIGSEGV)
@@ -223,6 +223,30 @@ async def test_a_caller_that_hangs_up_cancels_the_upstream_request():
     await asyncio.sleep(0)
     assert upstream.cancelled()
     assert await unless_gone(_Hangs(3600).receive, asyncio.sleep(0, "answer")) == "answer"
+
+
+async def test_without_autoload_only_an_asked_load_starts_a_model():
+    """--no-models-autoload (llama-server's): a request for a model that is not running is a 400 in the route's
+    shape saying how to load it; a loaded one answers; Ollama's load request (no prompt) is an asking."""
+    class Counts(Pool):
+        acquired: list[str] = []
+
+        def state(self, name: str) -> str:
+            return "loaded" if name in self.loaded_names else "unloaded"
+
+        async def acquire(self, name: str, keep_alive: float | None = None) -> Runner:
+            self.acquired.append(name)
+            raise RunnerFailed("stop here: the request got as far as starting it")
+
+    pool = Counts(["a", "b"], loaded_names=["b"])
+    app = create_router_app(pool, RouterConfig(autoload=False))
+    r = await _post(app, "/v1/chat/completions", {"model": "a", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "POST /models/load" in r.json()["error"]["message"] and pool.acquired == []
+    o = await _post(app, "/api/generate", {"model": "a", "prompt": "hi"})
+    assert o.status_code == 400 and "--no-models-autoload" in o.json()["error"]
+    assert (await _post(app, "/api/generate", {"model": "a"})).status_code == 500 and pool.acquired == ["a"]
+    assert (await _post(app, "/infill", {"model": "b", "input_prefix": "x"})).status_code == 500
+    assert pool.acquired == ["a", "b"]
 
 
 async def test_ollama_stop_unloads_without_loading_first():

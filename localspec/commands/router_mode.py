@@ -75,7 +75,7 @@ def with_alias(specs: dict[str, Any]) -> dict[str, Any]:
 
 def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket], urls: str, *,
                api_key: str | None, cors_origins: str, models_max: int, sleep_idle_s: float | None,
-               keep_alive: str, presets: Path | None, default_model: str | None) -> None:
+               keep_alive: str, presets: Path | None, default_model: str | None, autoload: bool = True) -> None:
     """Discover the models, build the pool and the app, serve until interrupted (the pool stops every runner)."""
     import uvicorn
 
@@ -94,7 +94,7 @@ def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket
     fallback = load_registry().default
     config = RouterConfig(api_key=api_key, cors_origins=cors_origins, default_model=default_model,
                           fallback_model=fallback if fallback in found else None, models_max=models_max,
-                          sleep_idle_s=sleep_idle_s, keep_alive_s=keep_alive_seconds(keep_alive))
+                          sleep_idle_s=sleep_idle_s, keep_alive_s=keep_alive_seconds(keep_alive), autoload=autoload)
     pool = Pool(found, models_max=models_max, sleep_idle_s=sleep_idle_s, default_keep_alive=config.keep_alive_s,
                 log=log_err, server_args=serve_args(ctx))
     app = create_router_app(pool, config, lambda: pool.update(specs()))

@@ -54,6 +54,9 @@ def _url(host: str, port: int) -> str:
 @click.option("--keep-alive", envvar="OLLAMA_KEEP_ALIVE", default="5m", show_default=True, metavar="DURATION",
               help="Router mode: how long a model stays loaded after a request (Ollama's keep_alive; 0 = unload at "
                    "once, -1 = forever); a request's own keep_alive wins.")
+@click.option("--models-autoload/--no-models-autoload", default=True, show_default=True,
+              help="Router mode: a request for a model that is not running starts it; with --no-models-autoload "
+                   "only POST /models/load (or Ollama's load request) does, as llama-server's option.")
 @click.option("--default-model", metavar="NAME", help="Router mode: the model for requests that name none "
               "(llama.vim's /infill).")
 @click.option("--chat-template-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
@@ -67,8 +70,8 @@ def _url(host: str, port: int) -> str:
 @engine_options
 @click.pass_context
 def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
-          router, models_max, models_preset, sleep_idle_seconds, keep_alive, default_model, chat_template_file,
-          reasoning_format, behind_router, engine_config):
+          router, models_max, models_preset, sleep_idle_seconds, keep_alive, models_autoload, default_model,
+          chat_template_file, reasoning_format, behind_router, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -95,7 +98,7 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
         return router_mode.run_router(ctx, engine_config, socks, ", ".join(_url(h, real_port) for h in hosts),
                                       api_key=api_key, cors_origins=cors_origins, models_max=models_max,
                                       sleep_idle_s=sleep_idle_seconds, keep_alive=keep_alive, presets=models_preset,
-                                      default_model=default_model)
+                                      default_model=default_model, autoload=models_autoload)
     engine = load_engine(engine_config, log=log_err)
     if chat_template_file:  # wins over models.toml's template and the GGUF's
         engine.chat_template = chat_template_file.read_text(encoding="utf-8")

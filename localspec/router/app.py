@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body
 from . import routes
-from .errors import RouterError, RunnerFailed, UnknownModel, WontFit
+from .errors import NotLoaded, RouterError, RunnerFailed, UnknownModel, WontFit
+from .pool import FAILED, UNLOADED
 from .proxy import forward
 from .relay import Upstreams
 
@@ -45,6 +46,7 @@ class RouterConfig:
     models_max: int = 4
     sleep_idle_s: float | None = None
     keep_alive_s: float = 300.0  # Ollama's default (OLLAMA_KEEP_ALIVE=5m)
+    autoload: bool = True  # llama-server's --models-autoload: a request may start its model's runner
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -183,6 +185,8 @@ class Forwarder:
         if keep_alive == 0 and is_load_request(path, body):  # `ollama stop MODEL`
             await pool.unload(name)
             return await JSONResponse(unload_answer(path, name))(scope, receive, send)
+        if not self.config.autoload and pool.state(name) in (UNLOADED, FAILED) and not is_load_request(path, body):
+            raise NotLoaded(name)  # Ollama's load request (no prompt) is the asking, as /models/load is
         runner = await pool.acquire(name, keep_alive)
         released = False
 
@@ -207,12 +211,15 @@ async def _read_body(receive) -> bytes:
 
 
 def router_error(path: str, exc: RouterError) -> JSONResponse:
-    """A pool refusal in the caller's shape: an unknown model is a 404, one that will not fit a 503 (nothing
-    idle can make room now), a runner that failed to start a 500 naming its cause."""
+    """A pool refusal in the caller's shape: an unknown model is a 404, one not loaded under
+    --no-models-autoload a 400, one that will not fit a 503 (nothing idle can make room now), a runner that
+    failed to start a 500 naming its cause."""
     if isinstance(exc, UnknownModel):
         known = ", ".join(exc.known) or "none"
         return error_body(path, 404, f"model '{exc.name}' not found; known models: {known} (GET /models lists "
                           "them)", "not_found_error")
+    if isinstance(exc, NotLoaded):
+        return error_body(path, 400, str(exc))
     if isinstance(exc, WontFit):
         return error_body(path, 503, str(exc), "unavailable_error")
     if isinstance(exc, RunnerFailed) and path.startswith("/api/"):

@@ -23,5 +23,14 @@ class WontFit(RouterError):
     """Loading the model would pass --models-max or the memory available, and nothing idle can make room."""
 
 
+class NotLoaded(RouterError):
+    """--no-models-autoload: a request named a model that is not running, and only /models/load starts one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"model '{name}' is not loaded and this router loads models only when asked "
+                         f"(--no-models-autoload): POST /models/load {{\"model\": \"{name}\"}} first")
+
+
 class RunnerFailed(RouterError):
     """The model's runner process did not start, or died; the message names the cause (its exit or signal)."""

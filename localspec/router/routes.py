@@ -139,7 +139,7 @@ async def _runner_get(pool: Any, upstreams: Upstreams, model: str) -> Response:
 
 def router_props(config: Any) -> dict[str, Any]:
     """llama-server's router /props: who answers (`role`), how many models may be loaded at once."""
-    return {"role": "router", "max_instances": config.models_max, "models_autoload": True,
+    return {"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
             "model_alias": "localspec", "model_path": "none",
             "default_generation_settings": {"params": {}, "n_ctx": 0},
             "build_info": f"localspec {__version__}", "sleep_idle_seconds": config.sleep_idle_s}
