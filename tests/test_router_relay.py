@@ -77,18 +77,33 @@ async def test_a_sized_answer_is_read_whole_and_its_connection_reused():
         ups.close()
 
 
-async def test_chunked_pieces_come_as_the_runner_framed_them():
-    peer = Peer(chunked(b"data: a\n\n", b"data: b\n\n"))
+async def test_chunked_pieces_come_as_they_arrive_those_sent_together_joined():
+    peer = Peer(chunked(b"data: a\n\n", b"data: b\n\n"), pause=0.05)
     async with peer as url:
         ups = Upstreams()
         reply = await ups.send(url, "POST", "/infill", [], b"{}")
-        assert [p async for p in reply.pieces()] == [b"data: a\n\n", b"data: b\n\n"]
+        assert [p async for p in reply.pieces()] == [b"data: a\n\n", b"data: b\n\n"]  # as the runner framed them
         reply.close()
+        peer.answer = lambda head: [b"".join(chunked(b"data: a\n\n", b"data: b\n\n", b"data: c\n\n")(head))]
+        reply = await ups.send(url, "POST", "/infill", [], b"{}")
+        assert [p async for p in reply.pieces()] == [b"data: a\n\ndata: b\n\ndata: c\n\n"]  # one write: one piece
+        reply.close()
+        peer.answer = chunked(b"data: a\n\n", b"data: b\n\n")
         reply = await ups.send(url, "POST", "/infill", [], b"{}")  # the same connection, read to its end
         assert await reply.read() == b"data: a\n\ndata: b\n\n"
         reply.close()
         assert peer.connections == 1
         ups.close()
+
+
+async def test_bytes_that_are_not_chunked_framing_are_a_broken_upstream():
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    for bad in (b"zz\r\ndata\r\n", b"4\r\ndata!!\r\n"):
+        async with Peer(lambda _, bad=bad: [head + bad]) as url:
+            reply = await Upstreams().send(url, "POST", "/infill", [], b"{}")
+            with pytest.raises(UpstreamBroken):
+                [p async for p in reply.pieces()]
+            reply.close()
 
 
 async def test_a_connection_the_runner_closed_while_idle_is_retried_once_on_a_new_one():

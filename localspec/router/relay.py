@@ -77,15 +77,19 @@ class Reply:
         self._done = True
 
     async def _chunks(self) -> AsyncIterator[bytes]:
-        reader = self._conn.reader
+        """The chunks' payloads, those that arrived together joined into one piece: a verify pass that accepts
+        several tokens sends their events at once, and the caller then gets them in one write, not one each."""
+        reader, buf = self._conn.reader, b""
         while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-            if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the empty line
-                    pass
+            joined, buf, ended = _unchunk(buf)
+            if joined:
+                yield joined
+            if ended:
                 return
-            piece = await reader.readexactly(size + 2)
-            yield piece[:-2]
+            more = await reader.read(1 << 16)
+            if not more:
+                raise asyncio.IncompleteReadError(buf, None)
+            buf += more
 
     async def read(self) -> bytes:
         return b"".join([p async for p in self.pieces()])
@@ -171,6 +175,27 @@ async def _connect(key: tuple[str, int]) -> _Conn:
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each SSE event leaves at once
     return _Conn(key, reader, writer)
+
+
+def _unchunk(buf: bytes) -> tuple[bytes, bytes, bool]:
+    """The complete chunks at the start of `buf` (RFC 9112 7.1): (their payloads joined, the bytes left, whether
+    the last chunk and its trailers were read). Raises ValueError for bytes that are not chunked framing."""
+    out = []
+    while (eol := buf.find(b"\r\n")) >= 0:
+        size = int(buf[:eol].split(b";", 1)[0], 16)
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", eol)  # the trailers (usually none), then an empty line
+            if end < 0:
+                break
+            return b"".join(out), buf[end + 4:], True
+        start = eol + 2
+        if len(buf) < start + size + 2:
+            break
+        if buf[start + size:start + size + 2] != b"\r\n":
+            raise ValueError("a chunk not followed by CRLF")
+        out.append(buf[start:start + size])
+        buf = buf[start + size + 2:]
+    return b"".join(out), buf, False
 
 
 def _request_head(method: str, target: str, key: tuple[str, int], headers: Headers, n_body: int) -> bytes:

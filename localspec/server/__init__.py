@@ -49,7 +49,9 @@ def serve(engine: Engine, config: ServerConfig, socks: socket.socket | Sequence[
     from .app import create_app
 
     app = create_app(engine, config)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
+    # no access log below info: uvicorn formats each request's line before the logger drops it
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2,
+                                           access_log=log_level in ("trace", "debug", "info")))
     if on_ready is not None:
         on_ready()
     server.run(sockets=[socks] if isinstance(socks, socket.socket) else list(socks))
