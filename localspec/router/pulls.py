@@ -71,7 +71,8 @@ def _transfer(file: str, etag: str, completed: int, total: int | None) -> dict[s
 
 async def _fetched(name: str, lines: asyncio.Queue) -> Path:
     """_fetch in a thread, its progress put on `lines` (one a file per PROGRESS_EVERY_S, and each file's last)."""
-    loop, last = asyncio.get_running_loop(), {}
+    loop = asyncio.get_running_loop()
+    last: dict[str, float] = {}  # each file's last line, time.monotonic()
 
     def progress(file: str, etag: str, completed: int, total: int | None) -> None:
         now = time.monotonic()

@@ -180,7 +180,7 @@ async def _connect(key: tuple[str, int]) -> _Conn:
 def _unchunk(buf: bytes) -> tuple[bytes, bytes, bool]:
     """The complete chunks at the start of `buf` (RFC 9112 7.1): (their payloads joined, the bytes left, whether
     the last chunk and its trailers were read). Raises ValueError for bytes that are not chunked framing."""
-    out = []
+    out: list[bytes] = []
     while (eol := buf.find(b"\r\n")) >= 0:
         size = int(buf[:eol].split(b";", 1)[0], 16)
         if size == 0:
