@@ -246,7 +246,25 @@ async def test_without_autoload_only_an_asked_load_starts_a_model():
     assert o.status_code == 400 and "--no-models-autoload" in o.json()["error"]
     assert (await _post(app, "/api/generate", {"model": "a"})).status_code == 500 and pool.acquired == ["a"]
     assert (await _post(app, "/infill", {"model": "b", "input_prefix": "x"})).status_code == 500
-    assert pool.acquired == ["a", "b"]
+    assert (await _post(app, "/v1/completions?autoload=true", {"model": "a", "prompt": "x"})).status_code == 500
+    assert pool.acquired == ["a", "b", "a"]  # llama-server's ?autoload= wins over the router's setting
+    on = create_router_app(pool, RouterConfig())
+    refused = await _post(on, "/v1/completions?autoload=false", {"model": "a", "prompt": "x"})
+    assert refused.status_code == 400 and pool.acquired == ["a", "b", "a"]
+
+
+async def test_models_reload_reads_the_catalog_again():
+    """llama-server's GET /models?reload=1 (after editing the presets file): the router lists its models anew."""
+    class Listed(Pool):
+        def status(self) -> list[Status]:
+            return []  # the entries' shape is test_router_api's
+
+    reads: list[bool] = []
+    app = create_router_app(Listed(["a"]), RouterConfig(), rediscover=lambda: reads.append(True))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as c:
+        assert (await c.get("/models")).status_code == 200 and reads == []
+        listed = await c.get("/models", params={"reload": "1"})
+    assert listed.status_code == 200 and listed.json()["object"] == "list" and reads == [True]
 
 
 async def test_ollama_stop_unloads_without_loading_first():

@@ -160,6 +160,40 @@ async def test_update_adds_and_drops_models_without_touching_the_others(smollm2_
     await pool.close()
 
 
+async def _stops(runner: Runner, wait: float = 15.0) -> bool:
+    """The runner's process ends and is reaped, while the event loop runs the pool's stopping task."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if runner.pid is not None and _gone(runner.pid, wait=0.01):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+async def test_a_model_whose_settings_changed_restarts_with_the_new_ones(smollm2_path):
+    """GET /models?reload=1 after editing the presets file (Pool.update): an idle runner whose spec changed is
+    stopped at once, a busy one when its request ends; the next request starts it with the new arguments."""
+    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)])
+    try:
+        old_a, old_b = await pool.acquire("a"), await pool.acquire("b")
+        pool.release(old_a)  # a idle, b busy
+        wider = {n: ModelSpec(n, smollm2_path, ("--model", str(smollm2_path), *RUNNER_ARGS[:-4], "--ctx", "320",
+                                                *RUNNER_ARGS[-2:]), "models dir", n_ctx=320, ngl=0) for n in "ab"}
+        pool.update(wider.values())
+        assert await _stops(old_a) and pool.state("a") == UNLOADED
+        assert old_b.alive and pool.state("b") == LOADED  # serving: it finishes its request first
+        pool.release(old_b)
+        assert await _stops(old_b)
+        new_a = await pool.acquire("a")
+        assert new_a.pid != old_a.pid and "320" in new_a.args
+        pool.release(new_a)
+        pool.update(wider.values())  # the same settings again: nothing restarts
+        assert new_a.alive and pool.state("a") == LOADED
+    finally:
+        await pool.close()
+
+
 def test_engine_args_carry_the_routers_engine_options():
     from localspec.backend import LoadOptions
     from localspec.engine.loader import EngineConfig

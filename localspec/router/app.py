@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -96,6 +97,15 @@ def choose_model(pool: Any, config: RouterConfig, name: str | None) -> str:
     if not known:
         raise UnknownModel("(none given)", known)
     return str(known[0])
+
+
+def autoload(scope: dict, config: RouterConfig) -> bool:
+    """Whether this request may start its model: `?autoload=true|1|false` (llama-server's), else the router's
+    --models-autoload."""
+    query = dict(parse_qsl((scope.get("query_string") or b"").decode("latin-1")))
+    if "autoload" not in query:
+        return config.autoload
+    return query["autoload"] in ("true", "1")
 
 
 def is_load_request(path: str, body: dict[str, Any]) -> bool:
@@ -185,7 +195,8 @@ class Forwarder:
         if keep_alive == 0 and is_load_request(path, body):  # `ollama stop MODEL`
             await pool.unload(name)
             return await JSONResponse(unload_answer(path, name))(scope, receive, send)
-        if not self.config.autoload and pool.state(name) in (UNLOADED, FAILED) and not is_load_request(path, body):
+        if not autoload(scope, self.config) and pool.state(name) in (UNLOADED, FAILED) \
+                and not is_load_request(path, body):
             raise NotLoaded(name)  # Ollama's load request (no prompt) is the asking, as /models/load is
         runner = await pool.acquire(name, keep_alive)
         released = False

@@ -131,8 +131,9 @@ class Pool:
         return found
 
     def update(self, specs: dict[str, ModelSpec] | Iterable[ModelSpec]) -> None:
-        """A new catalog (after a pull or a delete): new names get slots, a changed spec applies at its next
-        load, and a name that is gone stops its runner now, or when its requests end."""
+        """A new catalog (after a pull, a delete, or GET /models?reload=1 after editing the presets file): new
+        names get slots; a model whose settings changed, or whose name is gone, stops its runner now, or when
+        its requests end (as llama-server's reload does), so its next request starts it with the new ones."""
         values = list(specs.values() if isinstance(specs, dict) else specs)
         self.specs = {s.name: s for s in values}
         for name in [n for n in self._slots if n not in self.specs]:
@@ -146,7 +147,13 @@ class Pool:
                 self._spawn(self._stop(slot, UNLOADED, "no longer in the catalog"))
         for name, spec in self.specs.items():
             slot = self._slots.setdefault(name, _Slot(spec))
-            slot.spec, slot.estimated = spec, slot.estimated and slot.spec == spec
+            changed = slot.spec != spec
+            slot.spec, slot.estimated = spec, slot.estimated and not changed
+            if changed and slot.runner is not None:
+                if slot.busy:
+                    slot.keep_alive = 0
+                else:
+                    self._spawn(self._stop(slot, UNLOADED, "its settings changed"))
 
     def loaded(self) -> list[str]:
         return [n for n, s in self._slots.items() if s.state == LOADED and s.runner is not None]

@@ -102,19 +102,22 @@ def router(pool: Any, config: Any, upstreams: Upstreams,
             return PlainTextResponse(f"# model {name} is {pool.state(name)}: no runner, no metrics\n")
         return await _runner_get(pool, upstreams, name)
 
-    _model_routes(r, pool)
+    _model_routes(r, pool, rediscover or (lambda: None))
     _ollama_routes(r, pool, rediscover or (lambda: None))
     return r
 
 
-def _model_routes(r: APIRouter, pool: Any) -> None:
-    """llama-server's router: the model list with each one's status, load and unload by name."""
+def _model_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> None:
+    """llama-server's router: the model list with each one's status (`?reload=1` reads the presets file, the
+    models dirs and the hub cache again first), load and unload by name."""
     started = int(time.time())
     loads: set[asyncio.Task] = set()  # background loads, held until done (the loop keeps only weak references)
 
     @r.get("/models")
     @r.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(reload: str | None = None) -> dict[str, Any]:
+        if reload:
+            rediscover()
         return {"object": "list", "data": [model_entry(s, started) for s in pool.status()]}
 
     @r.post("/models/load")
