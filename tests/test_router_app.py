@@ -267,6 +267,18 @@ async def test_models_reload_reads_the_catalog_again():
     assert listed.status_code == 200 and listed.json()["object"] == "list" and reads == [True]
 
 
+async def test_a_broken_presets_file_is_a_400_on_reload_naming_the_file(tmp_path):
+    from localspec.engine.loader import EngineConfig
+    from localspec.router.catalog import discover
+
+    bad = tmp_path / "presets.ini"
+    bad.write_text("[coder\nmodel = x.gguf\n")
+    app = create_router_app(Pool(["a"]), RouterConfig(), rediscover=lambda: discover(EngineConfig(), bad))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as c:
+        r = await c.get("/models", params={"reload": "1"})
+    assert r.status_code == 400 and f"cannot read the presets file {bad}" in r.json()["error"]["message"]
+
+
 async def test_ollama_stop_unloads_without_loading_first():
     class Unloads(Pool):
         unloaded: list[str] = []

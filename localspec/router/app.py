@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..errors import LocalspecError
 from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body
 from . import routes
 from .errors import NotLoaded, RouterError, RunnerFailed, UnknownModel, WontFit
@@ -243,7 +244,7 @@ def caller_error(path: str, exc: Exception) -> JSONResponse:
     else a bug (500, logged). The one mapping for the forwarded POSTs and the FastAPI routes alike."""
     if isinstance(exc, RouterError):
         return router_error(path, exc)
-    if isinstance(exc, ValueError):
+    if isinstance(exc, (ValueError, LocalspecError)):  # a bad value, or a file of the user's (a presets file)
         return error_body(path, 400, str(exc))
     log.exception("unhandled error on %s", path, exc_info=exc)
     return error_body(path, 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
@@ -253,7 +254,8 @@ def _error_handlers(app: FastAPI) -> None:
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return caller_error(request.url.path, exc)
 
-    for kind in (RouterError, ValueError, Exception):  # Exception's own handler runs outermost, and re-raises
+    # Exception's own handler runs outermost, and re-raises
+    for kind in (RouterError, ValueError, LocalspecError, Exception):
         app.add_exception_handler(kind, failed)
 
     @app.exception_handler(StarletteHTTPException)

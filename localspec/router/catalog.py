@@ -188,12 +188,17 @@ def _with(spec: ModelSpec, extra: tuple[str, ...]) -> ModelSpec:
 def read_presets(path: Path) -> dict[str, dict[str, Any]]:
     """[NAME] sections of options, from TOML (.toml) or INI (anything else, as llama-server's --models-preset);
     a [*] section applies to every model."""
-    text = Path(path).expanduser().read_text()
-    if Path(path).suffix == ".toml":
-        data = tomllib.loads(text)
-        return {str(k): dict(v) for k, v in data.items() if isinstance(v, dict)}
-    ini = configparser.ConfigParser(interpolation=None, default_section="\0")
-    ini.read_string(text, source=str(path))
+    try:
+        text = Path(path).expanduser().read_text()
+        if Path(path).suffix == ".toml":
+            data = tomllib.loads(text)
+            return {str(k): dict(v) for k, v in data.items() if isinstance(v, dict)}
+        ini = configparser.ConfigParser(interpolation=None, default_section="\0")
+        ini.read_string(text, source=str(path))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, configparser.Error) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise LocalspecError(f"cannot read the presets file {path}: {first}; fix it, then start again or reload "
+                             "(GET /models?reload=1)") from None
     return {s: dict(ini[s]) for s in ini.sections()}
 
 
