@@ -47,3 +47,9 @@ class ContextTooLarge(LocalspecError):
     """--ctx is above the context the model was trained for (llama.cpp refuses this too)."""
 
     exit_code = 2
+
+
+class HubError(LocalspecError):
+    """A pull failed: offline, not found, ambiguous quant, or a checksum mismatch."""
+
+    exit_code = 3

@@ -6,45 +6,34 @@ revision holds, `try_to_load_from_cache` finds one file, `hf_hub_download` place
 offline; HF_HUB_OFFLINE is the client's own switch (`is_offline_mode`, read when it is imported).
 
 One thing the client does not do: since 1.x it deletes its partial file when a download fails, and a GGUF is
-gigabytes. So a pull fetches the bytes itself, on the client's HTTP session with its headers and progress bar,
-into `<hub cache>/.localspec-downloads/<etag>.localspec.part`, resumes there after a dropped connection or a
-killed process, checks sha256 (LFS) or git sha1 against the etag, and only then moves the file to the place
+gigabytes. So a pull fetches the bytes itself (download.py: into `<hub cache>/.localspec-downloads/<etag>
+.localspec.part`, resumed, checked against the etag), and only then moves the file to the place
 `hf_hub_download(dry_run=True)` names. Xet-stored files go to `hf_hub_download` whole (hf_xet keeps its chunks).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
 import shutil
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from ..errors import LocalspecError
+from ..errors import HubError
+from .download import Log, Progress, fetch, is_transport_error, verify_blob
 
 if TYPE_CHECKING:
     from huggingface_hub import CachedFileInfo, CachedRevisionInfo
 
-Log = Callable[[str], None]
-# a transfer's progress, as the bytes arrive: (file name, its etag (an LFS file's sha256), bytes in place, total)
-Progress = Callable[[str, str, int, "int | None"], None]
 
 DEFAULT_QUANT = "Q4_K_M"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(:[\w.]+)?")
-
-
-class HubError(LocalspecError):
-    """A pull failed: offline, not found, ambiguous quant, or a checksum mismatch."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -178,107 +167,10 @@ def cached_path(ref: HubRef) -> Path | None:
 
 # -- pulling --------------------------------------------------------------------------------------------------
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _git_sha1_file(path: Path) -> str:
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verify_blob(path: Path, etag: str) -> str:
-    """Check a downloaded file against its etag (sha256 for LFS files, git sha1 otherwise); returns the kind."""
-    if re.fullmatch(r"[0-9a-f]{64}", etag):
-        kind, got = "sha256", _sha256_file(path)
-    elif re.fullmatch(r"[0-9a-f]{40}", etag):
-        kind, got = "git-sha1", _git_sha1_file(path)
-    else:
-        return "none (the hub gave no checksum)"
-    if got != etag:
-        raise HubError(f"{path.name}: {kind} mismatch (expected {etag}, got {got}); the partial download was "
-                       "deleted, run the pull again")
-    return kind
-
-
 def list_repo_files(repo: str, revision: str = "main") -> list[str]:
     from huggingface_hub import HfApi
 
     return HfApi(endpoint=endpoint()).list_repo_files(repo, revision=revision)
-
-
-def _partial(etag: str) -> Path:
-    """Our resumable partial download: in the hub cache's folder (same disk as the file's final place)."""
-    return Path(cache_dir()) / ".localspec-downloads" / f"{etag}.localspec.part"
-
-
-def _is_transport_error(e: BaseException) -> bool:
-    """The client's transport errors (httpx/requests) have no common base we can import across versions."""
-    return type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2", "requests")
-
-
-def _get_range(url: str, part: Path, headers: dict[str, str], size: int | None, filename: str, etag: str,
-               progress: Progress | None) -> None:
-    """One GET from the end of `part` to the end of the file, appended as the bytes arrive."""
-    from huggingface_hub import get_session
-    from huggingface_hub.utils import hf_raise_for_status, tqdm
-
-    have = part.stat().st_size if part.exists() else 0
-    if size is not None and have >= size:
-        return
-    with get_session().stream("GET", url, headers={**headers, **({"Range": f"bytes={have}-"} if have else {})},
-                              follow_redirects=True) as r:
-        hf_raise_for_status(r)
-        if have and r.status_code == 200:  # the server ignored the range: start over
-            have = 0
-        with part.open("r+b" if have else "wb") as f, tqdm(total=size, initial=have, unit="B", unit_scale=True,
-                                                            desc=filename) as bar:
-            f.seek(have)
-            for chunk in r.iter_bytes():
-                f.write(chunk)
-                bar.update(len(chunk))
-                have += len(chunk)
-                if progress is not None:
-                    progress(filename, etag, have, size)
-
-
-def _fetch(url: str, etag: str, size: int | None, filename: str, log: Log, *, tries: int = 5,
-           progress: Progress | None = None) -> Path:
-    """The file at `url` in our partial file, resumed across dropped connections and runs, checked by `etag`."""
-    from huggingface_hub.utils import build_hf_headers
-
-    part = _partial(etag)
-    part.parent.mkdir(parents=True, exist_ok=True)
-    if part.exists():
-        log(f"localspec: resuming {filename} at {part.stat().st_size:,} of {size or 0:,} bytes")
-    headers = build_hf_headers()
-    if urlsplit(url).netloc != urlsplit(endpoint()).netloc:
-        headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub, as the client does
-    for attempt in range(tries):
-        before = part.stat().st_size if part.exists() else 0
-        try:
-            _get_range(url, part, headers, size, filename, etag, progress)
-            break
-        except Exception as e:
-            if not _is_transport_error(e) or attempt == tries - 1:
-                raise
-            if part.exists() and part.stat().st_size > before:
-                continue  # it moved: resume at once
-            time.sleep(min(2**attempt, 8))
-    try:
-        kind = verify_blob(part, etag)
-    except HubError:
-        part.unlink(missing_ok=True)
-        raise
-    log(f"localspec: {filename}: {kind} verified")
-    return part
 
 
 def _reuse(repo: str, filename: str, etag: str, size: int | None, dst: Path, log: Log) -> bool:
@@ -312,7 +204,8 @@ def _download(repo: str, filename: str, revision: str, log: Log, progress: Progr
         dst = Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache, endpoint=ep,
                                    dry_run=True).local_path)
         if not _reuse(repo, filename, meta.etag, meta.size, dst, log):
-            part = _fetch(meta.location, meta.etag, meta.size, filename, log, progress=progress)
+            part = fetch(meta.location, meta.etag, meta.size, filename, log, cache=cache, hub=ep,
+                         progress=progress)
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(part, dst)
             with contextlib.suppress(OSError):
@@ -331,7 +224,6 @@ def unreachable() -> str | None:
     """Why the endpoint cannot be reached (one TCP connect, 5 s), or None. Skipped behind a proxy, where only
     the proxy knows. Saves the client's five silent retries (~25 s) when there is no network at all."""
     import socket
-    from urllib.parse import urlsplit
 
     if any(os.environ.get(v) for v in _PROXY_VARS):
         return None
@@ -384,7 +276,7 @@ def _pull(ref: HubRef, log: Log, progress: Progress | None = None) -> Path:
     except OSError as e:
         raise HubError(f"{ref.repo}: download failed ({e}); run the pull again to resume") from None
     except Exception as e:
-        if not _is_transport_error(e):
+        if not is_transport_error(e):
             raise
         raise HubError(f"cannot reach {endpoint()} ({e}); check the network or HF_ENDPOINT, then run the pull "
                        "again (it resumes)") from None
