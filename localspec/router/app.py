@@ -254,8 +254,8 @@ def _error_handlers(app: FastAPI) -> None:
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return caller_error(request.url.path, exc)
 
-    # Exception's own handler runs outermost, and re-raises
-    for kind in (RouterError, ValueError, LocalspecError, Exception):
+    # a RouterError is a LocalspecError; Exception's own handler runs outermost, and re-raises
+    for kind in (ValueError, LocalspecError, Exception):
         app.add_exception_handler(kind, failed)
 
     @app.exception_handler(StarletteHTTPException)
