@@ -234,6 +234,23 @@ def test_a_caller_that_hangs_up_stops_the_runners_generation(http, router, smol)
     assert _cancelled(http, smol) == before + 1
 
 
+def test_a_caller_that_hangs_up_mid_stream_stops_the_runners_generation(http, router, smol):
+    """The same for a stream the caller leaves after its first events."""
+    http.post("/models/load", json={"model": smol})
+    assert _wait_status(http, smol, {"loaded", "failed"}) == "loaded"
+    before = _cancelled(http, smol)
+    no_end = {"0": False, "2": False}
+    with httpx.stream("POST", router.url + "/completion", timeout=120,
+                      json={"model": smol, "prompt": "Once upon a time", "n_predict": 2000, "stream": True,
+                            "logit_bias": no_end}) as r:
+        events = r.iter_lines()
+        assert next(e for e in events if e.startswith("data: "))  # under way; then the caller leaves
+    deadline = time.monotonic() + 120
+    while _cancelled(http, smol) <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _cancelled(http, smol) == before + 1
+
+
 # -- loading and unloading --------------------------------------------------------------------------------------
 
 def test_models_load_and_unload(http, oll):

@@ -7,9 +7,9 @@ threads want (docs/bench/router.md#router-hop). Connections to a runner are kept
 forwarded request costs no TCP handshake. Streamed answers (SSE, Ollama's NDJSON) are relayed as they come;
 whole answers are read and sent with their length, as the runner sent them.
 
-A caller that hangs up: while the runner has not answered, the upstream request is cancelled (its connection
-closed, which the runner's server reads as a disconnect and stops the generation); during a stream, the
-upstream connection is closed at once by a watch on the caller's `receive`.
+A caller that hangs up, before the runner answers or during its answer: a watch on the caller's `receive`
+(HangUp) closes the upstream connection at once, which the runner's server reads as a disconnect and stops
+the generation.
 
 A runner that dies while answering: before its headers (a whole answer, or a stream that had not started) the
 caller gets the protocol's error body, 500 under /api/ (Ollama's status) and 502 elsewhere (a bad gateway);
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Awaitable, Callable, Protocol, TypeVar
+from typing import Awaitable, Callable, Protocol
 
 from starlette.responses import Response
 
@@ -36,7 +36,6 @@ _DROP_REQUEST = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"
                  b"upgrade", b"proxy-connection", b"authorization", b"x-api-key", b"expect"}
 _DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
 OLLAMA_CRASH = "llama runner process has terminated"  # Ollama's words for a runner that died
-T = TypeVar("T")
 DEATH_WAIT_S = 3.0  # a runner whose connection broke has this long to be seen dead before the cause is a guess
 
 
@@ -110,30 +109,36 @@ def _response_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in reply.headers if k not in _DROP_RESPONSE]
 
 
-class CallerGone(Exception):
-    """The caller hung up before the answer came: the upstream request was cancelled."""
+class Abortable(Protocol):
+    def abort(self) -> None: ...
+
+
+class HangUp:
+    """A watch on the caller's `receive`: when the caller disconnects, `target.abort()` closes the upstream
+    connection at once (the runner reads that as a disconnect and stops generating). `target` is the request
+    in flight, then its reply. llama.vim drops a whole-answer /infill at the next keystroke."""
+
+    def __init__(self, receive: Callable[[], Awaitable[dict]], target: Abortable) -> None:
+        self.target = target
+        self._task = asyncio.ensure_future(_gone(receive))
+        self._task.add_done_callback(self._fire)
+
+    def _fire(self, _: asyncio.Future) -> None:
+        self.target.abort()
+
+    @property
+    def gone(self) -> bool:
+        return self._task.done()
+
+    def close(self) -> None:
+        self._task.remove_done_callback(self._fire)
+        self._task.cancel()
 
 
 async def _gone(receive: Callable[[], Awaitable[dict]]) -> None:
     """Returns when the caller disconnects (after the body, the next ASGI message is the disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def unless_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
-    """`work`, cancelled if the caller hangs up first (CallerGone): llama.vim drops a whole-answer /infill at
-    the next keystroke, and the runner must not go on with it."""
-    watch = asyncio.ensure_future(_gone(receive))  # first: the work's first step (the write) is then the last one
-    task = asyncio.ensure_future(work)  # before this process sleeps, so nothing here delays the runner's start
-    try:
-        finished, _ = await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-    if task in finished:
-        return task.result()
-    raise CallerGone
 
 
 def _target(scope: dict) -> str:
@@ -145,30 +150,36 @@ def _target(scope: dict) -> str:
 async def forward(upstreams: Upstreams, scope: dict, receive: Callable, send: Callable, runner: Upstream,
                   body: bytes, model: str, done: Callable[[], None]) -> None:
     """Send the request (its `body` already read) to `runner` and relay the answer to `send`; `done` runs
-    once, when the answer has been relayed, failed or was abandoned by the caller (the pool's release)."""
+    once, when the answer has been relayed, failed or was abandoned by the caller (the pool's release).
+    The request is written first, before the watch on the caller is made: nothing this process does delays
+    the runner's start."""
     path = scope["path"]
+    sent = upstreams.send(runner.url, scope["method"], _target(scope), _request_headers(scope), body)
+    hang_up = HangUp(receive, sent)
     try:
-        reply = await unless_gone(receive, upstreams.send(runner.url, scope["method"], _target(scope),
-                                                          _request_headers(scope), body))
-    except UpstreamBroken:
-        done()
-        return await _crashed(scope, receive, send, runner, model)
-    except CallerGone:
-        done()
-        return await Response(status_code=499)(scope, receive, send)  # nginx's "client closed request"
-    except BaseException:
-        done()
-        raise
-    try:
-        if reply.header(b"content-type").startswith(STREAMED):
-            await _stream(reply, path, runner, model, receive, send)
-        else:
-            await _whole(reply, path, runner, model, scope, receive, send)
-    finally:
         try:
-            reply.close()
-        finally:
+            reply = await sent
+        except UpstreamBroken:
             done()
+            if hang_up.gone:
+                return await Response(status_code=499)(scope, receive, send)  # nginx's "client closed request"
+            return await _crashed(scope, receive, send, runner, model)
+        except BaseException:
+            done()
+            raise
+        hang_up.target = reply
+        try:
+            if reply.header(b"content-type").startswith(STREAMED):
+                await _stream(reply, path, runner, model, hang_up, send)
+            else:
+                await _whole(reply, path, runner, model, hang_up, scope, receive, send)
+        finally:
+            try:
+                reply.close()
+            finally:
+                done()
+    finally:
+        hang_up.close()
 
 
 class Relayed(Response):
@@ -190,25 +201,26 @@ async def _crashed(scope: dict, receive: Callable, send: Callable, runner: Upstr
     await body(scope, receive, send)
 
 
-async def _whole(reply: Reply, path: str, runner: Upstream, model: str, scope: dict, receive: Callable,
-                 send: Callable) -> None:
-    """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple). The
-    runner sends a whole answer's body with its headers, so the read needs no watch for a caller that left."""
+async def _whole(reply: Reply, path: str, runner: Upstream, model: str, hang_up: HangUp, scope: dict,
+                 receive: Callable, send: Callable) -> None:
+    """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple)."""
     try:
         data = await reply.read()
     except UpstreamBroken:
+        if hang_up.gone:
+            return
         return await _crashed(scope, receive, send, runner, model)
     headers = _response_headers(reply) + [(b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 
-async def _stream(reply: Reply, path: str, runner: Upstream, model: str, receive: Callable,
+async def _stream(reply: Reply, path: str, runner: Upstream, model: str, hang_up: HangUp,
                   send: Callable) -> None:
     """The stream's pieces as they come; a broken stream ends with one error event. A caller that hangs up
-    closes the upstream connection at once (the watch's callback), which ends the loop. The head goes out
-    with the first piece: a runner sends its head a moment before its first event, and on a machine whose
-    cores the runner's threads fill, each wake-up of this process delays the runner's next write."""
+    closes the upstream connection at once (`hang_up`), which ends the loop. The head goes out with the first
+    piece: a runner sends its head a moment before its first event, and on a machine whose cores the
+    runner's threads fill, each wake-up of this process delays the runner's next write."""
     head = {"type": "http.response.start", "status": reply.status, "headers": _response_headers(reply)}
     started = False
 
@@ -219,16 +231,10 @@ async def _stream(reply: Reply, path: str, runner: Upstream, model: str, receive
             await send(head)
         await send({"type": "http.response.body", "body": body, "more_body": more})
 
-    watch = asyncio.ensure_future(_gone(receive))
-    hang_up = lambda _: reply.abort()  # noqa: E731
-    watch.add_done_callback(hang_up)
     try:
         async for piece in reply.pieces():
             await out(piece)
     except UpstreamBroken:
-        if not watch.done():  # the runner broke it, not the caller
+        if not hang_up.gone:  # the runner broke it, not the caller
             await out(error_event(path, 500, crash_message(path, model, await cause_of_death(runner))))
-    finally:
-        watch.remove_done_callback(hang_up)
-        watch.cancel()
     await out(b"", more=False)

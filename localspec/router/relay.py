@@ -15,6 +15,7 @@ on a fresh one, which is safe because such a request was never read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from dataclasses import dataclass, field
@@ -112,28 +113,42 @@ class Reply:
             self._conn.close()
 
 
-class Upstreams:
-    """Keep-alive connections to the runners, by (host, port)."""
+class Sent:
+    """A request on its way to a runner (Upstreams.send wrote it): await it for the answer's head (a Reply).
+    `abort()`, from anywhere, closes its connection (the caller hung up), and the await raises UpstreamBroken."""
 
-    def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+    def __init__(self, pool: "Upstreams", key: tuple[str, int], data: bytes, method: str,
+                 conn: _Conn | None) -> None:
+        self._pool, self._key, self._data, self._method, self._conn = pool, key, data, method, conn
+        self.aborted = False
 
-    async def send(self, url: str, method: str, target: str, headers: Headers, body: bytes) -> Reply:
-        """Send one request and read the answer's head. Raises UpstreamBroken (refused, reset, closed)."""
-        where = urlsplit(url)
-        key = (where.hostname or "127.0.0.1", where.port or 80)
-        head = _request_head(method, target, key, headers, len(body))
-        conn = self._take(key)
-        if conn is not None:
+    def __await__(self):
+        return self.reply().__await__()
+
+    async def reply(self) -> Reply:
+        """The answer's head. A reused connection that fails before any byte of it (the runner closed it while
+        it was idle, so the request was never read) is retried once on a fresh one."""
+        if self._conn is not None:
             try:
-                return await self._exchange(conn, head, body, method)
+                return await self._head()
             except UpstreamBroken:
-                pass  # closed by the runner while idle: the request was never read, send it again
-        return await self._exchange(await _connect(key), head, body, method)
-
-    async def _exchange(self, conn: _Conn, head: bytes, body: bytes, method: str) -> Reply:
+                if self.aborted:
+                    raise
+        self._conn = await _connect(self._key)
+        if self.aborted:  # the caller left while this connected
+            self._conn.close()
+            raise UpstreamBroken("the caller hung up")
         try:
-            conn.writer.write(head + body)
+            self._conn.writer.write(self._data)
+        except OSError as e:
+            self._conn.close()
+            raise UpstreamBroken(str(e) or type(e).__name__) from None
+        return await self._head()
+
+    async def _head(self) -> Reply:
+        conn = self._conn
+        assert conn is not None
+        try:
             raw = await conn.reader.readuntil(b"\r\n\r\n")
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
             conn.close()
@@ -142,8 +157,36 @@ class Upstreams:
             conn.close()
             raise
         status, headers = _parse_head(raw)
-        length, chunked, keep = _framing(status, headers, method)
-        return Reply(status, headers, conn, self, length, chunked, keep)
+        length, chunked, keep = _framing(status, headers, self._method)
+        return Reply(status, headers, conn, self._pool, length, chunked, keep)
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self._conn is not None:
+            self._conn.close()
+
+
+class Upstreams:
+    """Keep-alive connections to the runners, by (host, port)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+
+    def send(self, url: str, method: str, target: str, headers: Headers, body: bytes) -> Sent:
+        """Write one request now, on an idle connection when there is one, and return it to await the answer's
+        head. Nothing here waits: on 2 cores the request must be on its way to the runner before this process
+        does anything else (docs/bench/router.md#router-hop). The await raises UpstreamBroken (refused, reset,
+        closed)."""
+        key = _address(url)
+        data = _request_head(method, target, key, headers, len(body)) + body
+        conn = self._take(key)
+        if conn is not None:
+            try:
+                conn.writer.write(data)
+            except OSError:
+                conn.close()
+                conn = None
+        return Sent(self, key, data, method, conn)
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:
         idle = self._idle.get(key)
@@ -164,6 +207,12 @@ class Upstreams:
             for conn in conns:
                 conn.close()
         self._idle.clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _address(url: str) -> tuple[str, int]:
+    where = urlsplit(url)
+    return where.hostname or "127.0.0.1", where.port or 80
 
 
 async def _connect(key: tuple[str, int]) -> _Conn:
