@@ -260,6 +260,9 @@ async def test_a_runner_that_crashes_mid_answer_is_named_and_restarted(smollm2_p
             assert await _complete(client, runner.url, "The sky is")  # other prompts are untouched by the hook
             first = runner.pid
             assert first is not None
+            # its own process group (a terminal's Ctrl-C is the router's alone), in the router's session (a new
+            # session would be a separate scheduler autogroup on Linux, slowing the router's wake-ups)
+            assert os.getpgid(first) == first != os.getpgid(0) and os.getsid(first) == os.getsid(0)
             lines = await _streamed_lines(client, runner.url, f"Say {MARKER} and go on")
             assert lines  # the stream died mid-answer, after its first chunks
             assert await runner.died() == crash_line(signal.SIGSEGV)

@@ -42,9 +42,22 @@ ROUTER_ONLY_ENV = ("LOCALSPEC_API_KEY",)
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGKILL}
 
 
-def _dies_with(parent: int) -> Callable[[], None]:
-    """A preexec_fn: the kernel sends the child SIGKILL when the forking thread of `parent` ends."""
-    return functools.partial(die_with, parent)
+def _child_setup(parent: int) -> Callable[[], None] | None:
+    """The child's preexec_fn: its own process group, so a terminal's Ctrl-C reaches the router alone (which
+    stops its runners in order), and on Linux SIGKILL from the kernel when the forking thread of `parent`
+    ends. A process group, not a session: on Linux a new session is also a new scheduler autogroup, which
+    would give the runner a CPU share of its own against the router's; in one group the router and its
+    runners share the CPU as a single-model server's threads do (on 2 cores, what that did to the hop was
+    within the spread between runs: docs/bench/router.md#router-hop)."""
+    if os.name != "posix":
+        return None
+    return functools.partial(_own_group, parent if sys.platform == "linux" else None)
+
+
+def _own_group(parent: int | None) -> None:
+    os.setpgid(0, 0)
+    if parent is not None:
+        die_with(parent)
 
 
 def exit_cause(returncode: int, last_line: str) -> str:
@@ -115,8 +128,7 @@ class Runner:
         loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
         self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                      preexec_fn=_dies_with(os.getpid()) if sys.platform == "linux" else None)
+                                      stderr=subprocess.STDOUT, env=self.env, preexec_fn=_child_setup(os.getpid()))
         threading.Thread(target=self._drain, args=(loop, self._ready), daemon=True,
                          name=f"runner {self.name}").start()
         deadline = time.monotonic() + self.start_timeout
