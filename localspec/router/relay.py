@@ -19,7 +19,7 @@ import functools
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Generator
 from urllib.parse import urlsplit
 
 IDLE_S = 4.0  # an idle connection older than this is not reused (uvicorn closes its end after 5 s)
@@ -122,7 +122,7 @@ class Sent:
         self._pool, self._key, self._data, self._method, self._conn = pool, key, data, method, conn
         self.aborted = False
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, Reply]:
         return self.reply().__await__()
 
     async def reply(self) -> Reply:
