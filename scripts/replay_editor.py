@@ -20,7 +20,7 @@ keystroke request of the session to two running servers that serve the same mode
 `localspec serve` and a router naming it, docs/bench/router.md), one after the other, each answered in full,
 streamed, greedy, with no time limit, and prints each request's time to first byte, total time and time outside
 the server's own timings on both, and the paired differences B - A (median, p95): what the hop between them
-costs.
+costs. `--whole` sends each as llama.vim does, in one body (`stream` false): the total is what the editor waits.
 """
 
 import argparse
@@ -302,7 +302,8 @@ class Timed:
 
 
 def timed(client: httpx.Client, body: dict) -> Timed:
-    """One streamed /infill, timed by the byte."""
+    """One /infill, timed by the byte: streamed, or a whole answer (`stream` false, whose first byte comes with
+    its last)."""
     t0 = time.perf_counter()
     first, data = 0.0, b""
     with client.stream("POST", "/infill", json=body) as r:
@@ -311,7 +312,14 @@ def timed(client: httpx.Client, body: dict) -> Timed:
             first = first or time.perf_counter()
             data += chunk
     end = time.perf_counter()
-    return Timed((first or end) - t0, end - t0, *answer(data))
+    return Timed((first or end) - t0, end - t0, *(answer(data) if body.get("stream") else whole(data)))
+
+
+def whole(data: bytes) -> tuple[str, float | None]:
+    """A whole answer's text, and the server's own time from its `timings`."""
+    out = json.loads(data)
+    t = out.get("timings")
+    return out.get("content", ""), (t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000 if t else None
 
 
 def answer(sse: bytes) -> tuple[str, float | None]:
@@ -328,15 +336,16 @@ def answer(sse: bytes) -> tuple[str, float | None]:
 
 
 def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int,
-                  gap_s: float = 0.05) -> list[dict]:
+                  gap_s: float = 0.05, whole: bool = False) -> list[dict]:
     """Every keystroke request of the session, sent to both servers one after the other (A then B, then B then A
     for the next, so neither always goes first into a cache the other just warmed on the CPU), each answered in
     full before the next is sent, `gap_s` after the one before (a typist's keys are 120 ms apart; with none, the
     server that answered first still spins its threads and tidies up while the second starts, and on 2 cores
     whichever goes second pays for it). The warm-up is sent to each first and not timed (a router may start its
-    runner then)."""
+    runner then). `whole`: each answered as the editor asks, in one body (`stream` false), so the time to
+    first byte is the head's and the total is what the editor waits."""
     named = {"model": model} if model else {}  # llama.vim sends none; a router may need it to pick the model
-    extra = {**PAIRED, "n_predict": n_predict, **named}
+    extra = {**PAIRED, "n_predict": n_predict, **named, **({"stream": False} if whole else {})}
     rows: list[dict] = []
     with httpx.Client(base_url=url, timeout=120) as a, httpx.Client(base_url=vs_url, timeout=120) as b:
         for r in range(rounds):
@@ -446,6 +455,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-name", default="", help="paired replay: the `model` field each request carries")
     ap.add_argument("--n-predict", type=int, default=16, help="paired replay: tokens each request generates")
     ap.add_argument("--gap-ms", type=float, default=50.0, help="paired replay: pause before each request")
+    ap.add_argument("--whole", action="store_true",
+                    help="paired replay: whole answers (`stream` false, as llama.vim asks), not streamed")
     ap.add_argument("--json", type=Path)
     return ap
 
@@ -491,7 +502,8 @@ def paired(args: argparse.Namespace) -> int:
     """`--url A --vs-url B`: a line per request as it is answered, then the summary as JSON (`--json`: the
     summary and every request)."""
     rows = replay_paired(args.url, args.vs_url, rounds=args.rounds, middle=args.where == "middle",
-                         model=args.model_name, n_predict=args.n_predict, gap_s=args.gap_ms / 1000)
+                         model=args.model_name, n_predict=args.n_predict, gap_s=args.gap_ms / 1000,
+                         whole=args.whole)
     out = paired_summary(rows)
     print(json.dumps(out, indent=1))
     if args.json:
