@@ -196,7 +196,7 @@ async def session(url: str, middle: bool = False, tally: Tally | None = None) ->
                     continue
                 tally.waits.append(wait)
                 t = out.get("timings", {})
-                tally.inside.append((t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000)
+                tally.inside.append(server_time(t))
                 tally.outside.append(wait - tally.inside[-1])
                 if x == len(text) and out["content"]:
                     prev = out["content"].split("\n")
@@ -312,14 +312,19 @@ def timed(client: httpx.Client, body: dict) -> Timed:
             first = first or time.perf_counter()
             data += chunk
     end = time.perf_counter()
-    return Timed((first or end) - t0, end - t0, *(answer(data) if body.get("stream") else whole(data)))
+    return Timed((first or end) - t0, end - t0, *(answer(data) if body.get("stream") else whole_answer(data)))
 
 
-def whole(data: bytes) -> tuple[str, float | None]:
+def server_time(timings: dict) -> float:
+    """The server's own time for a request, seconds: its prompt's evaluation and the generation."""
+    return (timings.get("prompt_ms", 0) + timings.get("predicted_ms", 0)) / 1000
+
+
+def whole_answer(data: bytes) -> tuple[str, float | None]:
     """A whole answer's text, and the server's own time from its `timings`."""
     out = json.loads(data)
     t = out.get("timings")
-    return out.get("content", ""), (t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000 if t else None
+    return out.get("content", ""), server_time(t) if t else None
 
 
 def answer(sse: bytes) -> tuple[str, float | None]:
@@ -331,21 +336,21 @@ def answer(sse: bytes) -> tuple[str, float | None]:
             text += event.get("content", "")
             t = event.get("timings")
             if t:
-                inside = (t.get("prompt_ms", 0) + t.get("predicted_ms", 0)) / 1000
+                inside = server_time(t)
     return text, inside
 
 
 def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int,
-                  gap_s: float = 0.05, whole: bool = False) -> list[dict]:
+                  gap_s: float = 0.05, stream: bool = True) -> list[dict]:
     """Every keystroke request of the session, sent to both servers one after the other (A then B, then B then A
     for the next, so neither always goes first into a cache the other just warmed on the CPU), each answered in
     full before the next is sent, `gap_s` after the one before (a typist's keys are 120 ms apart; with none, the
     server that answered first still spins its threads and tidies up while the second starts, and on 2 cores
     whichever goes second pays for it). The warm-up is sent to each first and not timed (a router may start its
-    runner then). `whole`: each answered as the editor asks, in one body (`stream` false), so the time to
-    first byte is the head's and the total is what the editor waits."""
+    runner then). `stream` false: each answered as the editor asks, in one body, so the total is what the
+    editor waits (and the first byte comes with it)."""
     named = {"model": model} if model else {}  # llama.vim sends none; a router may need it to pick the model
-    extra = {**PAIRED, "n_predict": n_predict, **named, **({"stream": False} if whole else {})}
+    extra = {**PAIRED, "n_predict": n_predict, **named, "stream": stream}
     rows: list[dict] = []
     with httpx.Client(base_url=url, timeout=120) as a, httpx.Client(base_url=vs_url, timeout=120) as b:
         for r in range(rounds):
@@ -503,7 +508,7 @@ def paired(args: argparse.Namespace) -> int:
     summary and every request)."""
     rows = replay_paired(args.url, args.vs_url, rounds=args.rounds, middle=args.where == "middle",
                          model=args.model_name, n_predict=args.n_predict, gap_s=args.gap_ms / 1000,
-                         whole=args.whole)
+                         stream=not args.whole)
     out = paired_summary(rows)
     print(json.dumps(out, indent=1))
     if args.json:
