@@ -21,6 +21,8 @@ keystroke request of the session to two running servers that serve the same mode
 streamed, greedy, with no time limit, and prints each request's time to first byte, total time and time outside
 the server's own timings on both, and the paired differences B - A (median, p95): what the hop between them
 costs. `--whole` sends each as llama.vim does, in one body (`stream` false): the total is what the editor waits.
+`--cpu-pid PID ...` adds each process's CPU time per request (all its threads, from the kernel's schedstat),
+less what it spends idle (measured for IDLE_S first): the router's own work, beside the time it adds.
 """
 
 import argparse
@@ -44,6 +46,7 @@ from localspec.models.paths import cache_dir
 from localspec.server.fim import Extra, FimTokens, build_infill
 from localspec.server.testing import ServerProcess, rss_mib
 
+IDLE_S = 3.0  # --cpu-pid: how long each process's idle CPU rate is measured before the replay
 KEY_S = 0.12  # a key every 120 ms: a quick typist
 WAIT_S = 10.0  # how long a paused typist waits for a suggestion
 HEADER = '''"""Inventory: items, prices and stock levels."""
@@ -462,6 +465,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gap-ms", type=float, default=50.0, help="paired replay: pause before each request")
     ap.add_argument("--whole", action="store_true",
                     help="paired replay: whole answers (`stream` false, as llama.vim asks), not streamed")
+    ap.add_argument("--cpu-pid", type=int, nargs="+", default=[],
+                    help="paired replay: report these processes' CPU time per request (e.g. the router's)")
     ap.add_argument("--json", type=Path)
     return ap
 
@@ -506,15 +511,40 @@ def main() -> int:
 def paired(args: argparse.Namespace) -> int:
     """`--url A --vs-url B`: a line per request as it is answered, then the summary as JSON (`--json`: the
     summary and every request)."""
+    idle = {pid: cpu_rate(pid, IDLE_S) for pid in args.cpu_pid}
+    before, t0 = {pid: cpu_s(pid) for pid in args.cpu_pid}, time.perf_counter()
     rows = replay_paired(args.url, args.vs_url, rounds=args.rounds, middle=args.where == "middle",
                          model=args.model_name, n_predict=args.n_predict, gap_s=args.gap_ms / 1000,
                          stream=not args.whole)
+    wall = time.perf_counter() - t0
     out = paired_summary(rows)
+    for pid in args.cpu_pid:
+        used = cpu_s(pid) - before[pid]
+        out[f"cpu_us_per_request_pid_{pid}"] = round(1e6 * used / len(rows), 1)
+        out[f"cpu_us_per_request_less_idle_pid_{pid}"] = round(1e6 * (used - idle[pid] * wall) / len(rows), 1)
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"url": args.url, "vs_url": args.vs_url, "summary": out, "requests": rows},
                                         indent=1))
     return 0
+
+
+def cpu_s(pid: int) -> float:
+    """Seconds of CPU a process's threads have run (the first field of each thread's schedstat, in ns)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return total / 1e9
+
+
+def cpu_rate(pid: int, seconds: float) -> float:
+    """A process's CPU seconds per second while nothing is asked of it (timers, health checks)."""
+    start = cpu_s(pid)
+    time.sleep(seconds)
+    return (cpu_s(pid) - start) / seconds
 
 
 class _Nothing:
