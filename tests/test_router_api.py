@@ -125,6 +125,32 @@ def test_each_model_answers_its_own_client(http, oai, oll, smol):
     assert runner_props["model"] == F16 and runner_props.get("role") != "router"
 
 
+def test_a_loaded_models_answers_come_from_its_runner_on_the_callers_connection(http, smol):
+    """The router hands the caller's connection to the runner (router/handoff.py), which answers on it; the same
+    keep-alive connection then carries the router's own routes and other models' answers. The router's open
+    descriptors do not grow with the requests."""
+    for model in (smol, F16):  # both loaded
+        http.post("/v1/chat/completions", json={"model": model, "messages": HI, "max_tokens": 1})
+    before = http.get("/props").json()["hops"]
+    router_pid = _router_pid(http, smol)
+    fds = len(os.listdir(f"/proc/{router_pid}/fd"))
+    for model in (smol, F16, smol, F16):
+        r = http.post("/v1/chat/completions", json={"model": model, "messages": HI, "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == model and "server" not in r.headers
+        assert http.get("/api/ps").status_code == 200
+    with http.stream("POST", "/completion", json={"model": smol, "prompt": "Hi", "n_predict": 4, "stream": True}) as s:
+        assert sum(1 for ln in s.iter_lines() if ln.startswith("data: ")) >= 2
+    after = http.get("/props").json()["hops"]
+    assert after["handed_early"] - before["handed_early"] == 5 and after["relayed"] == before["relayed"]
+    assert len(os.listdir(f"/proc/{router_pid}/fd")) <= fds + 1
+
+
+def _router_pid(http: httpx.Client, name: str) -> int:
+    """The router's own process (`localspec serve` runs it under a watcher): the parent of a runner."""
+    pid = next(m["status"]["pid"] for m in http.get("/models").json()["data"] if m["id"] == name)
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
 def test_unknown_model_is_a_404_in_each_protocol_listing_the_known(http, oai, oll, smol):
     openai = pytest.importorskip("openai")
     ollama = pytest.importorskip("ollama")

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import LocalspecError
-from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body
+from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body, key_given
 from . import routes
 from .errors import NotLoaded, RouterError, RunnerFailed, UnknownModel, WontFit
 from .pool import FAILED, UNLOADED
@@ -138,10 +138,33 @@ OWN_POSTS = frozenset({"/models/load", "/models/unload", "/api/pull"})  # the ro
 
 def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
                       rediscover: Callable[[], None] | None = None) -> Any:
-    """The ASGI app over `pool` (router/pool.py's Pool): its runners start on demand and stop with the app.
-    `rediscover` lists the models again (after /api/pull and /api/delete change the hub cache).
-    Every POST but the router's own goes to `Forwarder` as raw ASGI, past FastAPI's routing (the hop's cost,
-    proxy.py); the rest is a FastAPI app (routes.py, /docs)."""
+    """The ASGI app over `pool` (router/pool.py's Pool): see build_router."""
+    return build_router(pool, config, rediscover).app
+
+
+@dataclass
+class Hops:
+    """How the forwarded requests reached their runners, counted for GET /props (`hops`): the caller's connection
+    handed over from the router's read callback (`early`) or from the ASGI path after a wait (a load), or the
+    answer relayed (a browser's request, no hand-off on this platform)."""
+
+    handed_early: int = 0
+    handed: int = 0
+    relayed: int = 0
+
+
+@dataclass(frozen=True)
+class Router:
+    app: Any  # the ASGI app uvicorn serves
+    forwarder: "Forwarder"  # its try_hand is the front protocol's hook (router/handoff.py)
+
+
+def build_router(pool: Any, config: RouterConfig = RouterConfig(),
+                 rediscover: Callable[[], None] | None = None) -> Router:
+    """The ASGI app over `pool`, whose runners start on demand and stop with the app. `rediscover` lists the
+    models again (after /api/pull and /api/delete change the hub cache). Every POST but the router's own goes
+    to `Forwarder` as raw ASGI, past FastAPI's routing (the hop's cost, proxy.py); the rest is a FastAPI app
+    (routes.py, /docs)."""
     upstreams = Upstreams()
 
     @asynccontextmanager
@@ -156,20 +179,26 @@ def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
 
     api = FastAPI(title="localspec router", version=__version__, lifespan=lifespan,
                   description="one localspec serve process per model, behind llama.cpp/OpenAI/Ollama routes")
-    api.include_router(routes.router(pool, config, upstreams, rediscover))
+    hops = Hops()
+    api.include_router(routes.router(pool, config, upstreams, rediscover, hops))
     _error_handlers(api)
-    app: Any = Forwarder(api, pool, config, upstreams)
+    forwarder = Forwarder(api, pool, config, upstreams, hops)
+    app: Any = forwarder
     if config.api_key:
         app = ApiKeyMiddleware(app, key=config.api_key)
-    return CorsMiddleware(app, origins=config.cors_origins)  # outermost: preflight never meets the key
+    app = CorsMiddleware(app, origins=config.cors_origins)  # outermost: preflight never meets the key
+    return Router(app, forwarder)
 
 
 class Forwarder:
     """Every protocol route of a runner (any POST the router does not answer itself): pick the model, start
-    its runner if need be, forward. Other requests go to `api`."""
+    its runner if need be, hand the caller's connection over (router/handoff.py) or forward. Other requests go
+    to `api`."""
 
-    def __init__(self, api: FastAPI, pool: Any, config: RouterConfig, upstreams: Upstreams) -> None:
+    def __init__(self, api: FastAPI, pool: Any, config: RouterConfig, upstreams: Upstreams,
+                 hops: Hops | None = None) -> None:
         self.api, self.pool, self.config, self.upstreams = api, pool, config, upstreams
+        self.hops = hops or Hops()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] in OWN_POSTS:
@@ -188,11 +217,51 @@ class Forwarder:
                 raise
             await caller_error(path, e)(scope, receive, send)
 
-    async def forward(self, scope, receive, send, raw: bytes) -> None:
-        path, pool = scope["path"], self.pool
+    def _plan(self, scope: dict, raw: bytes) -> tuple[str, dict[str, Any], float | None]:
+        """The request's model, body and keep_alive (Ollama's routes only). Raises ValueError, UnknownModel."""
+        path = scope["path"]
         body = _json_body(raw)
         keep_alive = parse_keep_alive(body.get("keep_alive")) if path.startswith("/api/") else None
-        name = choose_model(pool, self.config, requested_model(body))
+        return choose_model(self.pool, self.config, requested_model(body)), body, keep_alive
+
+    def _releaser(self, runner: Any, keep_alive: float | None) -> Callable[[], None]:
+        released = False
+
+        def done() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.pool.release(runner, keep_alive)
+
+        return done
+
+    def try_hand(self, scope: dict, raw: bytes) -> bool:
+        """The whole forward, synchronously, in the caller's read callback (router/handoff.py's Front) when it
+        needs nothing to wait for: a loaded model, a request the router's middleware would pass unchanged, and a
+        runner that takes the connection. False leaves the request to the ASGI path, which also answers every
+        error in the caller's protocol shape."""
+        if scope["path"] in OWN_POSTS or _has_origin(scope) or (
+                self.config.api_key and not key_given(scope, self.config.api_key.encode())):
+            return False
+        try:
+            name, body, keep_alive = self._plan(scope, raw)
+        except (ValueError, RouterError):
+            return False
+        if keep_alive == 0 and is_load_request(scope["path"], body):
+            return False
+        runner = self.pool.try_acquire(name, keep_alive)
+        if runner is None:
+            return False
+        channel = getattr(runner, "channel", None)
+        if channel is not None and channel.hand(scope, raw, name, self._releaser(runner, keep_alive)):
+            self.hops.handed_early += 1
+            return True
+        self.pool.release(runner, keep_alive)
+        return False
+
+    async def forward(self, scope, receive, send, raw: bytes) -> None:
+        path, pool = scope["path"], self.pool
+        name, body, keep_alive = self._plan(scope, raw)
         if keep_alive == 0 and is_load_request(path, body):  # `ollama stop MODEL`
             await pool.unload(name)
             return await JSONResponse(unload_answer(path, name))(scope, receive, send)
@@ -200,15 +269,25 @@ class Forwarder:
                 and not is_load_request(path, body):
             raise NotLoaded(name)  # Ollama's load request (no prompt) is the asking, as /models/load is
         runner = await pool.acquire(name, keep_alive)
-        released = False
-
-        def done() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                pool.release(runner, keep_alive)
-
+        done = self._releaser(runner, keep_alive)
+        channel = getattr(runner, "channel", None)
+        if channel is not None and not _has_origin(scope) and channel.hand(scope, raw, name, done):
+            self.hops.handed += 1
+            return await _let_go(receive)
+        self.hops.relayed += 1
         await forward(self.upstreams, scope, receive, send, runner, raw, name, done)
+
+
+def _has_origin(scope: dict) -> bool:
+    """A browser's request: the router's CORS middleware adds headers to its answer, so it is relayed."""
+    return any(k == b"origin" for k, _ in scope["headers"])
+
+
+async def _let_go(receive) -> None:
+    """After a hand-off, until uvicorn has seen the router's side of the connection close (so it does not answer
+    the request itself): the runner answers it, and router/handoff.py takes the connection back."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(receive) -> bytes:

@@ -164,8 +164,20 @@ class Pool:
         """A running runner for the model, started if need be; the caller must `release` it. Raises
         UnknownModel, WontFit (no room and nothing idle to evict) or RunnerFailed (it would not start)."""
         slot = self._slots[self.resolve(name)]
-        runner = await self._ready(slot)
-        slot.busy += 1  # no await since _ready: nothing can evict it in between
+        return self._take(slot, await self._ready(slot), keep_alive)  # no await in between: nothing evicts it
+
+    def try_acquire(self, name: str, keep_alive: float | None = None) -> Runner | None:
+        """`acquire` without waiting, for a model already loaded and running (None otherwise, and nothing is
+        started): the router's hand-off decides in the caller's own read callback (router/handoff.py)."""
+        slot = self._slots.get(name)
+        runner = slot.runner if slot is not None else None
+        if slot is None or runner is None or slot.state != LOADED or not runner.alive:
+            return None
+        return self._take(slot, runner, keep_alive)
+
+    @staticmethod
+    def _take(slot: _Slot, runner: Runner, keep_alive: float | None) -> Runner:
+        slot.busy += 1
         slot.expires = slot.sleep_at = None
         if keep_alive is not None:
             slot.keep_alive = keep_alive

@@ -90,6 +90,17 @@ def error_event(path: str, status: int, message: str) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+def crash_answer(path: str, message: str) -> bytes:
+    """A whole HTTP/1.1 answer carrying the protocol's error body for a runner that died before answering,
+    written straight to the caller's socket (a handed-over connection, router/handoff.py); the connection
+    closes after it."""
+    status = crash_status(path)
+    body = bytes(error_body(path, status, message, "server_error").body)
+    reason = "Internal Server Error" if status == 500 else "Bad Gateway"
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body
+
+
 async def cause_of_death(runner: Upstream) -> str:
     """Why the connection to `runner` broke: its failure() once the process is seen dead (the socket closes a
     moment before the kernel reports the exit), else a plain statement that the connection was lost."""

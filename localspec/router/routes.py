@@ -10,6 +10,7 @@ DELETE /api/delete (a hub-cache model only: the router deletes no file it did no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -70,7 +71,7 @@ def model_entry(s: Any, created: int) -> dict[str, Any]:
 
 
 def router(pool: Any, config: Any, upstreams: Upstreams,
-           rediscover: Callable[[], None] | None = None) -> APIRouter:
+           rediscover: Callable[[], None] | None = None, hops: Any = None) -> APIRouter:
     r = APIRouter(tags=["router"])
 
     @r.get("/health")
@@ -83,7 +84,7 @@ def router(pool: Any, config: Any, upstreams: Upstreams,
         """The router's own props; ?model=X: that model's runner's, or, when it is not running, its state
         (`is_sleeping` as llama-server reports it): reading props never wakes a model."""
         if model is None:
-            return JSONResponse(router_props(config))
+            return JSONResponse(router_props(config, hops))
         name = pool.resolve(model)
         state = pool.state(name)
         if state != "loaded":
@@ -140,12 +141,16 @@ async def _runner_get(pool: Any, upstreams: Upstreams, model: str) -> Response:
     return Relayed(upstreams, runner, model, lambda: pool.release(runner, None))
 
 
-def router_props(config: Any) -> dict[str, Any]:
-    """llama-server's router /props: who answers (`role`), how many models may be loaded at once."""
-    return {"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
-            "model_alias": "localspec", "model_path": "none",
-            "default_generation_settings": {"params": {}, "n_ctx": 0},
-            "build_info": f"localspec {__version__}", "sleep_idle_seconds": config.sleep_idle_s}
+def router_props(config: Any, hops: Any = None) -> dict[str, Any]:
+    """llama-server's router /props: who answers (`role`), how many models may be loaded at once; and
+    localspec's `hops`: how the forwarded requests reached their runners (router/app.py's Hops)."""
+    props = {"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
+             "model_alias": "localspec", "model_path": "none",
+             "default_generation_settings": {"params": {}, "n_ctx": 0},
+             "build_info": f"localspec {__version__}", "sleep_idle_seconds": config.sleep_idle_s}
+    if hops is not None:
+        props["hops"] = dataclasses.asdict(hops)
+    return props
 
 
 def _ollama_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> None:

@@ -36,6 +36,14 @@ def error_body(path: str, status: int, message: str, kind: str = "invalid_reques
     return JSONResponse({"error": {"code": status, "message": message, "type": kind, **fields}}, status_code=status)
 
 
+def key_given(scope: dict, key: bytes) -> bool:
+    """Whether the request carries `key` as `Authorization: Bearer KEY` or `X-Api-Key: KEY`."""
+    headers = dict(scope.get("headers", []))
+    auth = headers.get(b"authorization", b"")
+    given = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+    return bool(given) and hmac.compare_digest(given, key)
+
+
 class ApiKeyMiddleware:
     """Every route but /health needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`). Pure ASGI, so
     streaming responses and disconnect detection pass through untouched."""
@@ -45,12 +53,7 @@ class ApiKeyMiddleware:
         self.key = key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC:
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers", []))
-        auth = headers.get(b"authorization", b"")
-        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
-        if given and hmac.compare_digest(given, self.key):
+        if scope["type"] != "http" or scope["path"] in PUBLIC or key_given(scope, self.key):
             return await self.app(scope, receive, send)
         resp = error_body(scope["path"], 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                           "authentication_error")

@@ -1,0 +1,277 @@
+"""The router's side of the hand-off (server/handoff.py has the runner's side and the wire): the caller's
+connection itself goes to the runner, which answers on it, and comes back when the answer is done.
+
+Why: relaying a streamed answer costs the router a wake-up and some 100 us of CPU per event, and on a 2-core
+machine that CPU is taken from the runner's llama.cpp threads (docs/bench/router.md#handoff). Handed over, the
+answer goes from the runner to the caller directly; the router reads the request, picks the model, and is woken
+again only when the answer is done.
+
+How: uvicorn runs the router with `Front`, its httptools protocol that also puts itself in each request's scope
+(scope["extensions"][CONNECTION]). `Channel.hand` duplicates the connection's socket, sends it with the request
+to the runner (SCM_RIGHTS), and aborts the router's transport, which closes only the router's descriptor: the
+socket lives on in the runner and in the copy kept here. When the runner says it is done, that copy becomes a
+new `Front` connection (what the caller sent meanwhile fed to it first), as if uvicorn had accepted it.
+
+A runner that dies mid-answer: its end of the channel closes, and for each request it held, the page it shared
+says how far the answer got: nothing written (the protocol's whole error answer, proxy.crash_answer), a chunked
+stream under way (a last error event, proxy.error_event, and the last chunk), or a whole answer written (the
+connection is closed). The cause is the runner's (proxy.cause_of_death), as for a relayed answer.
+
+Not handed over (relay.py carries them): a request with an Origin (the router's CORS middleware adds headers to
+the answer), one behind another pipelined on the same connection, and every request where the platform has no
+SCM_RIGHTS or LOCALSPEC_NO_HANDOFF=1 is set (which also lets the two be measured against each other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..server.handoff import CHUNKED, DONE, NOTHING, SLOTS, Outbox, encode_request, slot
+from .proxy import Upstream, cause_of_death, crash_answer, crash_message, error_event
+
+log = logging.getLogger("localspec.router")
+CONNECTION = "localspec.connection"  # the scope extension that carries the caller's connection
+NO_HANDOFF_ENV = "LOCALSPEC_NO_HANDOFF"
+SEND_S = 5.0  # the router's last words to a caller whose runner died: this long at most
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # no httptools: uvicorn's h11 protocol, and every answer relayed
+    HttpToolsProtocol = None  # type: ignore[assignment, misc]
+
+
+def supported() -> bool:
+    return (HttpToolsProtocol is not None and hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
+            and os.environ.get(NO_HANDOFF_ENV, "") in ("", "0"))
+
+
+if HttpToolsProtocol is not None:
+    class Front(HttpToolsProtocol):
+        """uvicorn's httptools protocol, with itself in each request's scope (so the ASGI path can hand the
+        connection over), and a shortcut: a POST is held until its body is complete, then offered to
+        `try_hand` right in this read callback, before uvicorn makes a task for it. Taken, the request never
+        reaches the ASGI app (no task, no middleware, no loop iteration before the runner has it); declined,
+        uvicorn's task starts as it would have (uvicorn calls `_start_asgi_task` for each request; one
+        without it hands over from the ASGI path only)."""
+
+        try_hand: Callable[[dict, bytes], bool] | None = None
+        _held: tuple[Any, Any] | None = None
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope["extensions"] = {CONNECTION: {"protocol": self}}
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            if (self.try_hand is not None and self._held is None and cycle.scope["method"] == "POST"
+                    and cycle.more_body and not self.expect_100_continue and not self.pipeline):
+                self._held = (cycle, app)  # until its body is complete (data_received)
+                return
+            super()._start_asgi_task(cycle, app)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            held = self._held
+            if held is None or held[0].more_body:
+                return
+            self._held = None
+            cycle, app = held
+            try_hand = self.try_hand
+            if try_hand is not None and self.cycle is cycle and not self.pipeline and not self.transport.is_closing():
+                try:
+                    if try_hand(dict(cycle.scope), bytes(cycle.body)):
+                        return
+                except Exception:  # the ASGI path answers it, and reports what went wrong
+                    log.exception("hand-off failed; the request goes the ASGI way")
+            super()._start_asgi_task(cycle, app)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._held = None
+            super().connection_lost(exc)
+
+
+def front_protocol(try_hand: Callable[[dict, bytes], bool] | None = None) -> Any:
+    """uvicorn's `http` setting for the router: Front (with `try_hand`, the Forwarder's, as its shortcut)
+    where hand-offs work, else uvicorn's own choice."""
+    if not supported():
+        return "auto"
+    return type("Front", (Front,), {"try_hand": staticmethod(try_hand)}) if try_hand else Front
+
+
+def _adopter(protocol: Any) -> Callable[[], asyncio.Protocol]:
+    """A factory for a new protocol like `protocol`, as uvicorn makes one for each accepted connection."""
+    kind, config, server_state, app_state = type(protocol), protocol.config, protocol.server_state, protocol.app_state
+    return lambda: kind(config=config, server_state=server_state, app_state=app_state)
+
+
+@dataclass(eq=False)
+class _Pending:
+    fd: int  # the router's copy of the caller's socket
+    adopt: Callable[[], asyncio.Protocol]
+    path: str
+    model: str
+    done: Callable[[], None]
+
+
+def _progress_page() -> int:
+    """A descriptor of SLOTS shared bytes the runner maps too."""
+    fd = os.memfd_create("localspec-handoff") if hasattr(os, "memfd_create") else os.dup(
+        tempfile.TemporaryFile().fileno())
+    os.ftruncate(fd, SLOTS)
+    return fd
+
+
+class Channel:
+    """One runner's hand-offs: `child_fds` go to the runner's command line (`--handoff CONTROL,PAGE`), `start`
+    once it runs, then `hand` for each request; `close` when it is stopped."""
+
+    def __init__(self) -> None:
+        self._ours, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._ours.setblocking(False)
+        self._page_fd = _progress_page()
+        self.page = mmap.mmap(self._page_fd, SLOTS)
+        self.pending: dict[int, _Pending] = {}
+        self.open = False
+        self._next = 0
+        self._buf = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: Outbox | None = None
+        self._runner: Upstream | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def child_fds(self) -> tuple[int, int]:
+        return self._theirs.fileno(), self._page_fd
+
+    def started(self, runner: Upstream) -> None:
+        """The runner process holds its ends now: close them here, and read its answers."""
+        self._theirs.close()
+        os.close(self._page_fd)
+        self._runner = runner
+        self._loop = asyncio.get_running_loop()
+        self._outbox = Outbox(self._ours, self._loop)
+        self._loop.add_reader(self._ours.fileno(), self._readable)
+        self.open = True
+
+    def hand(self, scope: dict, body: bytes, model: str, done: Callable[[], None]) -> bool:
+        """Give the caller's connection and its request to the runner; False (nothing done) when this request
+        cannot be handed over, and relay.py answers it. `done` runs when the runner has finished with it."""
+        conn = (scope.get("extensions") or {}).get(CONNECTION)
+        if not self.open or conn is None:
+            return False
+        protocol = conn["protocol"]
+        transport = protocol.transport
+        if protocol.pipeline or transport is None or transport.is_closing():
+            return False
+        fd = os.dup(transport.get_extra_info("socket").fileno())
+        self._next = self._next % 0xFFFFFFFF + 1
+        request_id = self._next
+        self.page[slot(request_id)] = NOTHING
+        assert self._outbox is not None
+        try:
+            self._outbox.put(encode_request(request_id, scope, body), [fd])
+        except OSError:  # the runner is gone: relay.py finds out and says why
+            os.close(fd)
+            return False
+        self.pending[request_id] = _Pending(fd, _adopter(protocol), scope["path"], model, done)
+        transport.abort()  # the router's descriptor only: no FIN, the caller sees nothing
+        return True
+
+    def _readable(self) -> None:
+        try:
+            data = self._ours.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            return self._runner_gone()
+        self._buf += data
+        while len(self._buf) >= DONE.size:
+            request_id, keep, n_extra = DONE.unpack_from(self._buf)
+            end = DONE.size + n_extra
+            if len(self._buf) < end:
+                return
+            extra = bytes(self._buf[DONE.size:end])
+            del self._buf[:end]
+            pending = self.pending.pop(request_id, None)
+            if pending is None:
+                continue
+            pending.done()
+            if keep:
+                self._spawn(_take_back(pending, extra))
+            else:
+                os.close(pending.fd)
+
+    def _runner_gone(self) -> None:
+        """The runner's end closed: it died or was stopped. Each request it held gets its last words."""
+        if not self.open:
+            return
+        self.open = False
+        assert self._loop is not None
+        self._loop.remove_reader(self._ours.fileno())
+        pending, self.pending = self.pending, {}
+        for request_id, p in pending.items():
+            p.done()
+            self._spawn(self._last_words(p, self.page[slot(request_id)]))
+
+    async def _last_words(self, p: _Pending, progress: int) -> None:
+        sock = socket.socket(fileno=p.fd)
+        try:
+            if progress in (NOTHING, CHUNKED) and self._runner is not None:
+                message = crash_message(p.path, p.model, await cause_of_death(self._runner))
+                data = crash_answer(p.path, message) if progress == NOTHING else _chunk(
+                    error_event(p.path, 500, message)) + b"0\r\n\r\n"
+                sock.setblocking(False)
+                await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, data), SEND_S)
+        except (OSError, asyncio.TimeoutError):
+            pass  # the caller left too
+        finally:
+            sock.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        """The runner is stopped (or never started): fail what it held, and close the channel."""
+        if self._loop is not None:
+            self._runner_gone()
+        else:
+            self._theirs.close()
+            _close_quietly(self._page_fd)
+        self._ours.close()
+
+
+async def _take_back(p: _Pending, extra: bytes) -> None:
+    """The connection after a handed-over answer: a new front connection, as if just accepted, fed what the
+    caller sent meanwhile (its next request, if it did not wait), else waiting for it under uvicorn's keep-alive
+    timeout."""
+    sock = socket.socket(fileno=p.fd)
+    try:
+        _, protocol = await asyncio.get_running_loop().connect_accepted_socket(p.adopt, sock)
+    except OSError:
+        sock.close()
+        return
+    if extra:
+        protocol.data_received(extra)
+    elif hasattr(protocol, "on_response_complete"):
+        protocol.on_response_complete()  # arms uvicorn's keep-alive timeout, as after any answer
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
