@@ -240,8 +240,7 @@ class Forwarder:
         needs nothing to wait for: a loaded model, a request the router's middleware would pass unchanged, and a
         runner that takes the connection. False leaves the request to the ASGI path, which also answers every
         error in the caller's protocol shape."""
-        if scope["path"] in OWN_POSTS or _has_origin(scope) or (
-                self.config.api_key and not key_given(scope, self.config.api_key.encode())):
+        if scope["path"] in OWN_POSTS or (self.config.api_key and not key_given(scope, self.config.api_key.encode())):
             return False
         try:
             name, body, keep_alive = self._plan(scope, raw)
@@ -271,16 +270,11 @@ class Forwarder:
         runner = await pool.acquire(name, keep_alive)
         done = self._releaser(runner, keep_alive)
         channel = getattr(runner, "channel", None)
-        if channel is not None and not _has_origin(scope) and channel.hand(scope, raw, name, done):
+        if channel is not None and channel.hand(scope, raw, name, done):
             self.hops.handed += 1
             return await _let_go(receive)
         self.hops.relayed += 1
         await forward(self.upstreams, scope, receive, send, runner, raw, name, done)
-
-
-def _has_origin(scope: dict) -> bool:
-    """A browser's request: the router's CORS middleware adds headers to its answer, so it is relayed."""
-    return any(k == b"origin" for k, _ in scope["headers"])
 
 
 async def _let_go(receive) -> None:

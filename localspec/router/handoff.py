@@ -163,12 +163,12 @@ class Channel:
         """Give the caller's connection and its request to the runner; False (nothing done) when this request
         cannot be handed over, and relay.py answers it. `done` runs when the runner has finished with it."""
         conn = (scope.get("extensions") or {}).get(CONNECTION)
-        if not self.open or conn is None:
+        if not self.open or conn is None or _has_origin(scope):
             return False
         protocol = conn["protocol"]
         transport = protocol.transport
-        if protocol.pipeline or transport is None or transport.is_closing():
-            return False
+        if protocol.pipeline or transport is None or transport.is_closing() or transport.get_write_buffer_size():
+            return False  # a request behind it, or the router's last answer not yet sent: relayed
         fd = os.dup(transport.get_extra_info("socket").fileno())
         self._next = self._next % 0xFFFFFFFF + 1
         request_id = self._next
@@ -264,6 +264,11 @@ async def _take_back(p: _Pending, extra: bytes) -> None:
         protocol.data_received(extra)
     elif hasattr(protocol, "on_response_complete"):
         protocol.on_response_complete()  # arms uvicorn's keep-alive timeout, as after any answer
+
+
+def _has_origin(scope: dict) -> bool:
+    """A browser's request: the router's CORS middleware adds headers to its answer, so it is relayed."""
+    return any(k == b"origin" for k, _ in scope["headers"])
 
 
 def _chunk(data: bytes) -> bytes:

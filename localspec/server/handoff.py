@@ -34,6 +34,7 @@ from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Sequence
 
 MAGIC = b"LSH1"
+HANDED_OVER = "localspec.handed_over"  # the scope extension of a request answered on a handed-over connection
 HEAD = struct.Struct("!4sIII")  # magic, request id, meta length, body length
 DONE = struct.Struct("!IBI")  # request id, keep the connection, length of the caller's bytes that follow
 SLOTS = 4096  # the progress page: one byte per request id modulo this
@@ -60,7 +61,7 @@ def decode_scope(meta: bytes) -> dict[str, Any]:
     return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": version,
             "method": method, "scheme": "http", "path": path, "raw_path": raw_path, "query_string": query,
             "root_path": "", "headers": [tuple(h) for h in headers], "client": tuple(client) if client else None,
-            "server": tuple(server) if server else None, "state": {}}
+            "server": tuple(server) if server else None, "state": {}, "extensions": {HANDED_OVER: {}}}
 
 
 def keeps_alive(scope: dict) -> bool:
@@ -228,6 +229,8 @@ class Exchange:
     async def send(self, message: dict) -> None:
         if message["type"] == "http.response.start":
             self._head = message
+            if not any(k.lower() == b"content-length" for k, _ in message.get("headers", [])):
+                self.caller.write(self._write_head(b"", True))  # a stream's head now, as uvicorn sends it
             return
         if self.complete:
             raise RuntimeError("a message after the answer was complete")

@@ -130,18 +130,21 @@ class CorsMiddleware:
 
 
 class HeldHeads:
-    """An answer's head goes out with its first body piece, in a runner behind the router.
+    """An answer's head goes out with its first body piece, in a runner behind the router, for the answers the
+    router relays.
 
     Why: a streamed answer's head is sent before the prompt is evaluated, so the router would wake for it just as
     the runner's llama.cpp threads take both cores of a small machine, and delay them; held, it arrives with the
     first token and the router wakes once (docs/bench/router.md#router-hop). A direct client gains nothing from
-    it, so a single-model server sends heads at once, as llama-server does."""
+    it, so a single-model server sends heads at once, as llama-server does, and so does a runner on a connection
+    the router handed over (handoff.py): the caller reads the head while the prompt is evaluated, not with the
+    first token (docs/bench/router.md#handoff)."""
 
     def __init__(self, app) -> None:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or "localspec.handed_over" in scope.get("extensions", ()):
             return await self.app(scope, receive, send)
         held = None
 
