@@ -44,6 +44,8 @@ class App:
     def __init__(self) -> None:
         self.disconnects = 0
         self.die: Any = None  # set by the test: kills the stand-in runner
+        self.gate = asyncio.Event()  # {"gated": true}: the stream's first event waits for it
+        self.gate.set()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -54,6 +56,7 @@ class App:
         if "stream" in body or "wait" in body or body.get("die") == "mid":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
+            await self.gate.wait()
             for i in range(body.get("stream", 1)):
                 await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
             if body.get("die") == "mid":
@@ -112,6 +115,7 @@ class StandIn:
 class Pool:
     runner: StandIn
     released: int = 0
+    loading: bool = False  # try_acquire says no: the request takes the ASGI path, as one whose model loads
 
     def known(self) -> list[str]:
         return ["a"]
@@ -128,9 +132,10 @@ class Pool:
         return "loaded"
 
     def try_acquire(self, name: str, keep_alive: float | None = None) -> StandIn | None:
-        return self.runner if self.runner.alive else None
+        return self.runner if self.runner.alive and not self.loading else None
 
     async def acquire(self, name: str, keep_alive: float | None = None) -> StandIn:
+        await asyncio.sleep(0.05)
         return self.runner
 
     def release(self, runner: StandIn, keep_alive: float | None = None) -> None:
@@ -227,6 +232,32 @@ async def test_answers_come_from_the_runner_on_the_callers_own_connection_which_
         for i in range(20):  # the router takes the connection back after each answer
             assert json.loads((await conn.ask("POST", "/infill", {"model": "a", "n": i}))[2])["path"] == "/infill"
         assert pool.released == 22
+        conn.close()
+
+
+async def test_a_request_that_waited_for_its_model_is_handed_over_from_the_asgi_path():
+    async with router() as (port, _, pool):
+        pool.loading = True
+        conn = await Conn.open(port)
+        for _ in range(2):
+            status, _, body = await conn.ask("POST", "/completion", {"model": "a", "stream": 2})
+            assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+            assert json.loads((await conn.ask("POST", "/infill", {"model": "a"}))[2])["path"] == "/infill"
+        assert await hops(conn) == {"handed_early": 0, "handed": 4, "relayed": 0}
+        assert pool.released == 4
+        conn.close()
+
+
+async def test_a_streams_head_comes_before_its_first_event_as_from_a_single_server():
+    """The caller reads the head while the runner evaluates the prompt, not with the first token."""
+    async with router() as (port, runner, _):
+        runner.app.gate.clear()
+        conn = await Conn.open(port)
+        conn.send("POST", "/completion", {"model": "a", "stream": 1})
+        head = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in head
+        runner.app.gate.set()
+        assert await asyncio.wait_for(conn.reader.readuntil(b"data: 0\n\n"), 5)
         conn.close()
 
 

@@ -272,16 +272,9 @@ class Forwarder:
         channel = getattr(runner, "channel", None)
         if channel is not None and channel.hand(scope, raw, name, done):
             self.hops.handed += 1
-            return await _let_go(receive)
+            return
         self.hops.relayed += 1
         await forward(self.upstreams, scope, receive, send, runner, raw, name, done)
-
-
-async def _let_go(receive) -> None:
-    """After a hand-off, until uvicorn has seen the router's side of the connection close (so it does not answer
-    the request itself): the runner answers it, and router/handoff.py takes the connection back."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _read_body(receive) -> bytes:

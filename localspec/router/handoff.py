@@ -7,10 +7,10 @@ answer goes from the runner to the caller directly; the router reads the request
 again only when the answer is done.
 
 How: uvicorn runs the router with `Front`, its httptools protocol that also puts itself in each request's scope
-(scope["extensions"][CONNECTION]). `Channel.hand` duplicates the connection's socket, sends it with the request
-to the runner (SCM_RIGHTS), and aborts the router's transport, which closes only the router's descriptor: the
-socket lives on in the runner and in the copy kept here. When the runner says it is done, that copy becomes a
-new `Front` connection (what the caller sent meanwhile fed to it first), as if uvicorn had accepted it.
+(scope["extensions"][CONNECTION]). `Channel.hand` sends the connection's socket with the request to the runner
+(SCM_RIGHTS copies the descriptor into it), stops reading the connection, and marks the request answered in
+uvicorn's protocol. When the runner says it is done, the protocol reads the connection again, as after an
+answer of its own, fed first what the caller sent meanwhile.
 
 A runner that dies mid-answer: its end of the channel closes, and for each request it held, the page it shared
 says how far the answer got: nothing written (the protocol's whole error answer, proxy.crash_answer), a chunked
@@ -104,16 +104,9 @@ def front_protocol(try_hand: Callable[[dict, bytes], bool] | None = None) -> Any
     return type("Front", (Front,), {"try_hand": staticmethod(try_hand)}) if try_hand else Front
 
 
-def _adopter(protocol: Any) -> Callable[[], asyncio.Protocol]:
-    """A factory for a new protocol like `protocol`, as uvicorn makes one for each accepted connection."""
-    kind, config, server_state, app_state = type(protocol), protocol.config, protocol.server_state, protocol.app_state
-    return lambda: kind(config=config, server_state=server_state, app_state=app_state)
-
-
 @dataclass(eq=False)
 class _Pending:
-    fd: int  # the router's copy of the caller's socket
-    adopt: Callable[[], asyncio.Protocol]
+    protocol: Any  # the router's Front protocol of the caller's connection, lent to the runner meanwhile
     path: str
     model: str
     done: Callable[[], None]
@@ -160,27 +153,28 @@ class Channel:
         self.open = True
 
     def hand(self, scope: dict, body: bytes, model: str, done: Callable[[], None]) -> bool:
-        """Give the caller's connection and its request to the runner; False (nothing done) when this request
-        cannot be handed over, and relay.py answers it. `done` runs when the runner has finished with it."""
+        """Lend the caller's connection and its request to the runner; False (nothing done) when this request
+        cannot be handed over, and relay.py answers it. `done` runs when the runner has finished with it.
+        Meanwhile the router does not read the connection (the runner does) and its uvicorn protocol holds the
+        request as answered, so the ASGI path, if it is the one handing over, may return without an answer."""
         conn = (scope.get("extensions") or {}).get(CONNECTION)
         if not self.open or conn is None or _has_origin(scope):
             return False
         protocol = conn["protocol"]
-        transport = protocol.transport
+        transport, cycle = protocol.transport, protocol.cycle
         if protocol.pipeline or transport is None or transport.is_closing() or transport.get_write_buffer_size():
             return False  # a request behind it, or the router's last answer not yet sent: relayed
-        fd = os.dup(transport.get_extra_info("socket").fileno())
         self._next = self._next % 0xFFFFFFFF + 1
         request_id = self._next
         self.page[slot(request_id)] = NOTHING
         assert self._outbox is not None
-        try:
-            self._outbox.put(encode_request(request_id, scope, body), [fd])
+        try:  # the descriptor is copied into the runner as the message is sent
+            self._outbox.put(encode_request(request_id, scope, body), [transport.get_extra_info("socket").fileno()])
         except OSError:  # the runner is gone: relay.py finds out and says why
-            os.close(fd)
             return False
-        self.pending[request_id] = _Pending(fd, _adopter(protocol), scope["path"], model, done)
-        transport.abort()  # the router's descriptor only: no FIN, the caller sees nothing
+        transport.pause_reading()
+        cycle.response_started = cycle.response_complete = True
+        self.pending[request_id] = _Pending(protocol, scope["path"], model, done)
         return True
 
     def _readable(self) -> None:
@@ -204,10 +198,7 @@ class Channel:
             if pending is None:
                 continue
             pending.done()
-            if keep:
-                self._spawn(_take_back(pending, extra))
-            else:
-                os.close(pending.fd)
+            _take_back(pending.protocol, bool(keep), extra)
 
     def _runner_gone(self) -> None:
         """The runner's end closed: it died or was stopped. Each request it held gets its last words."""
@@ -222,18 +213,14 @@ class Channel:
             self._spawn(self._last_words(p, self.page[slot(request_id)]))
 
     async def _last_words(self, p: _Pending, progress: int) -> None:
-        sock = socket.socket(fileno=p.fd)
-        try:
-            if progress in (NOTHING, CHUNKED) and self._runner is not None:
-                message = crash_message(p.path, p.model, await cause_of_death(self._runner))
-                data = crash_answer(p.path, message) if progress == NOTHING else _chunk(
-                    error_event(p.path, 500, message)) + b"0\r\n\r\n"
-                sock.setblocking(False)
-                await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, data), SEND_S)
-        except (OSError, asyncio.TimeoutError):
-            pass  # the caller left too
-        finally:
-            sock.close()
+        """What the caller of a dead runner reads last, by how far its answer got; then the connection closes."""
+        transport = p.protocol.transport
+        if progress in (NOTHING, CHUNKED) and self._runner is not None:
+            message = crash_message(p.path, p.model, await cause_of_death(self._runner))
+            if not transport.is_closing():
+                transport.write(crash_answer(p.path, message) if progress == NOTHING else _chunk(
+                    error_event(p.path, 500, message)) + b"0\r\n\r\n")
+        transport.close()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -250,20 +237,20 @@ class Channel:
         self._ours.close()
 
 
-async def _take_back(p: _Pending, extra: bytes) -> None:
-    """The connection after a handed-over answer: a new front connection, as if just accepted, fed what the
-    caller sent meanwhile (its next request, if it did not wait), else waiting for it under uvicorn's keep-alive
-    timeout."""
-    sock = socket.socket(fileno=p.fd)
-    try:
-        _, protocol = await asyncio.get_running_loop().connect_accepted_socket(p.adopt, sock)
-    except OSError:
-        sock.close()
+def _take_back(protocol: Any, keep: bool, extra: bytes) -> None:
+    """The connection after a handed-over answer: uvicorn's protocol reads it again, as after any answer of its
+    own (its keep-alive timeout armed), and is fed first what the caller sent meanwhile (its next request, if it
+    did not wait). Closed instead when the caller left or asked to close."""
+    transport = protocol.transport
+    if transport.is_closing():
         return
+    if not keep:
+        transport.close()
+        return
+    transport.resume_reading()
+    protocol.on_response_complete()
     if extra:
         protocol.data_received(extra)
-    elif hasattr(protocol, "on_response_complete"):
-        protocol.on_response_complete()  # arms uvicorn's keep-alive timeout, as after any answer
 
 
 def _has_origin(scope: dict) -> bool:

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse, Response
 
+from .handoff import HANDED_OVER
+
 PUBLIC = {"/health", "/v1/health"}
 ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
                "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
@@ -144,7 +146,7 @@ class HeldHeads:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or "localspec.handed_over" in scope.get("extensions", ()):
+        if scope["type"] != "http" or HANDED_OVER in scope.get("extensions", ()):
             return await self.app(scope, receive, send)
         held = None
 
