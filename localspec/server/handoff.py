@@ -39,6 +39,7 @@ HEAD = struct.Struct("!4sIII")  # magic, request id, meta length, body length
 DONE = struct.Struct("!IBI")  # request id, keep the connection, length of the caller's bytes that follow
 SLOTS = 4096  # the progress page: one byte per request id modulo this
 NOTHING, CHUNKED, LENGTH, COMPLETE = 0, 1, 2, 3  # what a runner has written of an answer (PROGRESS)
+SETTLE_S = 0.002  # after an answer, the connection goes back this much later, unless the caller writes first
 WRITE_HIGH = 1 << 16  # a caller that reads slower than this buffers makes the app wait (as uvicorn's flow control)
 log = logging.getLogger("localspec.server")
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]
@@ -135,6 +136,7 @@ class Caller:
         self.over = asyncio.Event()  # the caller left, or the answer is complete: `receive` says disconnect
         self.writable = asyncio.Event()
         self.writable.set()
+        self.heard = asyncio.Event()  # the caller wrote again, or left
         self._out = bytearray()
         self._reading = True
         loop.add_reader(self.fd, self._readable)
@@ -149,6 +151,7 @@ class Caller:
         if not data:
             return self._left()
         self.extra += data
+        self.heard.set()
         self._stop_reading()
 
     def write(self, data: bytes) -> None:
@@ -189,11 +192,22 @@ class Caller:
 
     def _left(self) -> None:
         self.gone = True
+        self.heard.set()
         self._stop_reading()
         self.loop.remove_writer(self.fd)
         self._out.clear()
         self.over.set()
         self.writable.set()
+
+    async def settle(self, seconds: float) -> None:
+        """Wait up to `seconds` for the caller's next bytes: the router, woken the moment the answer ends, would
+        take a core from the caller reading that answer's last bytes (and from the model's threads still
+        spinning); a caller that writes at once is not kept waiting."""
+        if not self.heard.is_set():
+            try:
+                await asyncio.wait_for(self.heard.wait(), seconds)
+            except asyncio.TimeoutError:
+                pass
 
     async def release(self) -> bytes:
         """Stop reading, let what was written leave this process, and close this process's hold on the socket
@@ -350,6 +364,8 @@ class Adopter:
         assert self._outbox is not None
         try:
             await exchange.run(self.app)
+            if exchange.keep:
+                await exchange.caller.settle(SETTLE_S)
         finally:
             caller = exchange.caller
             extra = await caller.release()
