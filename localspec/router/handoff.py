@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..server.handoff import CHUNKED, DONE, NOTHING, SLOTS, Outbox, encode_request, slot
+from ..server.handoff import CHUNKED, DONE, NOTHING, SLOTS, Outbox, encode_request, received, slot
 from .proxy import Upstream, cause_of_death, crash_answer, crash_message, error_event
 
 log = logging.getLogger("localspec.router")
@@ -178,12 +178,9 @@ class Channel:
         return True
 
     def _readable(self) -> None:
-        try:
-            data = self._ours.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
+        data = received(self._ours)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             return self._runner_gone()
         self._buf += data

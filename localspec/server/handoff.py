@@ -73,6 +73,16 @@ def keeps_alive(scope: dict) -> bool:
     return b"close" not in value
 
 
+def received(sock: socket.socket) -> bytes | None:
+    """What a readable non-blocking socket holds: None when nothing after all, b"" when the other end closed."""
+    try:
+        return sock.recv(1 << 16)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
 class Outbox:
     """Messages on a non-blocking Unix socket, in order: written at once when the socket takes them, the rest
     when it is writable again. Descriptors go with their message's first bytes."""
@@ -142,12 +152,9 @@ class Caller:
         loop.add_reader(self.fd, self._readable)
 
     def _readable(self) -> None:
-        try:
-            data = self.sock.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
+        data = received(self.sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             return self._left()
         self.extra += data
