@@ -38,13 +38,19 @@ def _greedy(path, mode: str, n: int = 12) -> list[int]:
 
 
 def test_a_working_build_keeps_every_fast_path_and_caches_the_verdict(verdicts, smollm2_path):
+    """On a machine where this build's fast paths work, every one is kept; where one really crashes (llama.cpp's
+    AMX kernels on a Xeon with AMX: docs/bench/fastpath.md), the probe finds it and says so. Either way the
+    verdict is cached and the next load uses it."""
     first = fastpath.choose(smollm2_path)
-    assert (first.mode, first.source, first.deaths) == ("all", "probe", ())
-    assert first.notice() is None and first.seconds > 0
+    if first.deaths:  # a real crash on this machine, not a test hook's
+        assert first.mode in ("repack", "none") and first.source == "probe" and first.notice()
+    else:
+        assert (first.mode, first.source) == ("all", "probe") and first.notice() is None
+    assert first.seconds > 0
     again = fastpath.choose(smollm2_path)
-    assert (again.mode, again.source) == ("all", "cache")
+    assert (again.mode, again.source) == (first.mode, "cache")
     m = Model.load(smollm2_path, LoadOptions(n_ctx=64))
-    assert m.fast_path.source == "cache" and m.fast_path.mode == "all"
+    assert m.fast_path.source == "cache" and m.fast_path.mode == first.mode
     m.close()
     assert len(list(verdicts.glob("fastpath-*.json"))) == 1
 
@@ -61,8 +67,11 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
     assert m.fast_path.mode == "repack" and m.fast_path.source == "cache"
     m.close()
     monkeypatch.delenv(fastpath.FAULT_ENV)
-    repack, default, plain = (_greedy(gemma_path, mode) for mode in ("repack", "all", "none"))
-    assert repack == default  # the same tensors on the same kernels
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(verdicts / "real"))
+    all_works = not fastpath.choose(gemma_path).deaths  # mode all crashes for real on a Xeon with AMX
+    repack, plain = (_greedy(gemma_path, mode) for mode in ("repack", "none"))
+    if all_works:
+        assert repack == _greedy(gemma_path, "all")  # the same tensors on the same kernels
     # other kernels sum in another order: a near-tie late in the text may go either way (seen at token 11 of 12)
     assert repack[:-6] == plain[:-6]
 
@@ -147,12 +156,13 @@ def test_no_repack_flag_skips_the_test_load(verdicts):
     assert not list(verdicts.glob("fastpath-*.json"))
 
 
-def test_models_show_reports_fast_paths_and_system_info(verdicts):
+def test_models_show_reports_fast_paths_and_system_info(verdicts, smollm2_path):
+    mode = fastpath.choose(smollm2_path).mode  # "all", or less on a machine whose build crashes (AMX)
     r = _localspec("models", "show", "smollm2-135m", "--json")
     d = json.loads(r.stdout)
-    assert d["fast_path"]["mode"] == "all" and "CPU :" in d["system_info"]
+    assert d["fast_path"]["mode"] == mode and "CPU :" in d["system_info"]
     text = _localspec("models", "show", "smollm2-135m").stdout
-    assert "cpu fast paths: all" in text and "system: CPU :" in text
+    assert f"cpu fast paths: {mode}" in text and "system: CPU :" in text
 
 
 def test_a_q4_0_copy_keeps_cpu_repack_by_override(verdicts, smollm2_path, tmp_path, monkeypatch):
@@ -165,4 +175,9 @@ def test_a_q4_0_copy_keeps_cpu_repack_by_override(verdicts, smollm2_path, tmp_pa
     plan = fastpath.choose(q4_0)
     assert plan.mode == "repack" and len(plan.repacked) == len(fastpath.repack_tensors(q4_0)) > 100
     monkeypatch.delenv(fastpath.FAULT_ENV)
-    assert _greedy(q4_0, "repack") == _greedy(q4_0, "all")
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path / "real"))
+    repack = _greedy(q4_0, "repack")
+    if not fastpath.choose(q4_0).deaths:  # mode all crashes for real on a Xeon with AMX
+        assert repack == _greedy(q4_0, "all")
+    else:
+        assert repack[:-6] == _greedy(q4_0, "none")[:-6]  # other kernels: a late near-tie may differ
