@@ -30,7 +30,8 @@ from localspec.router.app import build_router
 from localspec.router.errors import UnknownModel
 from localspec.router.handoff import Channel, front_protocol, supported
 from localspec.server import bind
-from localspec.server.handoff import Adopter, decode_scope, encode_request
+from localspec.server.channel import HEAD, decode_scope, encode_request
+from localspec.server.handoff import Adopter
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no SCM_RIGHTS hand-off on this platform")
 CAUSE = crash_line(signal.SIGSEGV)
@@ -358,7 +359,7 @@ def test_the_request_message_round_trips():
              "query_string": b"autoload=true", "headers": [(b"content-type", b"application/json")],
              "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8012), "http_version": "1.1"}
     message = encode_request(7, scope, b"{}")
-    got = decode_scope(message[16:-2])
+    got = decode_scope(message[HEAD.size:-2])
     assert {k: got[k] for k in scope} == scope and message.endswith(b"{}")
 
 

@@ -1,5 +1,5 @@
-"""The router's side of the hand-off (server/handoff.py has the runner's side and the wire): the caller's
-connection itself goes to the runner, which answers on it, and comes back when the answer is done.
+"""The router's side of the hand-off (server/handoff.py has the runner's side, server/channel.py the wire): the
+caller's connection itself goes to the runner, which answers on it, and comes back when the answer is done.
 
 Why: relaying a streamed answer costs the router a wake-up and some 100 us of CPU per event, and on a 2-core
 machine that CPU is taken from the runner's llama.cpp threads (docs/bench/router.md#handoff). Handed over, the
@@ -33,13 +33,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..server.handoff import CHUNKED, DONE, NOTHING, SLOTS, Outbox, encode_request, received, slot
+from ..server.channel import CHUNKED, DONE, NOTHING, SLOTS, Outbox, chunk, encode_request, received, slot
 from .proxy import Upstream, cause_of_death, crash_answer, crash_message, error_event
 
 log = logging.getLogger("localspec.router")
 CONNECTION = "localspec.connection"  # the scope extension that carries the caller's connection
 NO_HANDOFF_ENV = "LOCALSPEC_NO_HANDOFF"
-SEND_S = 5.0  # the router's last words to a caller whose runner died: this long at most
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -215,7 +214,7 @@ class Channel:
         if progress in (NOTHING, CHUNKED) and self._runner is not None:
             message = crash_message(p.path, p.model, await cause_of_death(self._runner))
             if not transport.is_closing():
-                transport.write(crash_answer(p.path, message) if progress == NOTHING else _chunk(
+                transport.write(crash_answer(p.path, message) if progress == NOTHING else chunk(
                     error_event(p.path, 500, message)) + b"0\r\n\r\n")
         transport.close()
 
@@ -253,10 +252,6 @@ def _take_back(protocol: Any, keep: bool, extra: bytes) -> None:
 def _has_origin(scope: dict) -> bool:
     """A browser's request: the router's CORS middleware adds headers to its answer, so it is relayed."""
     return any(k == b"origin" for k, _ in scope["headers"])
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def _close_quietly(fd: int) -> None:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse, Response
 
-from .handoff import HANDED_OVER
+from .channel import HANDED_OVER
 
 PUBLIC = {"/health", "/v1/health"}
 ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
