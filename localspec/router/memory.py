@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..models.gguf_header import read_header
 from ..models.model_facts import kv_cache_bytes
+from .catalog import ModelSpec, context_for
 
 # A SmolLM2-135M runner measured 105 MB resident beside its weights and KV cache at n_ctx 256, 122 MB at 2048
 # (VmHWM after an answer); with the compute term below the estimate is 1.2-1.3x what it used.
@@ -89,3 +90,25 @@ def free_vram_bytes() -> int | None:
         return sum(int(x) for x in out.split()) * 2**20 or None
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
+
+
+def spec_estimate(spec: ModelSpec) -> Estimate | None:
+    """The memory a spec's runner will take; None when its file is not on disk yet (fetched by the runner)."""
+    if spec.path is None or not spec.path.is_file():
+        return None
+    draft = spec.draft_path if spec.draft_path is not None and spec.draft_path.is_file() else None
+    return estimate(spec.path, spec.n_ctx or context_for(spec.path, None), spec.ngl, draft=draft)
+
+
+def gb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e9:.1f} GB"
+
+
+def fits(wanted: int, free: int | None) -> bool:
+    return free is None or wanted <= free  # None: this machine cannot say, so the load is tried
+
+
+def refusal(name: str, what: str, wanted: int, free: int | None, n_ctx: int | None) -> str:
+    """The one line a caller reads when a model cannot be loaded for lack of `what` (memory, GPU memory)."""
+    return (f"cannot load {name}: it needs about {gb(wanted)} of {what} (weights, KV cache at n_ctx {n_ctx}), "
+            f"{gb(free)} is free and no idle model is left to unload; try a smaller --ctx or fewer models")

@@ -20,9 +20,9 @@ from typing import Any, Callable, Coroutine, Iterable
 
 from ..backend.memory import available_bytes
 from ..errors import LocalspecError
-from .catalog import ModelSpec, canonical, context_for
+from .catalog import ModelSpec, canonical
 from .errors import RunnerFailed, UnknownModel, WontFit
-from .memory import Estimate, estimate, free_vram_bytes
+from .memory import Estimate, fits, free_vram_bytes, gb, refusal, spec_estimate
 from .runner import START_TIMEOUT, Runner
 
 UNLOADED, LOADING, LOADED, SLEEPING, FAILED = "unloaded", "loading", "loaded", "sleeping", "failed"
@@ -49,14 +49,6 @@ class ModelStatus:
     path: str | None
 
 
-def spec_estimate(spec: ModelSpec) -> Estimate | None:
-    """The memory a spec's runner will take; None when its file is not on disk yet (fetched by the runner)."""
-    if spec.path is None or not spec.path.is_file():
-        return None
-    draft = spec.draft_path if spec.draft_path is not None and spec.draft_path.is_file() else None
-    return estimate(spec.path, spec.n_ctx or context_for(spec.path, None), spec.ngl, draft=draft)
-
-
 class _Slot:
     """A model's mutable state; only the Pool touches it."""
 
@@ -74,19 +66,6 @@ class _Slot:
         self.need: Estimate | None = None
         self.estimated = False
         self.waiting = 0  # requests waiting for its load
-
-
-def _gb(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1e9:.1f} GB"
-
-
-def _fits(wanted: int, free: int | None) -> bool:
-    return free is None or wanted <= free  # None: this machine cannot say, so the load is tried
-
-
-def _refusal(name: str, what: str, wanted: int, free: int | None, n_ctx: int | None) -> str:
-    return (f"cannot load {name}: it needs about {_gb(wanted)} of {what} (weights, KV cache at n_ctx {n_ctx}), "
-            f"{_gb(free)} is free and no idle model is left to unload; try a smaller --ctx or fewer models")
 
 
 class Pool:
@@ -311,8 +290,8 @@ class Pool:
         for what, wanted, free in (("memory", need.ram_bytes, self.available),
                                    ("GPU memory", need.vram_bytes, self.available_vram)):
             if wanted:
-                await self._evict_until(slot, lambda: _fits(wanted, free()), f"{what}: needs {_gb(wanted)}",
-                                        lambda: _refusal(name, what, wanted, free(), slot.spec.n_ctx))
+                await self._evict_until(slot, lambda: fits(wanted, free()), f"{what}: needs {gb(wanted)}",
+                                        lambda: refusal(name, what, wanted, free(), slot.spec.n_ctx))
 
     async def _evict_until(self, slot: _Slot, fits: Callable[[], bool], why: str, refusal: Callable[[], str]) -> None:
         while not fits():
