@@ -145,6 +145,24 @@ def test_a_loaded_models_answers_come_from_its_runner_on_the_callers_connection(
     assert len(os.listdir(f"/proc/{router_pid}/fd")) <= fds + 1
 
 
+def test_a_callers_next_requests_for_the_same_model_are_read_by_its_runner_and_a_crash_there_is_an_error(
+        router, smol):
+    """After one hand-off the runner holds the keep-alive connection and answers the caller's next request for
+    the same model itself (`held`); one that crashes the runner there still gets the protocol's error naming
+    the crash, and the next one starts the model again."""
+    with httpx.Client(base_url=router.url, timeout=600) as c:
+        before = c.get("/props").json()["hops"]
+        for _ in range(2):
+            r = c.post("/completion", json={"model": smol, "prompt": "Hi", "n_predict": 2})
+            assert r.status_code == 200 and r.json()["content"] is not None
+        crash = c.post("/completion", json={"model": smol, "prompt": f"{MARKER} {MARKER}", "n_predict": 64})
+        assert crash.status_code == 502 and "SIGSEGV" in crash.json()["error"]["message"]
+    with httpx.Client(base_url=router.url, timeout=600) as c:
+        assert c.post("/completion", json={"model": smol, "prompt": "Hi", "n_predict": 2}).status_code == 200
+        after = c.get("/props").json()["hops"]
+    assert after["held"] - before["held"] == 2 and after["relayed"] == before["relayed"]
+
+
 def _router_pid(http: httpx.Client, name: str) -> int:
     """The router's own process (`localspec serve` runs it under a watcher): the parent of a runner."""
     pid = next(m["status"]["pid"] for m in http.get("/models").json()["data"] if m["id"] == name)

@@ -26,9 +26,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import LocalspecError
+from ..server.channel import hold_key
 from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body, key_given
 from . import routes
 from .errors import NotLoaded, RouterError, RunnerFailed, UnknownModel, WontFit
+from .handoff import holds
 from .pool import FAILED, UNLOADED
 from .proxy import forward
 from .relay import Upstreams
@@ -145,12 +147,14 @@ def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
 @dataclass
 class Hops:
     """How the forwarded requests reached their runners, counted for GET /props (`hops`): the caller's connection
-    handed over from the router's read callback (`early`) or from the ASGI path after a wait (a load), or the
-    answer relayed (a browser's request, no hand-off on this platform)."""
+    handed over from the router's read callback (`early`) or from the ASGI path after a wait (a load), the
+    answer relayed (a browser's request, no hand-off on this platform), or the request read by the runner itself
+    on a connection it held (`held`: it never reached the router)."""
 
     handed_early: int = 0
     handed: int = 0
     relayed: int = 0
+    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,19 @@ class Forwarder:
         keep_alive = parse_keep_alive(body.get("keep_alive")) if path.startswith("/api/") else None
         return choose_model(self.pool, self.config, requested_model(body)), body, keep_alive
 
+    def _hold(self, scope: dict, body: dict[str, Any], runner: Any) -> tuple[Any, ...]:
+        """The hold key and `again` for a request its runner may keep the connection after (router/handoff.py):
+        each next request it answers there takes the model again, as try_acquire would."""
+        key = hold_key(scope["path"], scope["headers"], body) if holds() else None
+        if key is None:
+            return ()
+
+        def again() -> Callable[[], None]:
+            self.hops.held += 1
+            return self._releaser(runner, None) if self.pool.retake(runner) else _nothing
+
+        return key, again
+
     def _releaser(self, runner: Any, keep_alive: float | None) -> Callable[[], None]:
         released = False
 
@@ -252,7 +269,8 @@ class Forwarder:
         if runner is None:
             return False
         channel = getattr(runner, "channel", None)
-        if channel is not None and channel.hand(scope, raw, name, self._releaser(runner, keep_alive)):
+        if channel is not None and channel.hand(scope, raw, name, self._releaser(runner, keep_alive),
+                                                *self._hold(scope, body, runner)):
             self.hops.handed_early += 1
             return True
         self.pool.release(runner, keep_alive)
@@ -270,11 +288,15 @@ class Forwarder:
         runner = await pool.acquire(name, keep_alive)
         done = self._releaser(runner, keep_alive)
         channel = getattr(runner, "channel", None)
-        if channel is not None and channel.hand(scope, raw, name, done):
+        if channel is not None and channel.hand(scope, raw, name, done, *self._hold(scope, body, runner)):
             self.hops.handed += 1
             return
         self.hops.relayed += 1
         await forward(self.upstreams, scope, receive, send, runner, raw, name, done)
+
+
+def _nothing() -> None:
+    pass
 
 
 async def _read_body(receive) -> bytes:

@@ -188,6 +188,11 @@ class Runner:
                 raise TimeoutError
             await asyncio.sleep(0.05)
 
+    async def recall(self) -> None:
+        """Have the process give back the callers' connections it holds idle (router/handoff.py), before a stop."""
+        if self.channel is not None and self.alive:
+            await self.channel.recall()
+
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """SIGTERM, SIGKILL after `grace` seconds, and the process reaped (no zombie) in every case."""
         proc = self._proc

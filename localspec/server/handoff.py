@@ -9,220 +9,47 @@ itself and the router relays nothing.
 The wire and the progress page are channel.py's. What the runner writes of an answer goes to the page before
 each step, so the router, reading it only after a crash, ends the answer in the right framing (proxy.py's
 messages); nothing here wakes the router before the answer is done.
+
+Held connections: when the router sends a request with a hold key, the runner keeps the connection after the
+answer and reads the caller's next request itself (held.py); one for this runner's model is answered here (the
+router told BUSY, for its books), anything else goes back to the router with the bytes read. An idle held
+connection goes back when the router recalls it (before it stops this runner), and is closed after HOLD_S
+without a request, as uvicorn closes an idle keep-alive connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import email.utils
-import logging
 import mmap
 import os
 import socket
-import time
-from http import HTTPStatus
-from typing import Any, Awaitable, Callable
 
-from .channel import CHUNKED, COMPLETE, DONE, HEAD, LENGTH, MAGIC, SLOTS, Outbox, chunk, decode_scope, received, slot
+from . import channel as wire
+from .channel import Hold, Outbox, decode_request, slot
+from .exchange import Asgi, Caller, Exchange
+from .held import MORE, parse
 
 SETTLE_S = 0.002  # after an answer, the connection goes back this much later, unless the caller writes first
-WRITE_HIGH = 1 << 16  # a caller that reads slower than this buffers makes the app wait (as uvicorn's flow control)
-log = logging.getLogger("localspec.server")
-Asgi = Callable[[Any, Any, Any], Awaitable[None]]
-
-
-def keeps_alive(scope: dict) -> bool:
-    """HTTP/1.1 keeps the connection unless the caller says close; 1.0 closes unless it says keep-alive."""
-    value = next((v for k, v in scope["headers"] if k == b"connection"), b"").lower()
-    if scope["http_version"] == "1.0":
-        return b"keep-alive" in value
-    return b"close" not in value
-
-
-class Caller:
-    """The caller's socket while this runner answers on it. No asyncio transport (making one costs a loop
-    iteration before the app may start): writes go straight to the socket, a writer callback takes the rest only
-    when the caller reads slowly (and holds the app past WRITE_HIGH, as uvicorn's flow control), and a reader
-    notes a hang-up, or keeps what the caller sends after its request, the router's to read, and stops."""
-
-    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
-        self.sock, self.loop, self.fd = sock, loop, sock.fileno()
-        sock.setblocking(False)
-        self.gone = False
-        self.extra = bytearray()
-        self.over = asyncio.Event()  # the caller left, or the answer is complete: `receive` says disconnect
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.heard = asyncio.Event()  # the caller wrote again, or left
-        self._out = bytearray()
-        self._reading = True
-        loop.add_reader(self.fd, self._readable)
-
-    def _readable(self) -> None:
-        data = received(self.sock)
-        if data is None:
-            return
-        if not data:
-            return self._left()
-        self.extra += data
-        self.heard.set()
-        self._stop_reading()
-
-    def write(self, data: bytes) -> None:
-        if self.gone:
-            return
-        if not self._out:
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                return self._left()
-            if sent == len(data):
-                return
-            data = data[sent:]
-            self.loop.add_writer(self.fd, self._flush)
-        self._out += data
-        if len(self._out) > WRITE_HIGH:
-            self.writable.clear()
-
-    def _flush(self) -> None:
-        try:
-            sent = self.sock.send(self._out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            return self._left()
-        del self._out[:sent]
-        if not self._out:
-            self.loop.remove_writer(self.fd)
-        if len(self._out) <= WRITE_HIGH // 4:
-            self.writable.set()
-
-    def _stop_reading(self) -> None:
-        if self._reading:
-            self._reading = False
-            self.loop.remove_reader(self.fd)
-
-    def _left(self) -> None:
-        self.gone = True
-        self.heard.set()
-        self._stop_reading()
-        self.loop.remove_writer(self.fd)
-        self._out.clear()
-        self.over.set()
-        self.writable.set()
-
-    async def settle(self, seconds: float) -> None:
-        """Wait up to `seconds` for the caller's next bytes: the router, woken the moment the answer ends, would
-        take a core from the caller reading that answer's last bytes (and from the model's threads still
-        spinning); a caller that writes at once is not kept waiting."""
-        if not self.heard.is_set():
-            try:
-                await asyncio.wait_for(self.heard.wait(), seconds)
-            except asyncio.TimeoutError:
-                pass
-
-    async def release(self) -> bytes:
-        """Stop reading, let what was written leave this process, and close this process's hold on the socket
-        (the router's own stays open: no FIN): the caller's further bytes, for the router."""
-        self._stop_reading()
-        deadline = time.monotonic() + 30.0
-        while self._out and not self.gone and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
-        self.loop.remove_writer(self.fd)
-        self.sock.close()
-        return bytes(self.extra)
-
-
-class Exchange:
-    """One request answered on a handed-over connection: the ASGI `receive` and `send` uvicorn would give the
-    app, writing HTTP/1.1 straight to the caller, and the progress byte the router reads after a crash."""
-
-    def __init__(self, scope: dict, body: bytes, caller: Caller, progress: Callable[[int], None]) -> None:
-        self.scope, self.body, self.caller, self.progress = scope, body, caller, progress
-        self.keep = keeps_alive(scope)
-        self._body_given = False
-        self._head: dict | None = None
-        self._chunked: bool | None = None  # None: the head is not written yet
-        self.complete = False
-
-    async def receive(self) -> dict:
-        if not self._body_given:
-            self._body_given = True
-            return {"type": "http.request", "body": self.body, "more_body": False}
-        await self.caller.over.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
-            self._head = message
-            if not any(k.lower() == b"content-length" for k, _ in message.get("headers", [])):
-                self.caller.write(self._write_head(b"", True))  # a stream's head now, as uvicorn sends it
-            return
-        if self.complete:
-            raise RuntimeError("a message after the answer was complete")
-        if not self.caller.writable.is_set():
-            await self.caller.writable.wait()
-        body, more = message.get("body", b""), message.get("more_body", False)
-        out = b""
-        if self._chunked is None:
-            out = self._write_head(body, more)
-        if self._chunked:
-            out += (chunk(body) if body else b"") + (b"" if more else b"0\r\n\r\n")
-        else:
-            out += body
-        self.caller.write(out)
-        if not more:
-            self.complete = True
-            self.progress(COMPLETE)
-            self.caller.over.set()
-
-    def _write_head(self, body: bytes, more: bool) -> bytes:
-        head = self._head or {"status": 500, "headers": []}
-        status = head["status"]
-        headers = [(k.lower(), v) for k, v in head.get("headers", [])]
-        names = {k for k, _ in headers}
-        self._chunked = b"content-length" not in names and more
-        if not self._chunked and b"content-length" not in names:
-            headers.append((b"content-length", str(len(body)).encode()))
-        if self._chunked:
-            headers.append((b"transfer-encoding", b"chunked"))
-        if not self.keep and b"connection" not in names:
-            headers.append((b"connection", b"close"))
-        self.progress(CHUNKED if self._chunked else LENGTH)
-        return _status_line(status) + b"date: " + _date() + b"\r\n" + b"".join(
-            k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n"
-
-    async def run(self, app: Asgi) -> None:
-        """The app on this request; a failure before the head is uvicorn's 500, after it a closed connection."""
-        try:
-            await app(self.scope, self.receive, self.send)
-        except Exception:
-            log.exception("Exception in ASGI application (a request the router handed over)")
-            self.keep = False
-            if self._chunked is None and not self.caller.gone:
-                self._head = {"status": 500, "headers": [(b"content-type", b"text/plain; charset=utf-8")]}
-                await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
-        finally:
-            if not self.complete or self.caller.gone:
-                self.keep = False
+HOLD_S = 5.0  # a held connection idle this long is closed (uvicorn's keep-alive timeout)
 
 
 class Adopter:
     """Reads the router's hand-offs on `control` and answers each with `app` (this runner's whole ASGI app, its
-    middleware included) on the caller's own connection."""
+    middleware included) on the caller's own connection, holding it for the caller's next requests when the
+    router says they may be answered here."""
 
     def __init__(self, app: Asgi, control_fd: int, progress_fd: int) -> None:
         self.app = app
         self.sock = socket.socket(fileno=control_fd)
         self.sock.setblocking(False)
-        self.page = mmap.mmap(progress_fd, SLOTS)
+        self.page = mmap.mmap(progress_fd, wire.SLOTS)
         os.close(progress_fd)
+        self.recalled = False  # the router recalled the held connections: hold none until its next hand-off
         self._buf = bytearray()
         self._fds: collections.deque[int] = collections.deque()
         self._tasks: set[asyncio.Task] = set()
+        self._waiting: dict[int, Caller] = {}  # held connections waiting for the caller's bytes, by request id
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: Outbox | None = None
 
@@ -253,57 +80,93 @@ class Adopter:
             return
         self._buf += data
         self._fds.extend(fds)
-        while len(self._buf) >= HEAD.size:
-            magic, request_id, n_meta, n_body = HEAD.unpack_from(self._buf)
-            if magic != MAGIC:
+        while len(self._buf) >= wire.HEAD.size:
+            magic, request_id, n_meta, n_body = wire.HEAD.unpack_from(self._buf)
+            if magic != wire.MAGIC:
                 raise RuntimeError("the router's hand-off channel is out of step")
-            end = HEAD.size + n_meta + n_body
+            end = wire.HEAD.size + n_meta + n_body
             if len(self._buf) < end:
                 return
-            meta, body = bytes(self._buf[HEAD.size:HEAD.size + n_meta]), bytes(self._buf[HEAD.size + n_meta:end])
+            start = wire.HEAD.size
+            meta, body = bytes(self._buf[start:start + n_meta]), bytes(self._buf[start + n_meta:end])
             del self._buf[:end]
-            self._start(request_id, decode_scope(meta), body, self._fds.popleft())
+            if request_id == wire.RECALL:
+                self._recall()
+            else:
+                self._start(request_id, *decode_request(meta), body, self._fds.popleft())
 
-    def _start(self, request_id: int, scope: dict, body: bytes, fd: int) -> None:
+    def _start(self, request_id: int, scope: dict, hold: Hold | None, body: bytes, fd: int) -> None:
         """The app on the request at once, on the caller's socket."""
         assert self._loop is not None
+        self.recalled = False
         index = slot(request_id)
         caller = Caller(socket.socket(fileno=fd), self._loop)
         exchange = Exchange(scope, body, caller, lambda state: self.page.__setitem__(index, state))
-        task = self._loop.create_task(self._answer(request_id, exchange))
+        task = self._loop.create_task(self._answer(request_id, exchange, hold))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, request_id: int, exchange: Exchange) -> None:
-        """Answer, then give the connection back: DONE, with what the caller sent meanwhile."""
+    def _note(self, request_id: int, what: int, extra: bytes = b"") -> None:
         assert self._outbox is not None
         try:
-            await exchange.run(self.app)
-            if exchange.keep:
-                await exchange.caller.settle(SETTLE_S)
+            self._outbox.put(wire.NOTE.pack(request_id, what, len(extra)) + extra)
+        except OSError:
+            pass  # the router is gone
+
+    def _recall(self) -> None:
+        """The router will stop this runner: every held connection waiting for the caller goes back now (with
+        what the caller sent of a request), before RECALLED; those being answered go back when answered."""
+        self.recalled = True
+        waiting, self._waiting = self._waiting, {}
+        for request_id, caller in waiting.items():
+            self._note(request_id, wire.CLOSE if caller.gone else wire.KEEP, caller.give_back())
+        self._note(wire.RECALL, wire.RECALLED)
+
+    async def _answer(self, request_id: int, exchange: Exchange, hold: Hold | None) -> None:
+        """Answer; then, while the caller's next requests are this runner's (`hold`), answer those too on the
+        held connection; then give it back: KEEP (or CLOSE), with what the caller sent that was not answered."""
+        caller, keep = exchange.caller, False
+        try:
+            while True:
+                await exchange.run(self.app)
+                keep = exchange.keep and not caller.gone
+                if not caller.gone:  # closed or kept, the router hears of it once the caller has read the answer
+                    await caller.settle(SETTLE_S)
+                if not keep or hold is None or self.recalled:
+                    break
+                request = await self._next(request_id, caller, hold, exchange.scope)
+                if caller.given_back:
+                    return
+                if request is None:
+                    keep = not caller.gone and caller.heard.is_set()  # not heard: HOLD_S idle, closed
+                    break
+                self._note(request_id, wire.BUSY)
+                caller.again()
+                exchange = Exchange(*request, caller, exchange.progress)
         finally:
-            caller = exchange.caller
-            extra = await caller.release()
+            if not caller.given_back:
+                extra = await caller.release()
+                self._note(request_id, wire.KEEP if keep and not caller.gone else wire.CLOSE, extra)
+
+    async def _next(self, request_id: int, caller: Caller, hold: Hold, like: dict) -> tuple[dict, bytes] | None:
+        """The caller's next request, when it is this runner's (held.parse); None to give the connection back:
+        not this runner's, the caller left, the router recalled it, or nothing came for HOLD_S."""
+        index = slot(request_id)
+        if not caller.extra:
+            self.page[index] = wire.HELD
+            caller.noticed = lambda: self.page.__setitem__(index, wire.NOTHING)  # a crash now: an error answer
+            self._note(request_id, wire.IDLE)
+        while True:
+            if caller.extra:
+                caller.noticed = None
+                self.page[index] = wire.NOTHING
+                got = parse(bytes(caller.extra), hold, like)
+                if got != MORE:
+                    return got if isinstance(got, tuple) else None
+            self._waiting[request_id] = caller
             try:
-                self._outbox.put(DONE.pack(request_id, exchange.keep and not caller.gone, len(extra)) + extra)
-            except OSError:
-                pass  # the router is gone
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
-
-
-_date_cache: tuple[int, bytes] = (0, b"")
-
-
-def _date() -> bytes:
-    global _date_cache
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache = (now, email.utils.formatdate(now, usegmt=True).encode())
-    return _date_cache[1]
+                heard = await caller.hear(HOLD_S)
+            finally:
+                self._waiting.pop(request_id, None)
+            if not heard or caller.gone or caller.given_back:
+                return None
