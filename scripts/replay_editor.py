@@ -344,18 +344,21 @@ def answer(sse: bytes) -> tuple[str, float | None]:
 
 
 def replay_paired(url: str, vs_url: str, *, rounds: int, middle: bool, model: str, n_predict: int,
-                  gap_s: float = 0.05, stream: bool = True) -> list[dict]:
+                  gap_s: float = 0.05, stream: bool = True, close: bool = False) -> list[dict]:
     """Every keystroke request of the session, sent to both servers one after the other (A then B, then B then A
     for the next, so neither always goes first into a cache the other just warmed on the CPU), each answered in
     full before the next is sent, `gap_s` after the one before (a typist's keys are 120 ms apart; with none, the
     server that answered first still spins its threads and tidies up while the second starts, and on 2 cores
     whichever goes second pays for it). The warm-up is sent to each first and not timed (a router may start its
     runner then). `stream` false: each answered as the editor asks, in one body, so the total is what the
-    editor waits (and the first byte comes with it)."""
+    editor waits (and the first byte comes with it). `close`: each request on a new connection (the time to
+    connect is in its total)."""
     named = {"model": model} if model else {}  # llama.vim sends none; a router may need it to pick the model
     extra = {**PAIRED, "n_predict": n_predict, **named, "stream": stream}
     rows: list[dict] = []
-    with httpx.Client(base_url=url, timeout=120) as a, httpx.Client(base_url=vs_url, timeout=120) as b:
+    headers = {"connection": "close"} if close else {}
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as a, \
+            httpx.Client(base_url=vs_url, timeout=120, headers=headers) as b:
         for r in range(rounds):
             lines, y = page(middle)
             for c in (a, b):
@@ -465,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gap-ms", type=float, default=50.0, help="paired replay: pause before each request")
     ap.add_argument("--whole", action="store_true",
                     help="paired replay: whole answers (`stream` false, as llama.vim asks), not streamed")
+    ap.add_argument("--new-connections", action="store_true",
+                    help="paired replay: each request on a new connection (`Connection: close`), as llama.vim's "
+                         "curl sends them; by default one keep-alive connection per server, as most editors keep")
     ap.add_argument("--cpu-pid", type=int, nargs="+", default=[],
                     help="paired replay: report these processes' CPU time per request (e.g. the router's)")
     ap.add_argument("--json", type=Path)
@@ -515,7 +521,7 @@ def paired(args: argparse.Namespace) -> int:
     before, t0 = {pid: cpu_s(pid) for pid in args.cpu_pid}, time.perf_counter()
     rows = replay_paired(args.url, args.vs_url, rounds=args.rounds, middle=args.where == "middle",
                          model=args.model_name, n_predict=args.n_predict, gap_s=args.gap_ms / 1000,
-                         stream=not args.whole)
+                         stream=not args.whole, close=args.new_connections)
     wall = time.perf_counter() - t0
     out = paired_summary(rows)
     for pid in args.cpu_pid:
