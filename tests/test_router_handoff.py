@@ -30,8 +30,8 @@ from localspec.router.app import build_router
 from localspec.router.errors import UnknownModel
 from localspec.router.handoff import NO_HOLD_ENV, Channel, front_protocol, supported
 from localspec.server import bind
-from localspec.server.channel import HEAD, decode_request, encode_request, hold_key
 from localspec.server import handoff as server_handoff
+from localspec.server.channel import HEAD, decode_request, encode_request, hold_key
 from localspec.server.handoff import Adopter
 
 pytestmark = pytest.mark.skipif(not supported(), reason="no SCM_RIGHTS hand-off on this platform")
