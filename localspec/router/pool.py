@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Iterable
 
 from ..backend.memory import available_bytes
@@ -24,48 +23,11 @@ from .catalog import ModelSpec, canonical
 from .errors import RunnerFailed, UnknownModel, WontFit
 from .memory import Estimate, fits, free_vram_bytes, gb, refusal, spec_estimate
 from .runner import START_TIMEOUT, Runner
+from .slot import FAILED, LOADED, LOADING, SLEEPING, UNLOADED, ModelStatus, Slot
 
-UNLOADED, LOADING, LOADED, SLEEPING, FAILED = "unloaded", "loading", "loaded", "sleeping", "failed"
 MODELS_MAX = 4
 DEFAULT_KEEP_ALIVE = 300.0  # Ollama's OLLAMA_KEEP_ALIVE default, 5 minutes
 REAP_EVERY = 1.0
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    """One model as GET /models and /api/ps report it."""
-
-    name: str
-    state: str
-    pid: int | None
-    port: int | None
-    expires_at: float | None  # time.time() when it unloads or sleeps if still idle; None: never, or not loaded
-    size_bytes: int | None
-    ram_estimate: int | None
-    vram_estimate: int | None
-    busy: int
-    failure: str | None
-    source: str
-    path: str | None
-
-
-class _Slot:
-    """A model's mutable state; only the Pool touches it."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.runner: Runner | None = None
-        self.state = UNLOADED
-        self.busy = 0
-        self.keep_alive: float | None = None  # the last request's; None: the pool's default
-        self.expires: float | None = None  # time.monotonic() deadlines while idle
-        self.sleep_at: float | None = None
-        self.last_used = 0.0
-        self.loading: asyncio.Task[Runner] | None = None
-        self.failure: str | None = None
-        self.need: Estimate | None = None
-        self.estimated = False
-        self.waiting = 0  # requests waiting for its load
 
 
 class Pool:
@@ -91,8 +53,8 @@ class Pool:
         self.server_args = tuple(server_args)
         self.echo = echo  # (model name, line) for each line a runner prints
         self.start_timeout = start_timeout
-        self._slots = {n: _Slot(s) for n, s in self.specs.items()}
-        self._retired: dict[str, _Slot] = {}  # gone from the catalog, stopped when their requests end
+        self._slots = {n: Slot(s) for n, s in self.specs.items()}
+        self._retired: dict[str, Slot] = {}  # gone from the catalog, stopped when their requests end
         self._admit = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
@@ -125,7 +87,7 @@ class Pool:
             else:
                 self._spawn(self._stop(slot, UNLOADED, "no longer in the catalog", later=True))
         for name, spec in self.specs.items():
-            slot = self._slots.setdefault(name, _Slot(spec))
+            slot = self._slots.setdefault(name, Slot(spec))
             changed = slot.spec != spec
             slot.spec, slot.estimated = spec, slot.estimated and not changed
             if changed and slot.runner is not None:
@@ -155,7 +117,7 @@ class Pool:
         return self._take(slot, runner, keep_alive)
 
     @staticmethod
-    def _take(slot: _Slot, runner: Runner, keep_alive: float | None) -> Runner:
+    def _take(slot: Slot, runner: Runner, keep_alive: float | None) -> Runner:
         slot.busy += 1
         slot.expires = slot.sleep_at = None
         if keep_alive is not None:
@@ -213,7 +175,7 @@ class Pool:
 
     # -- loading ------------------------------------------------------------------------------------------------
 
-    async def _ready(self, slot: _Slot) -> Runner:
+    async def _ready(self, slot: Slot) -> Runner:
         """The slot's live runner, or the one its (shared) load task starts."""
         r = slot.runner
         if r is not None and slot.state == LOADED and r.alive:
@@ -239,7 +201,7 @@ class Pool:
         if not task.cancelled():
             task.exception()  # retrieved: a failed load nobody waits for is not "never retrieved"
 
-    async def _load(self, slot: _Slot) -> Runner:
+    async def _load(self, slot: Slot) -> Runner:
         name = slot.spec.name
         try:
             async with self._admit:
@@ -266,16 +228,16 @@ class Pool:
         self.log(f"router: {name} loaded (pid {runner.pid}, {runner.url})")
         return runner
 
-    def _running(self, but: _Slot) -> list[_Slot]:
+    def _running(self, but: Slot) -> list[Slot]:
         return [s for s in self._slots.values() if s is not but and s.runner is not None
                 and s.state in (LOADING, LOADED)]
 
-    def _lru_idle(self, but: _Slot) -> _Slot | None:
+    def _lru_idle(self, but: Slot) -> Slot | None:
         idle = [s for s in self._running(but) if s.state == LOADED and not s.busy and not s.waiting
                 and s.loading is None]
         return min(idle, key=lambda s: s.last_used, default=None)
 
-    def _need(self, slot: _Slot) -> Estimate | None:
+    def _need(self, slot: Slot) -> Estimate | None:
         if not slot.estimated:
             try:
                 slot.need = self.estimate(slot.spec)
@@ -285,7 +247,7 @@ class Pool:
             slot.estimated = True
         return slot.need
 
-    async def _make_room(self, slot: _Slot) -> None:
+    async def _make_room(self, slot: Slot) -> None:
         """Evict least-recently-used idle models until this one fits: fewer than models_max running, its RAM
         estimate under the memory available, its VRAM estimate (with --ngl) under the GPUs' free memory.
         WontFit when only busy models are left to evict."""
@@ -302,7 +264,7 @@ class Pool:
                 await self._evict_until(slot, lambda: fits(wanted, free()), f"{what}: needs {gb(wanted)}",
                                         lambda: refusal(name, what, wanted, free(), slot.spec.n_ctx))
 
-    async def _evict_until(self, slot: _Slot, fits: Callable[[], bool], why: str, refusal: Callable[[], str]) -> None:
+    async def _evict_until(self, slot: Slot, fits: Callable[[], bool], why: str, refusal: Callable[[], str]) -> None:
         while not fits():
             victim = self._lru_idle(slot)
             if victim is None:
@@ -311,7 +273,7 @@ class Pool:
 
     # -- unloading ----------------------------------------------------------------------------------------------
 
-    def _idle(self, slot: _Slot) -> None:
+    def _idle(self, slot: Slot) -> None:
         """The model's last request ended: set when it unloads (keep_alive) or sleeps (--sleep-idle-seconds)."""
         now = time.monotonic()
         slot.last_used = now
@@ -321,14 +283,14 @@ class Pool:
         if ka == 0 and not slot.waiting:
             self._spawn(self._stop(slot, UNLOADED, "keep_alive 0", later=True))
 
-    def _mark_dead(self, slot: _Slot) -> None:
+    def _mark_dead(self, slot: Slot) -> None:
         """Its runner died (a crash mid-request): failed, with the cause; the next acquire starts it again."""
         r = slot.runner
         slot.failure = (r.failure() if r else None) or "runner exited"
         slot.runner, slot.state, slot.expires, slot.sleep_at = None, FAILED, None, None
         self.log(f"router: {slot.spec.name}: {slot.failure}")
 
-    async def _stop(self, slot: _Slot, state: str, why: str, later: bool | None = None) -> None:
+    async def _stop(self, slot: Slot, state: str, why: str, later: bool | None = None) -> None:
         """Stop the slot's runner. Unless forced (`later` None), the runner first gives back the connections it
         holds idle (router/handoff.py); a request one of them brought meanwhile keeps it running: the stop is
         dropped (`later` False: it was idle, and is not) or left to the request's end (True: keep_alive 0)."""
@@ -388,19 +350,7 @@ class Pool:
 
     def status(self) -> list[ModelStatus]:
         now, wall = time.monotonic(), time.time()
-        return [self._status(s, now, wall) for s in self._slots.values()]
-
-    def _status(self, s: _Slot, now: float, wall: float) -> ModelStatus:
-        r = s.runner
-        deadlines = [d for d in (s.expires, s.sleep_at) if d is not None]
-        expires = wall + (min(deadlines) - now) if deadlines and r is not None else None
-        path = s.spec.path
-        size = path.stat().st_size if path is not None and path.is_file() else None
-        need = s.need if s.estimated else None
-        return ModelStatus(s.spec.name, s.state, r.pid if r else None, r.port if r else None, expires, size,
-                           need.ram_bytes if need else None, need.vram_bytes if need else None, s.busy,
-                           s.failure if s.state == FAILED else None, s.spec.source,
-                           str(path) if path is not None else None)
+        return [s.report(now, wall) for s in self._slots.values()]
 
     def state(self, name: str) -> str:
         return self._slots[self.resolve(name)].state
