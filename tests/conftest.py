@@ -104,3 +104,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (a warm cache, a server state) fails there."""
     if os.environ.get("LOCALSPEC_TEST_ORDER") == "reverse":
         items.reverse()
+
+
+# -- tiny random recurrent and hybrid models (tests/tiny_gguf.py) -------------------------------------------------
+
+def _tiny(arch: str, tokenizer_from: Path) -> Path:
+    """The tiny `arch` model with SmolLM2's tokenizer, written once into the cache (its name carries the writer's
+    version, so a changed writer makes a new file instead of reusing an old one)."""
+    from tiny_gguf import file_name, write_tiny
+
+    out = CACHE / "fixtures" / file_name(arch)
+    if not out.exists():
+        write_tiny(arch, tokenizer_from, out)
+    return _verdict_known(out)
+
+
+@pytest.fixture(scope="session", params=["mamba", "lfm2", "granitehybrid"])
+def tiny_recurrent(request: pytest.FixtureRequest, smollm2_path: Path) -> Path:
+    """Each tiny model in turn: pure recurrent (mamba), hybrid whose state llama.cpp can roll back (lfm2), hybrid
+    without that (granitehybrid). About 5 MB each, random weights, greedy text varied."""
+    return _tiny(request.param, smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_mamba_path(smollm2_path: Path) -> Path:
+    return _tiny("mamba", smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_lfm2_path(smollm2_path: Path) -> Path:
+    return _tiny("lfm2", smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_granitehybrid_path(smollm2_path: Path) -> Path:
+    return _tiny("granitehybrid", smollm2_path)
