@@ -44,7 +44,9 @@ import httpx
 from localspec.models.gguf_header import read_header
 from localspec.models.paths import cache_dir
 from localspec.server.fim import Extra, FimTokens, build_infill
-from localspec.server.testing import ServerProcess, rss_mib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from servers import ServerProcess, rss_mib  # noqa: E402  (the tests' helper: a real server on a free port)
 
 IDLE_S = 3.0  # --cpu-pid: how long each process's idle CPU rate is measured before the replay
 KEY_S = 0.12  # a key every 120 ms: a quick typist

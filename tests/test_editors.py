@@ -23,9 +23,8 @@ from typing import Iterator
 
 import httpx
 import pytest
+from servers import ServerProcess
 from test_server_api import LLAMA_VIM_BODY
-
-from localspec.server.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
 

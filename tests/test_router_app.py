@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from localspec.commands.supervise import crash_line
-from localspec.router.app import FOREVER, RouterConfig, choose_model, create_router_app, parse_keep_alive
-from localspec.router.errors import RunnerFailed, UnknownModel
+from localspec.router.app import create_router_app
+from localspec.router.choice import FOREVER, RouterConfig, choose_model, parse_keep_alive
 from localspec.router.proxy import HangUp, error_event
+from localspec.router.refusals import RunnerFailed, UnknownModel
 
 CAUSE = crash_line(signal.SIGSEGV)
 
@@ -225,12 +226,13 @@ class _Upstream:
 
 async def test_a_caller_that_hangs_up_closes_the_upstream_at_once_and_a_closed_watch_does_nothing():
     first, then = _Upstream(), _Upstream()
-    hang_up = HangUp(_Hangs(0.01).receive, first)
-    hang_up.target = then  # the reply replaced the request in flight
-    await asyncio.sleep(0.05)
+    hang_up = HangUp(_Hangs(0.01).receive, first.abort)
+    hang_up.abort = then.abort  # the answer replaced the request in flight
+    await asyncio.wait_for(hang_up._task, 1)
+    await asyncio.sleep(0)  # the done callback runs
     assert hang_up.gone and (first.aborted, then.aborted) == (0, 1)
     stays = _Upstream()
-    quiet = HangUp(_Hangs(3600).receive, stays)
+    quiet = HangUp(_Hangs(3600).receive, stays.abort)
     await asyncio.sleep(0)
     quiet.close()  # the answer was relayed: the connection goes back to the pool, not closed
     await asyncio.sleep(0)
@@ -281,7 +283,7 @@ async def test_models_reload_reads_the_catalog_again():
 
 async def test_a_broken_presets_file_is_a_400_on_reload_naming_the_file(tmp_path):
     from localspec.engine.loader import EngineConfig
-    from localspec.router.catalog import discover
+    from localspec.router.discover import discover
 
     bad = tmp_path / "presets.ini"
     bad.write_text("[coder\nmodel = x.gguf\n")

@@ -6,19 +6,23 @@ refusals that happen before any process starts."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 import pytest
+from faults import segv
+from faults.segv import FAULT_ENV
 
 from localspec.commands.supervise import WATCH_ENV, crash_line
 from localspec.models.model_facts import kv_cache_bytes
-from localspec.router.catalog import (
+from localspec.router.discover import (
     GLOBAL_SECTION,
     ModelSpec,
     canonical,
@@ -27,11 +31,10 @@ from localspec.router.catalog import (
     preset_args,
     read_presets,
 )
-from localspec.router.errors import RunnerFailed, UnknownModel, WontFit
-from localspec.router.fault import FAULT_ENV
 from localspec.router.memory import PROCESS_BYTES, Estimate, compute_bytes, estimate
 from localspec.router.pool import FAILED, LOADED, SLEEPING, UNLOADED, Pool
-from localspec.router.runner import Runner, exit_cause
+from localspec.router.process import Runner, exit_cause
+from localspec.router.refusals import RunnerFailed, UnknownModel, WontFit
 
 MARKER = "ZQX-CRASH-HERE"
 RUNNER_ARGS = ("--no-spec", "--ctx", "256", "--threads", "1")
@@ -74,18 +77,18 @@ def test_a_runner_runs_unwatched_and_without_the_routers_api_key(monkeypatch):
     monkeypatch.setenv("LOCALSPEC_API_KEY", "secret")
     r = Runner("tiny", ("--model", "x.gguf"), env={FAULT_ENV: MARKER})
     assert "LOCALSPEC_API_KEY" not in r.env and r.env[WATCH_ENV] == "1" and r.env[FAULT_ENV] == MARKER
+    assert r.command[1:4] == ["-m", "localspec", "serve"]  # the command a user runs, nothing more
     assert r.command[-6:] == ["--host", "127.0.0.1", "--port", "0", "--model", "x.gguf"]
     assert not r.alive and r.failure() is None and r.pid is None
 
 
 def test_without_its_variable_the_fault_hook_installs_nothing(monkeypatch):
     from localspec.engine.engine import Engine
-    from localspec.router.fault import install_from_env
 
     monkeypatch.delenv(FAULT_ENV, raising=False)
     before = Engine.generate
-    install_from_env()
-    assert Engine.generate is before  # the normal path pays nothing
+    segv.install_from_env()
+    assert Engine.generate is before
 
 
 def test_presets_read_llama_server_keys_from_ini_and_toml(tmp_path):
@@ -160,14 +163,24 @@ async def test_update_adds_and_drops_models_without_touching_the_others(smollm2_
     await pool.close()
 
 
+async def _until(check: Callable[[], Any], wait: float = 30.0) -> bool:
+    """Whether `check` (a function, or a coroutine function) comes true within `wait` seconds, asked again while
+    the event loop runs the pool's tasks."""
+    deadline = time.monotonic() + wait
+    while True:
+        got = check()
+        if inspect.isawaitable(got):
+            got = await got
+        if got:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+
+
 async def _stops(runner: Runner, wait: float = 15.0) -> bool:
     """The runner's process ends and is reaped, while the event loop runs the pool's stopping task."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if runner.pid is not None and _gone(runner.pid, wait=0.01):
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    return await _until(lambda: runner.pid is not None and _gone(runner.pid, wait=0.01), wait)
 
 
 @pytest.mark.slow
@@ -252,7 +265,7 @@ async def _streamed_lines(client: httpx.AsyncClient, url: str, prompt: str) -> l
 
 @pytest.mark.slow
 async def test_a_runner_that_crashes_mid_answer_is_named_and_restarted(smollm2_path):
-    pool = Pool([_spec("tiny", smollm2_path)], env={FAULT_ENV: MARKER})
+    pool = Pool([_spec("tiny", smollm2_path)], env=segv.env(MARKER))
     try:
         async with httpx.AsyncClient(timeout=120) as client:
             runner = await pool.acquire("tiny")
@@ -295,10 +308,7 @@ async def test_models_max_evicts_the_least_recently_used_idle_model_and_keep_ali
         assert states == {"a": UNLOADED, "b": LOADED} and a_pid is not None and _gone(a_pid)
         assert not ra.alive and ra.failure() is None  # stopped on purpose: no failure to report
         pool.release(rb, keep_alive=0)
-        deadline = time.monotonic() + 30
-        while pool.state("b") != UNLOADED and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert pool.state("b") == UNLOADED and _gone(rb.pid or 0)
+        assert await _until(lambda: pool.state("b") == UNLOADED) and _gone(rb.pid or 0)
     finally:
         await pool.close()
 
@@ -310,9 +320,12 @@ async def test_an_idle_model_sleeps_and_wakes_on_the_next_request(smollm2_path):
         r = await pool.acquire("tiny")
         pool.release(r)
         assert pool.status()[0].expires_at is not None
-        await asyncio.sleep(0.3)
-        await pool.reap()
-        assert pool.state("tiny") == SLEEPING and _gone(r.pid or 0)
+
+        async def asleep() -> bool:
+            await pool.reap()
+            return pool.state("tiny") == SLEEPING
+
+        assert await _until(asleep, wait=10) and _gone(r.pid or 0)
         woken, twin = await asyncio.gather(pool.acquire("tiny"), pool.acquire("tiny"))  # one load for both
         assert woken is twin and pool.state("tiny") == LOADED and woken.pid != r.pid
         assert pool.status()[0].busy == 2
@@ -365,7 +378,8 @@ async def test_a_runner_that_cannot_load_fails_with_its_last_line(tmp_path):
 _ROUTER = """
 import asyncio, sys
 from pathlib import Path
-from localspec.router.catalog import ModelSpec
+from typing import Any, Callable
+from localspec.router.discover import ModelSpec
 from localspec.router.pool import Pool
 
 async def main():
@@ -416,8 +430,9 @@ def _descendants(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_a_killed_localspec_serve_router_takes_its_runners_with_it(tmp_path, smollm2_path):
     """The real command: the watcher, the router it watches, a runner the router started; SIGKILL the top."""
+    from servers import ServerProcess
+
     from localspec.models.registry import load_registry
-    from localspec.server.testing import ServerProcess
 
     (tmp_path / "models").mkdir()
     env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "LOCALSPEC_HOME": str(tmp_path / "home")}
@@ -426,7 +441,7 @@ def test_a_killed_localspec_serve_router_takes_its_runners_with_it(tmp_path, smo
         assert httpx.post(srv.url + "/completion", json=body, timeout=300).status_code == 200
         assert srv.proc is not None
         below = _descendants(srv.proc.pid)
-        runners = [p for p in below if b"localspec.router.child" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        runners = [p for p in below if b"--behind-router" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert runners and len(below) > len(runners)  # the router itself, and its runner
         srv.proc.kill()
         srv.proc.wait(30)

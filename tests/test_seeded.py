@@ -20,11 +20,11 @@ from typing import Iterator, Sequence
 import httpx
 import numpy as np
 import pytest
+from servers import ServerProcess
 
 from localspec.engine.engine import Engine
 from localspec.sampling.constrain import Constraint
 from localspec.sampling.params import SamplingParams
-from localspec.server.testing import ServerProcess
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
 from localspec.speculative.types import Step

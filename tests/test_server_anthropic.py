@@ -11,12 +11,12 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from servers import ServerProcess
 
 from localspec.engine.answer import AnswerDelta
 from localspec.engine.tools import ToolCallDelta
 from localspec.server.anthropic_convert import CountTokensRequest, openai_messages, tool_choice
 from localspec.server.anthropic_stream import Blocks
-from localspec.server.testing import ServerProcess
 
 HI = [{"role": "user", "content": "Write one short sentence about cats."}]
 LONG = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]

@@ -11,8 +11,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-
-from localspec.server.testing import ServerProcess
+from servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,7 @@ import json
 
 import httpx
 import pytest
-
-from localspec.server.testing import ServerProcess
+from servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

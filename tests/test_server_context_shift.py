@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 from fakes import FakeModel, counting
+from servers import ServerProcess
 
 from localspec.engine.engine import Engine
-from localspec.server.testing import ServerProcess
 from localspec.speculative.drafters import PromptLookup
 from localspec.tuning.controller import FixedK
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from servers import ServerProcess
 from test_server_api import LLAMA_VIM_BODY
-
-from localspec.server.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
 

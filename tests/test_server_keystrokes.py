@@ -11,8 +11,7 @@ import random
 
 import httpx
 import pytest
-
-from localspec.server.testing import ServerProcess, rss_mib
+from servers import ServerProcess, rss_mib
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from servers import ServerProcess
 
 from localspec.server.responses import ResponsesRequest, input_messages, response_format
 from localspec.server.state import ApiError
-from localspec.server.testing import ServerProcess
 
 ASK = "Write one short sentence about cats."
 LONG = "Write a long story about a dragon who learns to fly."

@@ -15,8 +15,7 @@ import threading
 
 import httpx
 import pytest
-
-from localspec.server.testing import ServerProcess
+from servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

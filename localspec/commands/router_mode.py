@@ -46,7 +46,7 @@ def wanted(engine_config: Any, router: bool, models_preset: Path | None) -> bool
 
 def keep_alive_seconds(text: str) -> float:
     """--keep-alive / OLLAMA_KEEP_ALIVE ("5m", "30s", "0", "-1") in seconds; negative = keep forever."""
-    from ..router.app import parse_keep_alive
+    from ..router.choice import parse_keep_alive
 
     if not _DURATION.match(text.strip()):
         raise click.BadParameter(f"{text!r}: give a duration such as 5m, 30s, 0 or -1", param_hint="--keep-alive")
@@ -80,9 +80,9 @@ def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket
     import uvicorn
 
     from ..models.registry import load_registry
-    from ..router.app import RouterConfig, build_router
-    from ..router.catalog import discover
-    from ..router.handoff import front_protocol
+    from ..router.app import create_router_app
+    from ..router.choice import RouterConfig
+    from ..router.discover import discover
     from ..router.pool import Pool
 
     def specs() -> dict[str, Any]:
@@ -98,9 +98,8 @@ def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket
                           sleep_idle_s=sleep_idle_s, keep_alive_s=keep_alive_seconds(keep_alive), autoload=autoload)
     pool = Pool(found, models_max=models_max, sleep_idle_s=sleep_idle_s, default_keep_alive=config.keep_alive_s,
                 log=log_err, server_args=serve_args(ctx))
-    router = build_router(pool, config, lambda: pool.update(specs()))
-    server = uvicorn.Server(uvicorn.Config(router.app, http=front_protocol(router.forwarder.try_hand),
-                                           log_level="warning", timeout_graceful_shutdown=2, access_log=False))
+    app = create_router_app(pool, config, lambda: pool.update(specs()))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False))
     names = ", ".join(found) or "none yet"
     log_err(f"localspec serve: {urls} (router, {len(found)} models: {names}; at most {models_max} loaded)")
     server.run(sockets=socks)

@@ -67,13 +67,11 @@ def _url(host: str, port: int) -> str:
               "thinking), none leaves it in the content (llama-server's option).")
 @click.option("--behind-router", is_flag=True, hidden=True,
               help="Set by the router for its runners: a stream's head goes out with its first piece.")
-@click.option("--handoff", hidden=True, metavar="CONTROL,PAGE",
-              help="Set by the router for its runners: descriptors of the channel callers' connections come on.")
 @engine_options
 @click.pass_context
 def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
           router, models_max, models_preset, sleep_idle_seconds, keep_alive, models_autoload, default_model,
-          chat_template_file, reasoning_format, behind_router, handoff, engine_config):
+          chat_template_file, reasoning_format, behind_router, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -107,22 +105,13 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
                           aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,
-                          context_shift=context_shift, reasoning_format=reasoning_format, hold_heads=behind_router,
-                          handoff=_fds(handoff))
+                          context_shift=context_shift, reasoning_format=reasoning_format, hold_heads=behind_router)
     urls = ", ".join(_url(h, real_port) for h in hosts)
     try:
         run_server(engine, config, socks, on_ready=lambda: log_err(
             f"localspec serve: {urls} (model {engine.name}, speculation {how}, n_ctx {engine.target.n_ctx})"))
     finally:
         engine.close()
-
-
-def _fds(given: str | None) -> tuple[int, int] | None:
-    """--handoff CONTROL,PAGE: the two descriptors the router passed (router/handoff.py)."""
-    if not given:
-        return None
-    control, page = (int(fd) for fd in given.split(","))
-    return control, page
 
 
 def _bind_all(bind, hosts: tuple[str, ...], port: int) -> list[socket.socket]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..models.gguf_header import read_header
 from ..models.model_facts import kv_cache_bytes
-from .catalog import ModelSpec, context_for
+from .discover import ModelSpec, context_for
 
 # A SmolLM2-135M runner measured 105 MB resident beside its weights and KV cache at n_ctx 256, 122 MB at 2048
 # (VmHWM after an answer); with the compute term below the estimate is 1.2-1.3x what it used.

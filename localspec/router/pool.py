@@ -19,10 +19,10 @@ from typing import Any, Callable, Coroutine, Iterable
 
 from ..backend.memory import available_bytes
 from ..errors import LocalspecError
-from .catalog import ModelSpec, canonical
-from .errors import RunnerFailed, UnknownModel, WontFit
+from .discover import ModelSpec, canonical
 from .memory import Estimate, fits, free_vram_bytes, gb, refusal, spec_estimate
-from .runner import START_TIMEOUT, Runner
+from .process import START_TIMEOUT, Runner
+from .refusals import RunnerFailed, UnknownModel, WontFit
 from .slot import FAILED, LOADED, LOADING, SLEEPING, UNLOADED, ModelStatus, Slot
 
 MODELS_MAX = 4
@@ -85,7 +85,7 @@ class Pool:
                 self._retired[name] = slot
                 slot.keep_alive = 0
             else:
-                self._spawn(self._stop(slot, UNLOADED, "no longer in the catalog", later=True))
+                self._spawn(self._stop(slot, UNLOADED, "no longer in the catalog"))
         for name, spec in self.specs.items():
             slot = self._slots.setdefault(name, Slot(spec))
             changed = slot.spec != spec
@@ -94,7 +94,7 @@ class Pool:
                 if slot.busy:
                     slot.keep_alive = 0
                 else:
-                    self._spawn(self._stop(slot, UNLOADED, "its settings changed", later=True))
+                    self._spawn(self._stop(slot, UNLOADED, "its settings changed"))
 
     def loaded(self) -> list[str]:
         return [n for n, s in self._slots.items() if s.state == LOADED and s.runner is not None]
@@ -107,15 +107,6 @@ class Pool:
         slot = self._slots[self.resolve(name)]
         return self._take(slot, await self._ready(slot), keep_alive)  # no await in between: nothing evicts it
 
-    def try_acquire(self, name: str, keep_alive: float | None = None) -> Runner | None:
-        """`acquire` without waiting, for a model already loaded and running (None otherwise, and nothing is
-        started): the router's hand-off decides in the caller's own read callback (router/handoff.py)."""
-        slot = self._slots.get(name)
-        runner = slot.runner if slot is not None else None
-        if slot is None or runner is None or slot.state != LOADED or not runner.alive:
-            return None
-        return self._take(slot, runner, keep_alive)
-
     @staticmethod
     def _take(slot: Slot, runner: Runner, keep_alive: float | None) -> Runner:
         slot.busy += 1
@@ -123,15 +114,6 @@ class Pool:
         if keep_alive is not None:
             slot.keep_alive = keep_alive
         return runner
-
-    def retake(self, runner: Runner) -> bool:
-        """A request the runner took on a connection it holds (router/handoff.py): its model is busy again, if
-        `runner` is still the model's process (False: it is being stopped, and the stop waits for nothing)."""
-        slot = self._slots.get(runner.name)
-        if slot is None or slot.runner is not runner:
-            return False
-        self._take(slot, runner, None)
-        return True
 
     def release(self, runner: Runner, keep_alive: float | None = None) -> None:
         """The request on `runner` is done; when it was the model's last, its idle clock starts (keep_alive as
@@ -170,7 +152,7 @@ class Pool:
         if slot.busy:
             slot.keep_alive = 0
             return True
-        await self._stop(slot, UNLOADED, "unloaded on request", later=True)
+        await self._stop(slot, UNLOADED, "unloaded on request")
         return True
 
     # -- loading ------------------------------------------------------------------------------------------------
@@ -269,7 +251,7 @@ class Pool:
             victim = self._lru_idle(slot)
             if victim is None:
                 raise WontFit(refusal())
-            await self._stop(victim, UNLOADED, f"evicted for {slot.spec.name} ({why})", later=False)
+            await self._stop(victim, UNLOADED, f"evicted for {slot.spec.name} ({why})")
 
     # -- unloading ----------------------------------------------------------------------------------------------
 
@@ -281,7 +263,7 @@ class Pool:
         slot.expires = None if ka is None or ka < 0 else now + ka
         slot.sleep_at = None if self.sleep_idle_s is None else now + self.sleep_idle_s
         if ka == 0 and not slot.waiting:
-            self._spawn(self._stop(slot, UNLOADED, "keep_alive 0", later=True))
+            self._spawn(self._stop(slot, UNLOADED, "keep_alive 0"))
 
     def _mark_dead(self, slot: Slot) -> None:
         """Its runner died (a crash mid-request): failed, with the cause; the next acquire starts it again."""
@@ -290,21 +272,11 @@ class Pool:
         slot.runner, slot.state, slot.expires, slot.sleep_at = None, FAILED, None, None
         self.log(f"router: {slot.spec.name}: {slot.failure}")
 
-    async def _stop(self, slot: Slot, state: str, why: str, later: bool | None = None) -> None:
-        """Stop the slot's runner. Unless forced (`later` None), the runner first gives back the connections it
-        holds idle (router/handoff.py); a request one of them brought meanwhile keeps it running: the stop is
-        dropped (`later` False: it was idle, and is not) or left to the request's end (True: keep_alive 0)."""
+    async def _stop(self, slot: Slot, state: str, why: str) -> None:
+        """Stop the slot's runner (the caller checked that no request holds it)."""
         r = slot.runner
         if r is None:
             return
-        if later is not None:
-            await r.recall()
-            if slot.runner is not r:
-                return
-            if slot.busy or slot.waiting:
-                if later:
-                    slot.keep_alive = 0
-                return
         slot.runner, slot.state, slot.expires, slot.sleep_at = None, state, None, None
         slot.keep_alive = None
         self.log(f"router: stopping {slot.spec.name} ({why})")
@@ -320,9 +292,9 @@ class Pool:
             if not r.alive:
                 self._mark_dead(slot)
             elif slot.busy == 0 and slot.sleep_at is not None and now >= slot.sleep_at:
-                await self._stop(slot, SLEEPING, f"idle {self.sleep_idle_s:g} s", later=False)
+                await self._stop(slot, SLEEPING, f"idle {self.sleep_idle_s:g} s")
             elif slot.busy == 0 and slot.expires is not None and now >= slot.expires:
-                await self._stop(slot, UNLOADED, "keep_alive expired", later=False)
+                await self._stop(slot, UNLOADED, "keep_alive expired")
 
     async def run_reaper(self, every: float = REAP_EVERY) -> None:
         """Reap every `every` seconds until cancelled (the router's app runs it as a task)."""

@@ -1,35 +1,36 @@
-"""The router's hop to a runner: one request forwarded to the runner's own `localspec serve`, its answer relayed
-piece by piece at the ASGI level, and a runner that dies mid-answer turned into an error in the caller's protocol.
+"""The router's hop to a runner: a request forwarded to the runner's own `localspec serve` through one pooled
+keep-alive HTTP client (aiohttp's), its answer passed on as it comes, and a runner that dies mid-answer turned
+into an error in the caller's protocol.
 
-Why raw ASGI over relay.py's client instead of a FastAPI route over httpx: the hop is on every editor keystroke,
-and on 2 cores every layer between the caller's socket and the runner's costs CPU that the runner's llama.cpp
-threads want (docs/bench/router.md#router-hop). Connections to a runner are kept alive (relay.Upstreams), so a
-forwarded request costs no TCP handshake. Streamed answers (SSE, Ollama's NDJSON) are relayed as they come;
-whole answers are read and sent with their length, as the runner sent them.
+Why a plain proxy: llama.cpp's router and Ollama's server forward the same way, and the hop costs about a
+millisecond of a 100 ms editor request on a 2-core machine (docs/bench/router.md). Why aiohttp's client: it is
+maintained, it parses HTTP in C, and it keeps connections to each runner alive, so a request pays no TCP
+handshake. Streamed answers (SSE, Ollama's NDJSON) are passed on piece by piece; whole answers are read and
+sent with their length.
 
 A caller that hangs up, before the runner answers or during its answer: a watch on the caller's `receive`
-(HangUp) closes the upstream connection at once, which the runner's server reads as a disconnect and stops
-the generation.
+(HangUp) closes the connection to the runner at once, which the runner's server reads as a disconnect, and it
+stops the generation.
 
-A runner that dies while answering: before its headers (a whole answer, or a stream that had not started) the
+A runner that dies while answering: before its head (a whole answer, or a stream that had not started) the
 caller gets the protocol's error body, 500 under /api/ (Ollama's status) and 502 elsewhere (a bad gateway);
-after them (a stream under way) a last event in the stream's own framing: `data: {"error": ...}` (OpenAI,
-llama.cpp), `event: error` (Anthropic, Responses), or an `{"error": ...}` line (Ollama). The message names
-the cause: supervise.crash_line for a signal death, the exit code and the last stderr line otherwise.
+after it (a stream under way) a last event in the stream's own framing: `data: {"error": ...}` (OpenAI,
+llama.cpp), `event: error` (Anthropic, Responses), or an `{"error": ...}` line (Ollama). The message names the
+cause: the crash line for a signal death, the exit code and the last line it printed otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
+import aiohttp
 from starlette.responses import Response
 
 from ..server.http import error_body
-from .relay import Reply, UpstreamBroken, Upstreams
 
-STREAMED = (b"text/event-stream", b"application/x-ndjson")
+STREAMED = ("text/event-stream", "application/x-ndjson")
 # hop-by-hop and per-connection headers (RFC 9110 7.6.1), and the ones the router sets itself: Origin stays
 # here so the router's CORS middleware alone answers it (a runner would add a second set of headers)
 _DROP_REQUEST = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"origin", b"te",
@@ -37,10 +38,12 @@ _DROP_REQUEST = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"
 _DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
 OLLAMA_CRASH = "llama runner process has terminated"  # Ollama's words for a runner that died
 DEATH_WAIT_S = 3.0  # a runner whose connection broke has this long to be seen dead before the cause is a guess
+IDLE_S = 4.0  # an idle connection is dropped before uvicorn's keep-alive timeout (5 s) closes it from the other end
+BROKEN = (aiohttp.ClientError, OSError)  # the connection to the runner failed, or closed before the answer's end
 
 
 class Upstream(Protocol):
-    """What the proxy needs of a runner (router/runner.py's Runner)."""
+    """What the proxy needs of a runner (router/process.py's Runner)."""
 
     @property
     def url(self) -> str: ...
@@ -51,6 +54,27 @@ class Upstream(Protocol):
     def failure(self) -> str | None: ...
 
     async def died(self, timeout: float = 2.0) -> str | None: ...
+
+
+class Client:
+    """The router's one HTTP client to its runners: aiohttp's session, made on first use on the running loop."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_S, use_dns_cache=False)
+            # no total timeout: a generation may run for minutes; the runner is on this machine
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                                  skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 def protocol_of(path: str) -> str:
@@ -90,17 +114,6 @@ def error_event(path: str, status: int, message: str) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def crash_answer(path: str, message: str) -> bytes:
-    """A whole HTTP/1.1 answer carrying the protocol's error body for a runner that died before answering,
-    written straight to the caller's socket (a handed-over connection, router/handoff.py); the connection
-    closes after it."""
-    status = crash_status(path)
-    body = bytes(error_body(path, status, message, "server_error").body)
-    reason = "Internal Server Error" if status == 500 else "Bad Gateway"
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode() + body
-
-
 async def cause_of_death(runner: Upstream) -> str:
     """Why the connection to `runner` broke: its failure() once the process is seen dead (the socket closes a
     moment before the kernel reports the exit), else a plain statement that the connection was lost."""
@@ -112,30 +125,18 @@ async def cause_of_death(runner: Upstream) -> str:
     return "it was stopped"
 
 
-def _request_headers(scope: dict) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in scope["headers"] if k not in _DROP_REQUEST]
-
-
-def _response_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in reply.headers if k not in _DROP_RESPONSE]
-
-
-class Abortable(Protocol):
-    def abort(self) -> None: ...
-
-
 class HangUp:
-    """A watch on the caller's `receive`: when the caller disconnects, `target.abort()` closes the upstream
-    connection at once (the runner reads that as a disconnect and stops generating). `target` is the request
-    in flight, then its reply. llama.vim drops a whole-answer /infill at the next keystroke."""
+    """A watch on the caller's `receive`: when the caller disconnects, `abort` runs at once. It is the request in
+    flight's cancel, then the answer's close; either closes the connection to the runner, which the runner reads
+    as a disconnect and stops generating. llama.vim drops a whole-answer /infill at the next keystroke."""
 
-    def __init__(self, receive: Callable[[], Awaitable[dict]], target: Abortable) -> None:
-        self.target = target
+    def __init__(self, receive: Callable[[], Awaitable[dict]], abort: Callable[[], Any]) -> None:
+        self.abort = abort
         self._task = asyncio.ensure_future(_gone(receive))
         self._task.add_done_callback(self._fire)
 
     def _fire(self, _: asyncio.Future) -> None:
-        self.target.abort()
+        self.abort()
 
     @property
     def gone(self) -> bool:
@@ -158,50 +159,55 @@ def _target(scope: dict) -> str:
     return (path + b"?" + query if query else path).decode("latin-1")
 
 
-async def forward(upstreams: Upstreams, scope: dict, receive: Callable, send: Callable, runner: Upstream,
+def _request_headers(scope: dict) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _DROP_REQUEST]
+
+
+def _response_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    return [(k.lower(), v) for k, v in reply.raw_headers if k.lower() not in _DROP_RESPONSE]
+
+
+async def forward(client: Client, scope: dict, receive: Callable, send: Callable, runner: Upstream,
                   body: bytes, model: str, done: Callable[[], None]) -> None:
-    """Send the request (its `body` already read) to `runner` and relay the answer to `send`; `done` runs
-    once, when the answer has been relayed, failed or was abandoned by the caller (the pool's release).
-    The request is written first, before the watch on the caller is made: nothing this process does delays
-    the runner's start."""
+    """Send the request (its `body` already read) to `runner` and pass the answer on to `send`; `done` runs
+    once, when the answer has been passed on, failed or was abandoned by the caller (the pool's release)."""
     path = scope["path"]
-    sent = upstreams.send(runner.url, scope["method"], _target(scope), _request_headers(scope), body)
-    hang_up = HangUp(receive, sent)
+    sent = asyncio.ensure_future(client.session.request(
+        scope["method"], runner.url + _target(scope), headers=_request_headers(scope), data=body))
+    hang_up = HangUp(receive, sent.cancel)
     try:
         try:
             reply = await sent
-        except UpstreamBroken:
-            done()
+        except (asyncio.CancelledError, *BROKEN):
+            if not hang_up.gone and sent.cancelled():
+                raise  # this task was cancelled, not the request
             if hang_up.gone:
                 return await Response(status_code=499)(scope, receive, send)  # nginx's "client closed request"
             return await _crashed(scope, receive, send, runner, model)
-        except BaseException:
-            done()
-            raise
-        hang_up.target = reply
+        hang_up.abort = reply.close
         try:
-            if reply.header(b"content-type").startswith(STREAMED):
+            if reply.content_type in STREAMED:
                 await _stream(reply, path, runner, model, hang_up, send)
             else:
-                await _whole(reply, path, runner, model, hang_up, scope, receive, send)
-        finally:
-            try:
-                reply.close()
-            finally:
-                done()
+                await _whole(reply, runner, model, hang_up, scope, receive, send)
+        except BaseException:
+            reply.close()  # the answer was not read to its end: its connection cannot be used again
+            raise
+        reply.release()  # back to the pool (aiohttp closes a connection whose answer did not end)
     finally:
         hang_up.close()
+        done()
 
 
 class Relayed(Response):
     """`forward` as a Response a FastAPI route can return (the router's GET /props?model=, /metrics)."""
 
-    def __init__(self, upstreams: Upstreams, runner: Upstream, model: str, done: Callable[[], None]) -> None:
+    def __init__(self, client: Client, runner: Upstream, model: str, done: Callable[[], None]) -> None:
         super().__init__()
-        self.upstreams, self.runner, self.model, self.done = upstreams, runner, model, done
+        self.client, self.runner, self.model, self.done = client, runner, model, done
 
     async def __call__(self, scope, receive, send) -> None:
-        await forward(self.upstreams, scope, receive, send, self.runner, b"", self.model, self.done)
+        await forward(self.client, scope, receive, send, self.runner, b"", self.model, self.done)
 
 
 async def _crashed(scope: dict, receive: Callable, send: Callable, runner: Upstream, model: str) -> None:
@@ -212,12 +218,12 @@ async def _crashed(scope: dict, receive: Callable, send: Callable, runner: Upstr
     await body(scope, receive, send)
 
 
-async def _whole(reply: Reply, path: str, runner: Upstream, model: str, hang_up: HangUp, scope: dict,
+async def _whole(reply: aiohttp.ClientResponse, runner: Upstream, model: str, hang_up: HangUp, scope: dict,
                  receive: Callable, send: Callable) -> None:
     """A whole answer, read and sent with its length (so the caller's keep-alive connection stays simple)."""
     try:
         data = await reply.read()
-    except UpstreamBroken:
+    except BROKEN:
         if hang_up.gone:
             return
         return await _crashed(scope, receive, send, runner, model)
@@ -226,26 +232,16 @@ async def _whole(reply: Reply, path: str, runner: Upstream, model: str, hang_up:
     await send({"type": "http.response.body", "body": data})
 
 
-async def _stream(reply: Reply, path: str, runner: Upstream, model: str, hang_up: HangUp,
+async def _stream(reply: aiohttp.ClientResponse, path: str, runner: Upstream, model: str, hang_up: HangUp,
                   send: Callable) -> None:
-    """The stream's pieces as they come; a broken stream ends with one error event. A caller that hangs up
-    closes the upstream connection at once (`hang_up`), which ends the loop. The head goes out with the first
-    piece: a runner sends its head a moment before its first event, and on a machine whose cores the
-    runner's threads fill, each wake-up of this process delays the runner's next write."""
-    head = {"type": "http.response.start", "status": reply.status, "headers": _response_headers(reply)}
-    started = False
-
-    async def out(body: bytes, more: bool = True) -> None:
-        nonlocal started
-        if not started:
-            started = True
-            await send(head)
-        await send({"type": "http.response.body", "body": body, "more_body": more})
-
+    """The stream's pieces as they come (those that arrived together as one); a broken stream ends with one error
+    event. A caller that hangs up closes the connection to the runner at once (`hang_up`), which ends the loop."""
+    await send({"type": "http.response.start", "status": reply.status, "headers": _response_headers(reply)})
     try:
-        async for piece in reply.pieces():
-            await out(piece)
-    except UpstreamBroken:
+        async for piece in reply.content.iter_any():
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    except BROKEN:
         if not hang_up.gone:  # the runner broke it, not the caller
-            await out(error_event(path, 500, crash_message(path, model, await cause_of_death(runner))))
-    await out(b"", more=False)
+            event = error_event(path, 500, crash_message(path, model, await cause_of_death(runner)))
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

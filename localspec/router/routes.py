@@ -10,7 +10,6 @@ DELETE /api/delete (a hub-cache model only: the router deletes no file it did no
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,8 +21,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from .. import __version__
 from ..server.http import error_body
 from . import pulls
-from .proxy import Relayed
-from .relay import Upstreams
+from .choice import choose_model
+from .proxy import Client, Relayed
 
 OWNER = "localspec"
 
@@ -70,8 +69,7 @@ def model_entry(s: Any, created: int) -> dict[str, Any]:
                      "source": s.source, "path": s.path, "busy": s.busy}}
 
 
-def router(pool: Any, config: Any, upstreams: Upstreams,
-           rediscover: Callable[[], None] | None = None, hops: Any = None) -> APIRouter:
+def router(pool: Any, config: Any, client: Client, rediscover: Callable[[], None] | None = None) -> APIRouter:
     r = APIRouter(tags=["router"])
 
     @r.get("/health")
@@ -84,24 +82,22 @@ def router(pool: Any, config: Any, upstreams: Upstreams,
         """The router's own props; ?model=X: that model's runner's, or, when it is not running, its state
         (`is_sleeping` as llama-server reports it): reading props never wakes a model."""
         if model is None:
-            return JSONResponse(router_props(config, hops))
+            return JSONResponse(router_props(config))
         name = pool.resolve(model)
         state = pool.state(name)
         if state != "loaded":
             return JSONResponse({"model": name, "model_alias": name, "role": "model", "status": state,
                                  "is_sleeping": state == "sleeping"})
-        return await _runner_get(pool, upstreams, name)
+        return await _runner_get(pool, client, name)
 
     @r.get("/metrics")
     async def metrics(request: Request, model: str | None = None) -> Response:
         """A runner's Prometheus metrics: ?model=X, else the model a request naming none would go to; a model
         that is not running has none to give (a scrape never loads or wakes it)."""
-        from .app import choose_model
-
         name = choose_model(pool, config, model)
         if pool.state(name) != "loaded":
             return PlainTextResponse(f"# model {name} is {pool.state(name)}: no runner, no metrics\n")
-        return await _runner_get(pool, upstreams, name)
+        return await _runner_get(pool, client, name)
 
     _model_routes(r, pool, rediscover or (lambda: None))
     _ollama_routes(r, pool, rediscover or (lambda: None))
@@ -135,22 +131,18 @@ def _model_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> No
         return JSONResponse({"success": True})
 
 
-async def _runner_get(pool: Any, upstreams: Upstreams, model: str) -> Response:
+async def _runner_get(pool: Any, client: Client, model: str) -> Response:
     """A GET answered by the model's own runner (started if need be)."""
     runner = await pool.acquire(model, None)
-    return Relayed(upstreams, runner, model, lambda: pool.release(runner, None))
+    return Relayed(client, runner, model, lambda: pool.release(runner, None))
 
 
-def router_props(config: Any, hops: Any = None) -> dict[str, Any]:
-    """llama-server's router /props: who answers (`role`), how many models may be loaded at once; and
-    localspec's `hops`: how the forwarded requests reached their runners (router/app.py's Hops)."""
-    props = {"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
+def router_props(config: Any) -> dict[str, Any]:
+    """llama-server's router /props: who answers (`role`), how many models may be loaded at once."""
+    return {"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
              "model_alias": "localspec", "model_path": "none",
              "default_generation_settings": {"params": {}, "n_ctx": 0},
              "build_info": f"localspec {__version__}", "sleep_idle_seconds": config.sleep_idle_s}
-    if hops is not None:
-        props["hops"] = dataclasses.asdict(hops)
-    return props
 
 
 def _ollama_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> None:

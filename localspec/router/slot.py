@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from .catalog import ModelSpec
+from .discover import ModelSpec
 from .memory import Estimate
-from .runner import Runner
+from .process import Runner
 
 UNLOADED, LOADING, LOADED, SLEEPING, FAILED = "unloaded", "loading", "loaded", "sleeping", "failed"
 

@@ -20,7 +20,6 @@ from .. import __version__
 from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
 from . import anthropic, llamacpp, ollama, openai, responses
-from .handoff import Adopter
 from .http import ApiKeyMiddleware, CorsMiddleware, HeldHeads, JsonBodyMiddleware, error_body
 from .state import ApiError, ClientGone, ServerConfig, State, StateDep
 from .worker import ExceedContext
@@ -34,12 +33,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.worker.start()
-        adopter = Adopter(app, *config.handoff) if config.handoff else None
-        if adopter is not None:
-            adopter.start()
         yield
-        if adopter is not None:
-            adopter.close()
         state.worker.stop()
 
     app = FastAPI(title="localspec", version=__version__, lifespan=lifespan,

@@ -16,8 +16,6 @@ from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse, Response
 
-from .channel import HANDED_OVER
-
 PUBLIC = {"/health", "/v1/health"}
 ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
                "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
@@ -138,15 +136,13 @@ class HeldHeads:
     Why: a streamed answer's head is sent before the prompt is evaluated, so the router would wake for it just as
     the runner's llama.cpp threads take both cores of a small machine, and delay them; held, it arrives with the
     first token and the router wakes once (docs/bench/router.md#router-hop). A direct client gains nothing from
-    it, so a single-model server sends heads at once, as llama-server does, and so does a runner on a connection
-    the router handed over (handoff.py): the caller reads the head while the prompt is evaluated, not with the
-    first token (docs/bench/router.md#handoff)."""
+    it, so a single-model server sends heads at once, as llama-server does."""
 
     def __init__(self, app) -> None:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or HANDED_OVER in scope.get("extensions", ()):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         held = None
 

@@ -46,7 +46,6 @@ class ServerConfig:
     context_shift: bool = False  # llama-server's --context-shift: off by default, as there
     reasoning_format: str = "auto"  # llama-server's --reasoning-format: where <think> text goes (engine/reasoning.py)
     hold_heads: bool = False  # a runner behind the router: each answer's head waits for its first piece (http.py)
-    handoff: tuple[int, int] | None = None  # a runner: the router's hand-off channel and page (handoff.py)
 
 
 class State:

@@ -1,7 +1,5 @@
-"""A test and dev helper, not used by localspec itself: a real `localspec serve` in a subprocess on a free port.
-
-The tests and scripts/replay_editor.py start servers with it; it ships in the package so both import it by name.
-"""
+"""A real `localspec serve` in a subprocess on a free port, for the tests and scripts/replay_editor.py (which puts
+this folder on its path)."""
 
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ class ServerProcess:
     def __enter__(self) -> "ServerProcess":
         cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", *_single_unless_routed(self.args)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=self.env, cwd=Path(__file__).resolve().parents[2])
+                                     env=self.env, cwd=Path(__file__).resolve().parents[1])
         deadline = time.monotonic() + self.timeout
         assert self.proc.stderr is not None
         for line in self.proc.stderr:

@@ -29,10 +29,8 @@ import time
 from typing import Callable
 
 from ..commands.supervise import WATCH_ENV, crash_line, die_with
-from . import handoff
-from .errors import RunnerFailed
+from .refusals import RunnerFailed
 
-CHILD_MODULE = "localspec.router.child"  # serve's command line, with the test-only fault hook (fault.py)
 READY = re.compile(r"localspec serve: http://127\.0\.0\.1:(\d+)")
 HOST = "127.0.0.1"
 START_TIMEOUT = 600.0  # a load may fetch the embedded model and calibrate; a hung one is stopped after this
@@ -88,13 +86,11 @@ class Runner:
         self._stopping = False
         self._ready: asyncio.Event | None = None
         self._exited = threading.Event()
-        self.channel: handoff.Channel | None = None  # the callers' connections handed to it (router/handoff.py)
 
     @property
     def command(self) -> list[str]:
-        given = ["--handoff", "{},{}".format(*self.channel.child_fds)] if self.channel is not None else []
-        return [sys.executable, "-m", CHILD_MODULE, "serve", "--behind-router", "--host", HOST, "--port", "0",
-                *given, *self.args]
+        return [sys.executable, "-m", "localspec", "serve", "--behind-router", "--host", HOST, "--port", "0",
+                *self.args]
 
     @property
     def url(self) -> str:
@@ -130,17 +126,8 @@ class Runner:
         exits first or takes longer than start_timeout."""
         loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
-        self.channel = handoff.Channel() if handoff.supported() else None
-        try:
-            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, env=self.env, preexec_fn=_child_setup(os.getpid()),
-                                          pass_fds=self.channel.child_fds if self.channel is not None else ())
-        except BaseException:
-            if self.channel is not None:
-                self.channel.close()
-            raise
-        if self.channel is not None:
-            self.channel.started(self)
+        self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=self.env, preexec_fn=_child_setup(os.getpid()))
         threading.Thread(target=self._drain, args=(loop, self._ready), daemon=True,
                          name=f"runner {self.name}").start()
         deadline = time.monotonic() + self.start_timeout
@@ -188,11 +175,6 @@ class Runner:
                 raise TimeoutError
             await asyncio.sleep(0.05)
 
-    async def recall(self) -> None:
-        """Have the process give back the callers' connections it holds idle (router/handoff.py), before a stop."""
-        if self.channel is not None and self.alive:
-            await self.channel.recall()
-
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """SIGTERM, SIGKILL after `grace` seconds, and the process reaped (no zombie) in every case."""
         proc = self._proc
@@ -211,8 +193,6 @@ class Runner:
             except subprocess.TimeoutExpired:
                 continue
         await asyncio.to_thread(self._exited.wait, 5.0)
-        if self.channel is not None:  # after the process: what it wrote of an answer is all it will write
-            self.channel.close()
 
 
 def _set_soon(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
