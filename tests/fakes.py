@@ -17,8 +17,11 @@ EOS = 0
 
 class FakeModel:
     def __init__(self, next_token: Callable[[Sequence[int]], int], *, n_vocab: int = 64, n_ctx: int = 256,
-                 name: str = "fake") -> None:
+                 name: str = "fake", recurrent: bool = False) -> None:
         self.next_token = next_token
+        self.recurrent = recurrent  # like a recurrent state: no cut in place, only back to a checkpoint
+        self.checkpoints: dict[str, int] = {}
+        self.replayed = 0
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
         self.name = name
@@ -33,7 +36,23 @@ class FakeModel:
         return token == EOS
 
     def rewind(self, n_past: int) -> None:
+        held = self.tokens[:n_past]
+        kept = self.restore(n_past)
+        if kept < n_past:  # decoded again, as backend.Model does
+            self.tokens.extend(held[kept:])
+            self.replayed += n_past - kept
+
+    def restore(self, n_past: int) -> int:
+        if n_past >= len(self.tokens):
+            return len(self.tokens)
+        if self.recurrent:
+            self.checkpoints = {t: p for t, p in self.checkpoints.items() if p <= n_past}
+            n_past = max(self.checkpoints.values(), default=0)
         del self.tokens[n_past:]
+        return n_past
+
+    def checkpoint(self, tag: str, *, ahead: int = 0) -> None:
+        self.checkpoints[tag] = len(self.tokens)
 
     def decode(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
         if self.n_past + len(tokens) > self.n_ctx:

@@ -16,6 +16,7 @@ from ..errors import ModelLoadError
 from .ggml import supports_gpu_offload
 from .machine import cpu_count
 from .memory import huge_page_advisor, read_into_huge_pages
+from .rollback import RS_DEPTH, SLOTS
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -74,15 +75,22 @@ def check_not_truncated(p: Path) -> None:
         raise ModelLoadError(f"{p} is a damaged or truncated GGUF ({msg}); download it again") from None
 
 
-def new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions) -> _internals.LlamaContext:
+def new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions, *,
+                recurrent: bool = False) -> _internals.LlamaContext:
     """A llama context for one sequence. Threads: all cores until the thread controller (threads.py) sets them
-    per round; flash attention: as calibrated (None = llama.cpp's auto)."""
+    per round; flash attention: as calibrated (None = llama.cpp's auto). A model with a recurrent state gets
+    spare sequences for its checkpoints, one KV cache they share, and llama.cpp's per-token snapshots where the
+    architecture has them (rollback.py)."""
     threads = options.n_threads or cpu_count()
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = options.n_ctx
     cparams.n_batch = options.n_batch
     cparams.n_ubatch = options.n_batch
     cparams.n_seq_max = 1
+    if recurrent:
+        cparams.n_seq_max = 1 + SLOTS
+        cparams.kv_unified = True  # else each sequence would get n_ctx / n_seq_max positions
+        cparams.n_rs_seq = RS_DEPTH  # llama.cpp clamps it to 0 where the architecture cannot roll back
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
     cparams.no_perf = True

@@ -35,6 +35,8 @@ from . import fastpath
 from .fastpath import FastPath
 from .ggml import _devices_param, _init_backend, add_rpc_servers
 from .loading import LoadOptions, check_gguf_file, load_weights, new_context, place_weights
+from .rollback import Rollback, RollbackInfo, memory_kind
+from .rollback import choose as choose_rollback
 
 TOKENIZED_KEPT = 64  # texts whose tokens Model.tokenize remembers (a prefix, a suffix, 16 extra chunks, ...)
 TOKENIZED_MIN_CHARS = 256  # shorter texts (a cursor line) are cheap to tokenize again and would only evict
@@ -94,6 +96,8 @@ class Model:
     _n_ctx: int = field(default=0, repr=False)  # ... and per context
     _threads_set: tuple[int, int] | None = field(default=None, repr=False)  # what set_threads last gave llama.cpp
     _keep: tuple[object, ...] = field(default=(), repr=False, compare=False)  # the C side points into these
+    rollback_info: RollbackInfo = field(default_factory=lambda: RollbackInfo("attention", "cut"))
+    _rollback: Rollback | None = field(default=None, repr=False)  # None: the cache cuts in place (attention)
 
     @classmethod
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
@@ -126,7 +130,8 @@ class Model:
             model.close()
             overrides = fastpath.apply(mparams, plan)
             model = load_weights(p, mparams, options)
-        ctx = new_context(model, p, options)
+        kind = memory_kind(model.model)
+        ctx = new_context(model, p, options, recurrent=kind != "attention")
         # llama.cpp may clamp n_batch to n_ctx (and pad n_ctx): chunk by what the context really accepts
         options = replace(options, n_batch=int(llama_cpp.llama_n_batch(ctx.ctx)))
         batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
@@ -135,6 +140,9 @@ class Model:
         m._keep = (split, devs, advisor, overrides)  # the C side holds pointers to them
         # asked every round and fixed per context: read once (a ctypes call costs ~10x its warm time after a decode)
         m._n_vocab, m._n_ctx = model.n_vocab(), ctx.n_ctx()
+        if kind != "attention":
+            m.rollback_info = choose_rollback(m, kind, m.tokenize("The quick brown fox jumps", add_special=True))
+            m._rollback = Rollback(m.ctx_pointer, m.rollback_info)
         return m
 
     # -- vocabulary facts -------------------------------------------------------------------------------------
@@ -178,6 +186,16 @@ class Model:
 
     def token_text(self, token: int) -> str:
         return self._model.token_get_text(token)
+
+    @property
+    def ctx_pointer(self) -> Any:
+        """The llama context, for backend modules that call llama.cpp on it (rollback.py)."""
+        return self._ctx.ctx
+
+    @property
+    def memory_kind(self) -> str:
+        """attention, recurrent or hybrid: whether the cache can be cut in place (rollback.py)."""
+        return self.rollback_info.kind
 
     def metadata(self) -> dict[str, str]:
         return self._model.metadata()
@@ -243,8 +261,10 @@ class Model:
         self._ctx.close()
         self._views.clear()
         self.options = replace(self.options, flash_attn=on)
-        self._ctx = new_context(self._model, self.path, self.options)
+        self._ctx = new_context(self._model, self.path, self.options, recurrent=self._rollback is not None)
         self._n_ctx = self._ctx.n_ctx()
+        if self._rollback is not None:
+            self._rollback = Rollback(self.ctx_pointer, self.rollback_info)
         self._threads_set = None  # a new context: set them again
         self.set_threads(*threads)
         self.tokens.clear()
@@ -252,15 +272,46 @@ class Model:
     # -- the KV cache -----------------------------------------------------------------------------------------
 
     def rewind(self, n_past: int) -> None:
-        """Drop every cached position >= n_past."""
+        """Drop every cached position >= n_past. Exact on every memory: a recurrent state is restored from the
+        nearest checkpoint and the tokens after it are decoded again (rollback.py)."""
         if n_past >= len(self.tokens):
             return
-        mem = llama_cpp.llama_get_memory(self._ctx.ctx)
-        ok = llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
-        if not ok:  # recurrent models cannot drop a suffix: start over
-            llama_cpp.llama_memory_clear(mem, True)
-            n_past = 0
+        if self._rollback is None:
+            self.restore(n_past)
+            return
+        held = self.tokens[:n_past]
+        kept = self.restore(n_past)
+        if kept < n_past:
+            self.decode(held[kept:], 0)
+            self._rollback.replayed += n_past - kept
+
+    def restore(self, n_past: int) -> int:
+        """Go back to the latest position <= n_past that needs no decoding again, and return it: n_past itself
+        on an attention model, else a checkpoint, llama.cpp's own snapshot of the last decode, or 0. For callers
+        that decode what follows anyway (a prefill, a drafter catching up): one batch instead of two."""
+        if n_past >= len(self.tokens):
+            return len(self.tokens)
+        if self._rollback is None:
+            if not llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx.ctx), 0, n_past, -1):
+                raise RuntimeError(f"llama.cpp could not cut the KV cache at {n_past} ({self.path.name})")
+        else:
+            n_past = self._rollback.cut(len(self.tokens), n_past)
         del self.tokens[n_past:]
+        return n_past
+
+    def checkpoint(self, tag: str, *, ahead: int = 0) -> None:
+        """Remember the state here under `tag`, so that a later rewind to this point or past it is cheap; a no-op
+        on an attention model. `ahead`: at most how far back from the end of the next decode a rewind will go
+        (llama.cpp's per-token snapshots may cover it)."""
+        if self._rollback is not None:
+            self._rollback.save(tag, len(self.tokens), ahead=ahead)
+
+    @property
+    def rollback_counts(self) -> dict[str, int]:
+        """Checkpoints saved, restored and tokens decoded again so far (all 0 on an attention model)."""
+        r = self._rollback
+        return {"saves": r.saves, "restores": r.restores, "replayed": r.replayed} if r else \
+            {"saves": 0, "restores": 0, "replayed": 0}
 
     def decode(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
         """Append `tokens` to the cache; return float32 logits [logits_rows, n_vocab] of the LAST rows.
@@ -322,6 +373,8 @@ class Model:
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
         self.tokens.extend(chunk)
+        if self._rollback is not None:
+            self._rollback.after_decode(len(chunk))
 
     def close(self) -> None:
         if self._batch is not None:

@@ -214,13 +214,13 @@ class ModelDrafter:
         if k <= 0:
             return EMPTY
         m = self.model
-        keep = min(common_prefix(m.tokens, context), len(context) - 1)
-        m.rewind(keep)
+        keep = m.restore(min(common_prefix(m.tokens, context), len(context) - 1))  # recurrent: maybe less
         room = m.n_ctx - (len(context) - keep) - m.n_past
         k = min(k, room + 1)
         if k <= 0:
             return EMPTY
         logits = m.decode(context[keep:], 1)[0]
+        m.checkpoint("draft")  # the next round starts from here or later: a recurrent drafter comes back to it
         tokens: list[int] = []
         qs: list[Warped] = []
         draw = "greedy" if params.greedy else self.draw

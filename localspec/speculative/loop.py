@@ -3,14 +3,14 @@
 `generate` is a generator that yields one frozen `Step` per verify round. With no drafter (or k = 0) a
 round is plain decoding: one target token per pass. Everything above this module consumes the generator.
 
-KV invariant between rounds: the target's cache holds context[:-1]; the last context token is decoded at
-the start of the next round together with the drafts, so the first verify row scores draft position 0.
-A short prompt tail (MERGE_MAX) joins the first round's pass instead of a pass of its own.
-Whatever is drafted, the random stream is plain decoding's (verify.verify_same_seed: one draw per emitted
-token from the target's own rows), unless a drafter hands in its q with a draft it drew with draws of its own
-(then rejection sampling). After verification the target cache is rewound to drop rejected drafts (in `finally`, so an
-exception or a closed generator leaves it consistent). The drafter owns its cache and re-syncs by common prefix.
-"""
+KV invariant between rounds: the target's cache holds context[:-1]; the last context token is decoded at the start
+of the next round together with the drafts, so the first verify row scores draft position 0. A short prompt tail
+(MERGE_MAX) joins the first round's pass instead of a pass of its own. Whatever is drafted, the random stream is
+plain decoding's (verify.verify_same_seed: one draw per emitted token from the target's own rows), unless a drafter
+hands in its q with a draft it drew with draws of its own (then rejection sampling). After verification the target
+cache is rewound to drop rejected drafts (in `finally`, so an exception or a closed generator leaves it consistent);
+on a recurrent or hybrid model that rewind restores the checkpoint taken before the pass and decodes the accepted
+tokens again (backend/rollback.py). The drafter owns its cache and re-syncs by common prefix. """
 
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0) -> tuple[
     if len(prompt) >= target.n_ctx:
         raise ContextOverflow(f"prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
                               "shorten it or raise --ctx")
-    keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1)
-    target.rewind(keep)
+    keep = target.restore(min(common_prefix(target.tokens, prompt), len(prompt) - 1))  # a recurrent state: <=
     rest = list(prompt[keep:-1])
-    if len(rest) <= merge_max:
-        return len(rest) + 1, keep, rest
-    target.decode(rest, 0)
-    return len(rest) + 1, keep, []
+    if len(rest) > merge_max:
+        target.decode(rest, 0)
+        rest = []
+    target.checkpoint("prompt")  # where a later request with the same prompt (another answer to it) can start
+    return len(prompt) - keep, keep, rest
 
 
 def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None = None,
@@ -123,6 +123,8 @@ def _verify_round(target: Target, context: Sequence[int], draft: Draft, params: 
     Rejected drafts are dropped from the cache before returning, whatever happens."""
     n_past = target.n_past + len(head)
     n_acc = 0
+    if draft.tokens:
+        target.checkpoint("round", ahead=len(draft))  # a rejection rewinds at most len(draft) tokens
     try:
         raw = target.decode([*head, context[-1], *draft.tokens], len(draft) + 1)
         logits = constrain_rows(params, raw, context, draft.tokens)  # logit_bias, grammar: p as requested

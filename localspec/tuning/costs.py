@@ -8,13 +8,13 @@
 - step time per thread count, per phase (a verify row, a drafter step, a prompt token): the prior of the thread
   controller (localspec/tuning/threads.py).
 
-Every timing appends a few tokens at the end of the cache and rewinds them, so the caches are left exactly as
-they were found. Repeats are interleaved across the things compared (thread counts, models) so a noisy
-neighbour hits all alike, and each keeps its minimum: on a shared machine noise only ever adds time. v(γ) is a
-ratio, so it is timed as one: each verify round against the plain rounds beside it (`_verify_ratios`).
-A `Deadline` stops any measurement early, after at least one timed repeat; a hard one abandons a measurement
-(`OutOfTime`) that cannot finish that repeat in time, so a budget is overrun by at most one decode.
-"""
+Every timing appends a few tokens at the end of the cache and rewinds them, so the caches are left exactly as they
+were found (a recurrent state through a checkpoint taken first: backend/rollback.py). Repeats are interleaved across
+the things compared (thread counts, models) so a noisy neighbour hits all alike, and each keeps its minimum: on a
+shared machine noise only ever adds time. v(γ) is a ratio, so it is timed as one: each verify round against the
+plain rounds beside it (`_verify_ratios`). A `Deadline` stops any measurement early, after at least one timed
+repeat; a hard one abandons a measurement (`OutOfTime`) that cannot finish that repeat in time, so a budget is
+overrun by at most one decode. """
 
 from __future__ import annotations
 
@@ -85,6 +85,7 @@ def probe_tokens(model: Model, n: int) -> list[int]:
 def timed_decode(model: Model, tokens: Sequence[int], rows: int) -> float:
     """Seconds to decode `tokens` with logits for the last `rows` rows, then rewind them."""
     base = model.n_past
+    model.checkpoint("measure")  # a recurrent state comes back to here (rollback.py); untimed
     t0 = time.perf_counter()
     try:
         model.decode(list(tokens), rows)
@@ -99,10 +100,12 @@ def timed_round(model: Model, tokens: Sequence[int]) -> float:
     shape, so a one-row decode after a one-row decode skips building its graph (docs/bench/calibration.md#timed-round),
     while a verify round builds its own and makes the next plain round build one again. One row (γ = 0) is a
     plain round. Every call ends on a one-row decode, so in a sequence of them (`measure`'s interleaved timers)
-    each starts from a one-row graph, as a round of the loop does. Everything is rewound."""
+    each starts from a one-row graph, as a round of the loop does. Everything is rewound. On a recurrent or
+    hybrid model the time includes a checkpoint and its restore, as a verify round pays them (rollback.py)."""
     base = model.n_past
     t0 = time.perf_counter()
     try:
+        model.checkpoint("measure")
         if len(tokens) > 1:
             model.decode(list(tokens), len(tokens))
             model.rewind(base)
