@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_hub import CHUNK, COMMIT, FakeHub, block_sockets, write_gguf
+from fake_hub import CHUNK, COMMIT, FakeHub, block_sockets, write_gguf
 
 from localspec.cli import main
 from localspec.engine.loader import EngineConfig, choose_drafter

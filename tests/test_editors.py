@@ -5,7 +5,7 @@
   `content` (one object, or each of an array), `tokens_cached`, `generation_settings.n_ctx`, `timings`, and
   shows `error.message`, with a hint when it starts "Field 'n_cmpl': Value must be between".
 - llama.vim (autoload/llama.vim): the warm-up request (`n_predict: 0`, `samplers: []`, `response_fields: [""]`)
-  and the main one (tests/test_server_api.py's LLAMA_VIM_BODY), answered with flattened "timings/..." keys.
+  and the main one (tests/servers.py's LLAMA_VIM_BODY), answered with flattened "timings/..." keys.
 - Continue (continuedev/continue, core/llm/llms/LlamaCpp.ts, OpenAI.ts, Ollama.ts): its FIM template in a
   streamed `/completion` prompt; the same over `/v1/completions` (the `openai` package); `/api/show` (Continue
   sends `{"name": ...}` and switches to FIM when `template` holds `.Suffix`) then a streamed `/api/generate` with
@@ -23,8 +23,7 @@ from typing import Iterator
 
 import httpx
 import pytest
-from servers import ServerProcess
-from test_server_api import LLAMA_VIM_BODY
+from servers import LLAMA_VIM_BODY, ServerProcess
 
 pytestmark = pytest.mark.slow
 

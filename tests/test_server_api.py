@@ -8,31 +8,9 @@ import json
 
 import httpx
 import pytest
-from servers import ServerProcess
+from servers import LLAMA_VIM_BODY, ServerProcess
 
 pytestmark = pytest.mark.slow
-
-LLAMA_VIM_BODY = {  # what llama.vim's llama#fim sends (autoload/llama.vim), verbatim field for field
-    "id_slot": 0,
-    "input_prefix": "def add(a, b):\n",
-    "input_suffix": "\n\nprint(add(1, 2))\n",
-    "input_extra": [{"text": "import math\n", "time": 1700000000, "filename": "util.py"}],
-    "prompt": "    return ",
-    "n_predict": 16,
-    "stop": [],
-    "n_indent": 4,
-    "top_k": 40,
-    "top_p": 0.90,
-    "stream": False,
-    "samplers": ["top_k", "top_p", "infill"],
-    "cache_prompt": True,
-    "t_max_prompt_ms": 500,
-    "t_max_predict_ms": 1000,
-    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-                        "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-                        "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
-                        "tokens_cached"],
-}
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from servers import ServerProcess
-from test_server_api import LLAMA_VIM_BODY
+from servers import LLAMA_VIM_BODY, ServerProcess
 
 pytestmark = pytest.mark.slow
 
