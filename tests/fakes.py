@@ -51,7 +51,7 @@ class FakeModel:
         del self.tokens[n_past:]
         return n_past
 
-    def checkpoint(self, tag: str, *, ahead: int = 0) -> None:
+    def checkpoint(self, tag: str, *, ahead: int = 0, keep_last: bool = False) -> None:
         self.checkpoints[tag] = len(self.tokens)
 
     def decode(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:

@@ -9,7 +9,8 @@ the load on them, read from /proc) serves the thread controller without loading 
 reading a GGUF header.
 
   model.py    Model (one GGUF + its llama context: decode, rewind, tokenize, threads, flash attention),
-              in_own_thread
+              in_own_thread, memory_facts
+  rollback.py rewinding a recurrent or hybrid memory: checkpoints (spare sequence or host copy), replay
   loading.py  LoadOptions, check_gguf_file, and what a load builds (context parameters, weight placement)
   ggml.py     backend start-up and llama.cpp's log, system and build info, ggml devices, RPC servers and
               which devices a model's offloaded layers use
@@ -34,18 +35,18 @@ if TYPE_CHECKING:
     from .ggml import add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload, supports_rpc, system_info
     from .grammar import Grammar, GrammarError, json_schema_grammar
     from .loading import LoadOptions, check_gguf_file
-    from .model import Model, in_own_thread
+    from .model import Model, in_own_thread, memory_facts
 
 _HOME = {"add_rpc_servers": ".ggml", "build_info": ".ggml", "devices": ".ggml", "serve_rpc": ".ggml",
          "supports_gpu_offload": ".ggml", "supports_rpc": ".ggml", "system_info": ".ggml", "Grammar": ".grammar",
          "GrammarError": ".grammar", "json_schema_grammar": ".grammar", "LoadOptions": ".loading",
-         "Model": ".model", "check_gguf_file": ".loading", "in_own_thread": ".model"}
+         "Model": ".model", "check_gguf_file": ".loading", "in_own_thread": ".model", "memory_facts": ".model"}
 
 # spelled out (not built from _HOME) so linters see the lazily loaded names as exported; tests/test_lint.py
 # checks the two agree
 __all__ = ["Grammar", "GrammarError", "LoadOptions", "Model", "add_rpc_servers", "build_info", "check_gguf_file",
-           "devices", "in_own_thread", "json_schema_grammar", "llama_cpp", "serve_rpc", "supports_gpu_offload",
-           "supports_rpc", "system_info"]
+           "devices", "in_own_thread", "json_schema_grammar", "llama_cpp", "memory_facts", "serve_rpc",
+           "supports_gpu_offload", "supports_rpc", "system_info"]
 
 
 def __getattr__(name: str) -> Any:

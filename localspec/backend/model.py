@@ -73,6 +73,27 @@ def _address_of(name: str) -> Callable[..., int]:
 _logits_address = _address_of("llama_get_logits")
 
 
+def memory_facts(path: str | Path) -> RollbackInfo:
+    """The model's memory kind and, for a recurrent or hybrid one, the rollback method a load chooses here
+    (a load with a small context and the timings of rollback.choose); an attention model is not loaded."""
+    p = check_gguf_file(path)
+    _init_backend(False)
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.vocab_only = True  # llama.cpp knows the architecture, and so the memory kind, from the header
+    vocab = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=False)
+    try:
+        kind = memory_kind(vocab.model)
+    finally:
+        vocab.close()
+    if kind == "attention":
+        return RollbackInfo(kind, "cut")
+    m = Model.load(p, LoadOptions(n_ctx=512))
+    try:
+        return m.rollback_info
+    finally:
+        m.close()
+
+
 @dataclass
 class Model:
     """A loaded GGUF with its KV cache; see the module docstring for the `tokens` invariant."""
@@ -299,12 +320,12 @@ class Model:
         del self.tokens[n_past:]
         return n_past
 
-    def checkpoint(self, tag: str, *, ahead: int = 0) -> None:
+    def checkpoint(self, tag: str, *, ahead: int = 0, keep_last: bool = False) -> None:
         """Remember the state here under `tag`, so that a later rewind to this point or past it is cheap; a no-op
         on an attention model. `ahead`: at most how far back from the end of the next decode a rewind will go
-        (llama.cpp's per-token snapshots may cover it)."""
+        (llama.cpp's per-token snapshots may cover it); `keep_last`: keep the one it replaces too (rollback.py)."""
         if self._rollback is not None:
-            self._rollback.save(tag, len(self.tokens), ahead=ahead)
+            self._rollback.save(tag, len(self.tokens), ahead=ahead, keep_last=keep_last)
 
     @property
     def rollback_counts(self) -> dict[str, int]:

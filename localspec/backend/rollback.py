@@ -132,15 +132,22 @@ class Rollback:
         """A decode's last chunk ran: its snapshots cover rewinds of up to len - 1 tokens (not its first)."""
         self.rs_window = min(self.info.rs_depth, n_last_chunk - 1)
 
-    def save(self, tag: str, position: int, *, ahead: int = 0) -> None:
+    def save(self, tag: str, position: int, *, ahead: int = 0, keep_last: bool = False) -> None:
         """Remember the state at `position` (the model's n_past now). `ahead`: the next decode will be a batch
         from which a rewind of at most this many tokens back from its end follows; llama.cpp's own snapshots
-        cover it where they reach that far, and no copy is made."""
+        cover it where they reach that far, and no copy is made. `keep_last`: the checkpoint this one replaces
+        stays too, as `tag + ".last"` (a conversation's follow-up and a second answer to its last prompt)."""
         if 0 < ahead <= self.info.rs_depth:
             return
         old = self.checkpoints.get(tag)
         if old is not None and old.position == position:
             return
+        if old is not None and keep_last and old.position < position:
+            last = self.checkpoints.pop(tag + ".last", None)
+            if last is not None:
+                self.store.drop(last.slot)
+            self.checkpoints[tag + ".last"] = self.checkpoints.pop(tag)
+            old = None
         slot = old.slot if old is not None else self._free_slot()
         self.store.save(slot)
         self.checkpoints[tag] = _Checkpoint(position, slot)

@@ -172,7 +172,7 @@ def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None
     info = {}
     if spec is not None:
         ref = _local_path(spec)
-        info = {"model": ref.name, **describe(ref.path), **_cpu_paths(ref.path)}
+        info = {"model": ref.name, **describe(ref.path), **_cpu_paths(ref.path), **_memory(ref.path)}
     if rpc and not device:
         raise click.UsageError("--rpc goes with --device")
     if device:
@@ -196,7 +196,7 @@ def _print_facts(d: dict) -> None:
         ("add bos/eos", f"{d['add_bos']}/{d['add_eos']}"),
         ("special", ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in d["special_tokens"].items()) or "-"),
         ("fim", "yes" if d["fim"] else "no"), ("chat template", "yes" if d["chat_template"] else "no"),
-        ("verify on CPU", _verify_kind(d["row_by_row"])),
+        ("verify on CPU", _verify_kind(d["row_by_row"])), ("memory", d["memory_text"]),
         ("cpu fast paths", d["fast_path_text"]), ("system", d["system_info"]),
     ]
     _echo_facts(rows)
@@ -219,6 +219,16 @@ def _cpu_paths(path) -> dict:
 
     fp = fastpath.choose(path)
     return {"fast_path": fp.to_dict(), "fast_path_text": fp.describe(), "system_info": system_info().strip()}
+
+
+def _memory(path) -> dict:
+    """The memory kind (attention, recurrent, hybrid) and how a rejected draft is rewound (backend/rollback.py)."""
+    from ..backend import memory_facts
+
+    m = memory_facts(path)
+    return {"memory": {"kind": m.kind, "rollback": m.method, "rs_depth": m.rs_depth,
+                       "timings_ms": {k: list(v) for k, v in m.timings_ms.items()}},
+            "memory_text": m.describe()}
 
 
 def _verify_kind(slow: dict[str, float]) -> str:

@@ -47,7 +47,8 @@ def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0) -> tuple[
     if len(rest) > merge_max:
         target.decode(rest, 0)
         rest = []
-    target.checkpoint("prompt")  # where a later request with the same prompt (another answer to it) can start
+    # where a later request can start: another answer to this prompt, or to the one before (a follow-up's)
+    target.checkpoint("prompt", keep_last=True)
     return len(prompt) - keep, keep, rest
 
 
