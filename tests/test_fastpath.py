@@ -1,7 +1,8 @@
 """llama.cpp's optional CPU fast paths (backend/fastpath.py): a test load in a child process decides, per weight
 types, CPU and build, which extra buffer types a model loads with; a child that dies by a signal or hangs sends
 the load to the next mode. The deaths are real: the child kills itself through its test hook
-(LOCALSPEC_PROBE_FAULT), after its load, as a broken kernel would; nothing in the decision is mocked."""
+(LOCALSPEC_PROBE_FAULT, tests/faults/probe.py), after its load, as a broken kernel would; nothing in the decision
+is mocked."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 
 import numpy as np
 import pytest
+from faults import probe
+from faults.probe import FAULT_ENV
 
 from localspec.backend import LoadOptions, Model, fastpath
 
@@ -20,9 +23,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def verdicts(tmp_path, monkeypatch):
-    """An empty verdict cache, and no fault unless a test sets one."""
+    """An empty verdict cache, and no fault unless a test sets one (the trials, children, get this process's
+    path, which holds the fault hook's folder)."""
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
-    monkeypatch.delenv(fastpath.FAULT_ENV, raising=False)
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(probe.HERE))
     return tmp_path
 
 
@@ -58,7 +63,7 @@ def test_a_working_build_keeps_every_fast_path_and_caches_the_verdict(verdicts, 
 def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_path, monkeypatch):
     """Gemma-3-270M has Q4_K weights that CPU_REPACK takes: after a SIGILL in mode all (AMX's crash), mode
     repack places exactly those on CPU_REPACK through tensor overrides, and decodes as the default does."""
-    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     plan = fastpath.choose(gemma_path)
     assert plan.mode == "repack" and plan.deaths == (("all", "SIGILL"),)
     assert plan.repacked and all(".weight" in n and "token_embd" not in n for n in plan.repacked)
@@ -66,7 +71,7 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
     m = Model.load(gemma_path, LoadOptions(n_ctx=64))
     assert m.fast_path.mode == "repack" and m.fast_path.source == "cache"
     m.close()
-    monkeypatch.delenv(fastpath.FAULT_ENV)
+    monkeypatch.delenv(FAULT_ENV)
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(verdicts / "real"))
     all_works = not fastpath.choose(gemma_path).deaths  # mode all crashes for real on a Xeon with AMX
     repack, plain = (_greedy(gemma_path, mode) for mode in ("repack", "none"))
@@ -78,7 +83,7 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
 
 def test_a_load_that_finds_a_crash_loads_again_without_it(verdicts, gemma_path, monkeypatch):
     """The model loads while its test load runs; when the test load dies, the model is loaded again."""
-    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     m = Model.load(gemma_path, LoadOptions(n_ctx=64))
     try:
         assert (m.fast_path.mode, m.fast_path.source) == ("repack", "probe")
@@ -89,14 +94,14 @@ def test_a_load_that_finds_a_crash_loads_again_without_it(verdicts, gemma_path, 
 
 
 def test_sigsegv_in_every_mode_loads_without_extra_types(verdicts, gemma_path, monkeypatch):
-    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGSEGV,repack:SIGSEGV")
+    monkeypatch.setenv(FAULT_ENV, "all:SIGSEGV,repack:SIGSEGV")
     plan = fastpath.choose(gemma_path)
     assert plan.mode == "none" and plan.deaths == (("all", "SIGSEGV"), ("repack", "SIGSEGV"))
     assert "without extra buffer types" in plan.notice()
 
 
 def test_a_hung_test_load_times_out(verdicts, smollm2_path, monkeypatch):
-    monkeypatch.setenv(fastpath.FAULT_ENV, "all:hang")
+    monkeypatch.setenv(FAULT_ENV, "all:hang")
     monkeypatch.setenv(fastpath.TIMEOUT_ENV, "3")
     plan = fastpath.choose(smollm2_path)
     assert plan.mode == "none" and plan.deaths == (("all", "timed out after 3 s"),)
@@ -110,7 +115,7 @@ def test_a_new_llama_cpp_build_is_tested_again(verdicts, smollm2_path, monkeypat
 
 
 def test_the_users_choice_is_not_tested(verdicts, smollm2_path, monkeypatch):
-    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     for mode in ("all", "none"):
         plan = fastpath.choose(smollm2_path, mode=mode)
         assert (plan.mode, plan.source, plan.deaths) == (mode, "option", ())
@@ -139,7 +144,7 @@ def _localspec(*args: str, env: dict | None = None) -> subprocess.CompletedProce
 
 
 def test_run_says_once_what_was_switched_off(verdicts):
-    r = _localspec("run", "-n", "4", "--temp", "0", "--no-spec", "hi", env={fastpath.FAULT_ENV: "all:SIGILL"})
+    r = _localspec("run", "-n", "4", "--temp", "0", "--no-spec", "hi", env=probe.env("all:SIGILL"))
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "fast paths" in ln]
     assert len(lines) == 1 and "SIGILL" in lines[0] and lines[0].startswith("localspec: ")
@@ -151,7 +156,7 @@ def test_run_says_once_what_was_switched_off(verdicts):
 
 def test_no_repack_flag_skips_the_test_load(verdicts):
     r = _localspec("run", "-n", "2", "--temp", "0", "--no-spec", "--no-repack", "hi",
-                   env={fastpath.FAULT_ENV: "all:SIGILL"})
+                   env=probe.env("all:SIGILL"))
     assert r.returncode == 0 and "fast paths" not in r.stderr
     assert not list(verdicts.glob("fastpath-*.json"))
 
@@ -171,10 +176,10 @@ def test_a_q4_0_copy_keeps_cpu_repack_by_override(verdicts, smollm2_path, tmp_pa
     from localspec.models.gguf_tools import write_requantized
 
     q4_0 = write_requantized(smollm2_path, tmp_path / "smol-q4_0.gguf", "Q4_0")
-    monkeypatch.setenv(fastpath.FAULT_ENV, "all:SIGILL")
+    monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     plan = fastpath.choose(q4_0)
     assert plan.mode == "repack" and len(plan.repacked) == len(fastpath.repack_tensors(q4_0)) > 100
-    monkeypatch.delenv(fastpath.FAULT_ENV)
+    monkeypatch.delenv(FAULT_ENV)
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path / "real"))
     repack = _greedy(q4_0, "repack")
     if not fastpath.choose(q4_0).deaths:  # mode all crashes for real on a Xeon with AMX

@@ -41,7 +41,6 @@ from .machine import cpu_count, cpu_model
 ALL, REPACK, NONE = "all", "repack", "none"
 MODES = (ALL, REPACK, NONE)
 SCHEMA = 1
-FAULT_ENV = "LOCALSPEC_PROBE_FAULT"  # test hook read by the child: "all:SIGILL,repack:hang" (see _fault)
 TIMEOUT_ENV = "LOCALSPEC_PROBE_TIMEOUT"  # seconds a test load may take (default: by file size)
 PROBE_ROWS = (32, 1)  # a batch (prompt chunks and verify rounds take the GEMM paths) and a one-row step
 _EMBEDDINGS = re.compile(r"(^|\.)(token_embd|per_layer_token_embd|tok_embeddings|embed)")  # rows read, not multiplied
@@ -250,16 +249,17 @@ def _died(rc: int) -> str:
 
 
 UNLOADABLE = "unloadable"  # a trial: the file would not load at all (the real load says why; nothing cached)
+UNLOADABLE_EXIT = 3  # the trial's exit status then (fastpath_trial.py)
 
 
 class Trial:
     """A test load in a child process, running while the caller does other work (its own load of the model)."""
 
     def __init__(self, path: Path, mode: str, counts: Sequence[int], timeout: float) -> None:
-        code = "import sys; from localspec.backend.fastpath import _child; sys.exit(_child(*sys.argv[1:]))"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's localspec
         self.mode, self.timeout, self.t0 = mode, timeout, time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-c", code, str(path), mode, ",".join(map(str, counts))],
+        self.proc = subprocess.Popen([sys.executable, "-m", "localspec.backend.fastpath_trial", str(path), mode,
+                                      ",".join(map(str, counts))],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env=env)
 
@@ -273,7 +273,7 @@ class Trial:
             self.proc.communicate()
             return f"timed out after {self.timeout:.0f} s"
         rc = self.proc.returncode
-        if rc in (0, 3):
+        if rc in (0, UNLOADABLE_EXIT):
             return None if rc == 0 else UNLOADABLE
         last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:80]
         return _died(rc) + (f": {last}" if rc > 0 and last else "")
@@ -346,38 +346,3 @@ def _candidates(path: Path, extras: Sequence[str]) -> list[str]:
 
 def _repacked(path: Path, mode: str) -> tuple[str, ...]:
     return tuple(repack_tensors(path)) if mode == REPACK else ()
-
-
-# -- the child ---------------------------------------------------------------------------------------------------
-
-def _fault(mode: str) -> None:
-    """Test hook: LOCALSPEC_PROBE_FAULT="all:SIGILL,repack:hang" makes this child die (or hang) as a broken
-    kernel would, after the load and before its first decode."""
-    for item in os.environ.get(FAULT_ENV, "").split(","):
-        m, _, what = item.partition(":")
-        if m.strip() == mode:
-            if what == "hang":
-                time.sleep(3600)
-            os.kill(os.getpid(), getattr(signal, what))
-
-
-def _child(path: str, mode: str, counts: str) -> int:
-    """The test load: `counts` is "1,2"; exit 0 when every decode ran, 3 when the file would not load."""
-    from ..errors import LocalspecError
-    from .loading import LoadOptions
-    from .model import Model
-
-    try:
-        model = Model.load(path, LoadOptions(n_ctx=128, n_batch=64, fast_path=mode, mmap=True))
-    except LocalspecError as e:
-        print(e, file=sys.stderr)
-        return 3
-    _fault(mode)
-    tokens = [(7 + 31 * i) % model.n_vocab for i in range(max(PROBE_ROWS))]
-    for n in (int(c) for c in counts.split(",")):
-        model.set_threads(n, n)
-        for rows in PROBE_ROWS:
-            model.decode(tokens[:rows], 1)
-            model.rewind(0)
-    model.close()
-    return 0

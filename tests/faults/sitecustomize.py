@@ -1,6 +1,8 @@
-"""Python imports this at start-up in every process whose PYTHONPATH holds this folder (segv.env): the test-only
-fault hooks install themselves there when their variable is set, and nothing happens otherwise."""
+"""Python imports this at start-up in every process whose path holds this folder (segv.env, probe.env): each
+test-only fault hook installs itself there when its variable is set, and nothing happens otherwise."""
 
+import probe
 import segv
 
 segv.install_from_env()
+probe.install_from_env()

@@ -1,0 +1,62 @@
+"""A fast path's test load (localspec/backend/fastpath_trial.py) that dies, or hangs, as a broken CPU kernel
+would, after its load and before its first decode, so that the fast-path decision is tested on real deaths.
+
+With LOCALSPEC_PROBE_FAULT="all:SIGILL,repack:hang" in a process's environment and this folder on its path
+(`env(SPEC)`, or the folder on sys.path: a trial child gets its parent's sys.path as its PYTHONPATH),
+sitecustomize.py wraps Model.load in every process; only a trial child that loads in a named mode dies there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FAULT_ENV = "LOCALSPEC_PROBE_FAULT"
+TRIAL = "localspec.backend.fastpath_trial"
+HERE = Path(__file__).resolve().parent
+
+
+def env(spec: str) -> dict[str, str]:
+    """The environment a `localspec` command needs for its trials to die as `spec` says."""
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    return {FAULT_ENV: spec, "PYTHONPATH": path}
+
+
+def _in_trial() -> bool:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name == TRIAL
+
+
+def _fault(mode: str, spec: str) -> None:
+    for item in spec.split(","):
+        m, _, what = item.partition(":")
+        if m.strip() == mode:
+            if what == "hang":
+                time.sleep(3600)
+            os.kill(os.getpid(), getattr(signal, what))
+
+
+def install(spec: str) -> None:
+    """Wrap Model.load: in a trial child, a load in a mode `spec` names is followed by its death or hang."""
+    from localspec.backend.model import Model
+
+    original = Model.load.__func__  # type: ignore[attr-defined]
+
+    def load(cls: type, path: Any, *args: Any, **kw: Any) -> Any:
+        model = original(cls, path, *args, **kw)
+        options = args[0] if args else kw.get("options")
+        if _in_trial() and options is not None:
+            _fault(options.fast_path, spec)
+        return model
+
+    Model.load = classmethod(load)  # type: ignore[method-assign, assignment]
+
+
+def install_from_env() -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec:
+        install(spec)
