@@ -64,7 +64,7 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     if metrics_log:
         metrics_log.write(rec)
     if as_json:
-        click.echo(json.dumps(json_result(answer, last.stats, done, rec)))
+        click.echo(json.dumps({**json_result(answer, last.stats, done, rec), "memory": engine.memory()}))
     else:
         sys.stdout.write("\n")
         _log_stats(engine, last.stats, done, after, rec)
@@ -135,6 +135,11 @@ def _log_stats(engine: Engine, stats: Stats, done: Outcome, after: _States, rec:
         log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
     if ctl and ctl.spec_disabled_reason:
         log_err(f"speculation off: {ctl.spec_disabled_reason}")
+    for role, m in engine.memory().items():
+        if m["kind"] != "attention":  # a rejected draft is rewound through checkpoints: say what that cost
+            log_err(f"{role} memory {m['kind']}, rollback {m['rollback']}"
+                    + (f" + llama.cpp's snapshots ({m['rs_depth']})" if m["rs_depth"] else "")
+                    + f": {m['saves']} checkpoints, {m['restores']} restored, {m['replayed']} tokens decoded again")
 
 
 def read_prompt(arg: str | None, opt: str | None, path: str | None) -> str:

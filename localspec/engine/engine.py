@@ -123,6 +123,14 @@ class Engine:
             self.drafter.close()
         self.target.close()
 
+    def memory(self) -> dict[str, dict]:
+        """Each model's memory kind, how a rejected draft is rewound on it, and what rewinding has cost so far
+        (checkpoints saved and restored, tokens decoded again; backend/rollback.py)."""
+        models = {"target": self.target, "drafter": _draft_model(self.drafter)}
+        return {role: {"kind": m.rollback_info.kind, "rollback": m.rollback_info.method,
+                       "rs_depth": m.rollback_info.rs_depth, **m.rollback_counts}
+                for role, m in models.items() if m is not None}
+
     @property
     def chat_template(self) -> str | None:
         return self._chat_template or self._meta.get("tokenizer.chat_template")
@@ -217,3 +225,13 @@ class Engine:
             head = min(keep, len(context) // 2)
             drop = max(1, (len(context) - head) // 2)
             context = context[:head] + context[head + drop:]
+
+
+def _draft_model(drafter: object) -> Model | None:
+    """The drafter's own model, if it has one: a model drafter's, alone or inside a hybrid or structure drafter."""
+    d = drafter
+    for _ in range(3):
+        d = getattr(d, "model", None) or getattr(d, "fallback", None)
+        if d is None or isinstance(d, Model):
+            return d
+    return None
