@@ -17,7 +17,7 @@ from localspec.backend.quantize import quantize
 from localspec.backend.rollback import METHODS
 from localspec.sampling.constrain import build_constraint
 from localspec.sampling.params import SamplingParams
-from localspec.server.structured import json_schema_grammar
+from localspec.server.request.structured import json_schema_grammar
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
 from localspec.speculative.structure import StructureDrafter
@@ -215,3 +215,22 @@ def test_models_show_states_the_memory_kind_and_rollback(tiny_recurrent: Path):
     assert memory["kind"] == KIND[_arch(tiny_recurrent)] and memory["rollback"] in METHODS
     text = CliRunner().invoke(main, ["models", "show", str(tiny_recurrent)]).output
     assert f"memory: {memory['kind']} (checkpoints in {memory['rollback']}" in text
+
+
+def test_run_reports_what_rewinding_cost(tiny_recurrent: Path):
+    """`run --json` names each model's memory and counts this request's checkpoints, restores and replays."""
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    r = CliRunner().invoke(main, ["run", "--model", str(tiny_recurrent), "--lookup", "-k", "4", "--no-adaptive",
+                                  "-n", "24", "--temp", "0", "--ctx", "512", "--json", REPEATED])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    target = out["memory"]["target"]
+    assert target["kind"] == KIND[_arch(tiny_recurrent)]
+    rejected = out["draft_n"] - out["draft_n_accepted"]
+    assert rejected > 0
+    if not target["rs_depth"]:  # without llama.cpp's snapshots each rejection restores a checkpoint and replays
+        assert target["saves"] > 0 and target["restores"] > 0 and target["replayed"] > 0
+    assert "drafter" not in out["memory"]  # prompt lookup has no model

@@ -52,7 +52,7 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     text = read_prompt(prompt, prompt_opt, prompt_file)
     _check_options(chat, system, stop)
     engine = load_engine(engine_config, log=log_err)
-    before = _states(engine)
+    before, memory_before = _states(engine), engine.memory()
     if chat:
         text = engine.chat_prompt(([{"role": "system", "content": system}] if system else [])
                                   + [{"role": "user", "content": text}])
@@ -64,10 +64,27 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
     if metrics_log:
         metrics_log.write(rec)
     if as_json:
-        click.echo(json.dumps({**json_result(answer, last.stats, done, rec), "memory": engine.memory()}))
+        click.echo(json.dumps({**json_result(answer, last.stats, done, rec),
+                               "memory": _memory_used(memory_before, engine.memory())}))
     else:
         sys.stdout.write("\n")
         _log_stats(engine, last.stats, done, after, rec)
+        _log_memory(_memory_used(memory_before, engine.memory()))
+
+
+def _memory_used(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
+    """Each model's memory facts with this request's rewind counts (the load's calibration made some too)."""
+    counts = ("saves", "restores", "replayed")
+    return {role: {**m, **{k: m[k] - before[role][k] for k in counts}} for role, m in after.items()}
+
+
+def _log_memory(memory: dict[str, dict]) -> None:
+    """What rewinding a recurrent state cost this request, per model (attention models say nothing)."""
+    for role, m in memory.items():
+        if m["kind"] != "attention":
+            log_err(f"{role} memory {m['kind']}, rollback {m['rollback']}"
+                    + (f" + llama.cpp's snapshots ({m['rs_depth']})" if m["rs_depth"] else "")
+                    + f": {m['saves']} checkpoints, {m['restores']} restored, {m['replayed']} tokens decoded again")
 
 
 class _States(NamedTuple):
@@ -135,11 +152,7 @@ def _log_stats(engine: Engine, stats: Stats, done: Outcome, after: _States, rec:
         log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
     if ctl and ctl.spec_disabled_reason:
         log_err(f"speculation off: {ctl.spec_disabled_reason}")
-    for role, m in engine.memory().items():
-        if m["kind"] != "attention":  # a rejected draft is rewound through checkpoints: say what that cost
-            log_err(f"{role} memory {m['kind']}, rollback {m['rollback']}"
-                    + (f" + llama.cpp's snapshots ({m['rs_depth']})" if m["rs_depth"] else "")
-                    + f": {m['saves']} checkpoints, {m['restores']} restored, {m['replayed']} tokens decoded again")
+
 
 
 def read_prompt(arg: str | None, opt: str | None, path: str | None) -> str:
