@@ -6,6 +6,7 @@ Two sizes of each: the tests' own files (n_embd 32, ~5 MB: the Python loop's sha
 `localspec run --json` processes, interleaved over `--repeats`:
 - plain (`--no-spec`);
 - the model as its own drafter, every draft accepted (k = 4 pinned, and the adaptive default);
+- its Q8_0 copy as the drafter (cheaper, nearly always right; k = 4 pinned, and the adaptive default);
 - prompt lookup on open prose, where its drafts are mostly rejected (k = 4 pinned, and the adaptive default);
 - prompt lookup on a text that repeats, where its drafts are mostly accepted (adaptive).
 It prints one Markdown table (median tok/s, speedup over plain, acceptance, what the rewinds cost, the k chosen)
@@ -26,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import tiny_gguf  # noqa: E402  (the tests' writer of these files)
 
+from localspec.backend.quantize import quantize  # noqa: E402
 from localspec.models.paths import cache_dir  # noqa: E402
 from localspec.models.resolve import resolve_model  # noqa: E402
 
@@ -60,6 +62,8 @@ CONFIGS = {  # name -> (extra arguments, prompt)
     "plain": (["--no-spec"], PROSE),
     "itself k=4": (["--draft", "{model}", "-k", "4", "--no-adaptive"], PROSE),
     "itself auto": (["--draft", "{model}"], PROSE),
+    "Q8_0 copy k=4": (["--draft", "{copy}", "-k", "4", "--no-adaptive"], PROSE),
+    "Q8_0 copy auto": (["--draft", "{copy}"], PROSE),
     "lookup prose k=4": (["--lookup", "-k", "4", "--no-adaptive"], PROSE),
     "lookup prose auto": (["--lookup"], PROSE),
     "lookup repeats auto": (["--lookup"], REPEATS_TEXT),
@@ -68,7 +72,10 @@ CONFIGS = {  # name -> (extra arguments, prompt)
 
 def run_once(model: Path, config: str, n: int) -> dict:
     extra, prompt = CONFIGS[config]
-    args = [a.replace("{model}", str(model)) for a in extra]
+    copy = model.with_name(model.stem + ".Q8_0.gguf")
+    if "{copy}" in extra and not copy.exists():
+        quantize(model, copy, "Q8_0")
+    args = [a.replace("{model}", str(model)).replace("{copy}", str(copy)) for a in extra]
     cmd = [sys.executable, "-m", "localspec", "run", "--model", str(model), "--temp", "0", "-n", str(n),
            "--ctx", "2048", "--json", *args, prompt]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
