@@ -14,11 +14,16 @@ The app is the wiring: the layout, the keys, loading the models, and the saved-c
 Threading: the models load in a thread worker (`load`; after a switch it first closes the old engine), answers
 are generated in the Chat's thread worker, and the UI thread never calls the model. One lock serialises workers on
 the engine; closing the app waits for it.
+
+The end: SIGHUP (the terminal closed), SIGTERM, SIGINT and a terminal found hung up end the app as ctrl+q does,
+after the answer being written was stopped and saved as Esc would (`end`; terminal.py says why each is needed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -43,6 +48,7 @@ from .palette import chat_commands
 from .screens.loading import LoadingScreen
 from .screens.models import ModelPicker
 from .store import ChatStore
+from .terminal import CHECK_EVERY, hung_up, quiet_driver, terminal_fd, watch
 from .widgets.chat import Chat
 from .widgets.conversation_list import ConversationList
 from .widgets.prompt_input import PromptInput
@@ -51,6 +57,7 @@ from .widgets.stats_panel import StatsPanel
 if TYPE_CHECKING:
     from ..engine.loader import EngineConfig
 
+SAVE_WAIT = 3.0  # seconds the answer being written gets to stop and be saved when the chat must end
 NEEDS_ENGINE = ("new_chat", "regenerate", "cycle_spec", "spec", "cycle_k", "set_k", "copy_last", "toggle_colour")
 
 
@@ -88,6 +95,10 @@ class ChatApp(App):
         self.controls: SpecControls | None = None  # with the engine
         self.store: ChatStore | None = None
         self.load_error: EngineFailed | None = None  # the CLI prints it again after the app closes
+        self._ending = False
+
+    def get_driver_class(self):
+        return quiet_driver(super().get_driver_class())
 
     # -- layout and start-up ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -105,6 +116,8 @@ class ChatApp(App):
         self.query_one(PromptInput).history = self.store.recent_inputs()
         self.query_one(PromptInput).remember("")
         self._refresh_conversations()
+        if not self.is_headless:
+            self._watch_the_end()
         if self.engine is not None:
             self._engine_ready(self.engine)
         else:
@@ -187,6 +200,28 @@ class ChatApp(App):
         self._show_stats()
         self.refresh_bindings()
         self.query_one(PromptInput).focus()
+
+    # -- the end ------------------------------------------------------------------------------------------------
+    def _watch_the_end(self) -> None:
+        watch(asyncio.get_running_loop(), self.end_soon)
+        fd = terminal_fd()
+        if fd is not None:
+            self.set_interval(CHECK_EVERY, lambda: self.end_soon() if hung_up(fd) else None)
+
+    def end_soon(self) -> None:
+        self.run_worker(self.end(), group="end")
+
+    async def end(self) -> None:
+        """Stop the answer being written, as Esc does (its end is saved), wait up to SAVE_WAIT seconds for it,
+        then exit as ctrl+q does."""
+        if self._ending:
+            return
+        self._ending = True
+        self.chat.stop()
+        deadline = time.monotonic() + SAVE_WAIT
+        while self.generating and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.exit()
 
     async def on_unmount(self) -> None:
         self.workers.cancel_group(self.chat, "generate")
