@@ -43,7 +43,7 @@ import httpx
 
 from localspec.models.gguf_header import read_header
 from localspec.models.paths import cache_dir
-from localspec.server.fim import Extra, FimTokens, build_infill
+from localspec.server.request.fim import Extra, FimTokens, build_infill
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from servers import ServerProcess, rss_mib  # noqa: E402  (the tests' helper: a real server on a free port)

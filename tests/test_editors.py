@@ -246,8 +246,8 @@ def test_seeded_infill_chain_same_text_with_and_without_speculation(others):
 def test_samplers_chain_units():
     """The parse without a server: letters, aliases, skipped steps, the off values, where infill sits."""
     from localspec.sampling.params import SamplingParams
-    from localspec.server.samplers import parse_samplers
-    from localspec.server.state import ApiError
+    from localspec.server.http import ApiError
+    from localspec.server.request.samplers import parse_samplers
 
     class Vocab:
         eot = 2

@@ -117,7 +117,7 @@ def test_build_without_rpc_is_one_line(monkeypatch, smollm2_path, args):
 def test_props_devices_mark_the_targets():
     from types import SimpleNamespace
 
-    from localspec.server.llamacpp import devices_in_use
+    from localspec.server.protocols.llamacpp import devices_in_use
 
     listed = devices_in_use(SimpleNamespace(target=SimpleNamespace(offload_devices=())))
     cpu = next(d for d in listed if d["name"] == "CPU")

@@ -15,8 +15,8 @@ from servers import ServerProcess
 
 from localspec.engine.answer import AnswerDelta
 from localspec.engine.tools import ToolCallDelta
-from localspec.server.anthropic_convert import CountTokensRequest, openai_messages, tool_choice
-from localspec.server.anthropic_stream import Blocks
+from localspec.server.protocols.anthropic.convert import CountTokensRequest, openai_messages, tool_choice
+from localspec.server.protocols.anthropic.stream import Blocks
 
 HI = [{"role": "user", "content": "Write one short sentence about cats."}]
 LONG = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from localspec.engine.engine import Chunk
 from localspec.engine.stats import Stats
-from localspec.server.completion import project
-from localspec.server.editor import EditorRules
-from localspec.server.schemas import InfillRequest
+from localspec.server.protocols.completion import project
+from localspec.server.protocols.editor import EditorRules
+from localspec.server.request.schemas import InfillRequest
 from localspec.speculative.types import Step
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.server.fim import (
+from localspec.server.request.fim import (
     CURRENT_FILE,
     REPO_NAME,
     SNIPPET_SEPARATOR,

@@ -104,7 +104,7 @@ def test_cors_origin_rules():
 
 
 def test_metrics_text_has_the_promised_series():
-    from localspec.server.metrics import Metrics
+    from localspec.server.execution.metrics import Metrics
 
     text = Metrics().render(speculation_enabled=True, queue_waiting=0, busy=False)
     for name in ("localspec_requests_total", "llamacpp:tokens_predicted_total", "localspec_draft_n_total",

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from servers import ServerProcess
 
-from localspec.server.responses import ResponsesRequest, input_messages, response_format
-from localspec.server.state import ApiError
+from localspec.server.http import ApiError
+from localspec.server.protocols.responses import ResponsesRequest, input_messages, response_format
 
 ASK = "Write one short sentence about cats."
 LONG = "Write a long story about a dragon who learns to fly."

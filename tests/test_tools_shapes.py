@@ -9,7 +9,8 @@ import pytest
 
 from localspec.engine.answer import Answer, AnswerDelta
 from localspec.engine.tools import ToolCall, ToolCallDelta
-from localspec.server.chat_tools import (
+from localspec.server.http import ApiError
+from localspec.server.request.chat_tools import (
     check_tools,
     legacy_tools,
     ollama_calls,
@@ -20,7 +21,6 @@ from localspec.server.chat_tools import (
     openai_message,
     reasoning_format,
 )
-from localspec.server.state import ApiError
 
 CALL = ToolCall("get_weather", '{"city": "Paris"}', "call_abc")
 

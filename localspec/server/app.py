@@ -19,10 +19,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
-from . import anthropic, llamacpp, ollama, openai, responses
-from .http import ApiKeyMiddleware, CorsMiddleware, HeldHeads, JsonBodyMiddleware, error_body
-from .state import ApiError, ClientGone, ServerConfig, State, StateDep
-from .worker import ExceedContext
+from .execution.worker import ExceedContext
+from .http import ApiError, ApiKeyMiddleware, ClientGone, CorsMiddleware, HeldHeads, JsonBodyMiddleware, error_body
+from .protocols import llamacpp, ollama, openai, responses
+from .protocols.anthropic import routes as anthropic
+from .state import ServerConfig, State, StateDep
 
 log = logging.getLogger("localspec.server")
 

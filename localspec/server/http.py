@@ -1,4 +1,5 @@
-"""The HTTP pieces with no model behind them: each protocol's error body, the API key, JSON bodies and CORS.
+"""The HTTP pieces with no model behind them: the errors a request can end in (ApiError, ClientGone) and each
+protocol's error body, the API key, JSON bodies and CORS.
 
 Why a module of its own: router mode (localspec/router/) answers errors and guards its routes exactly as the
 single-model server does, and must not load llama.cpp to do so; this module imports nothing of the engine.
@@ -15,6 +16,23 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse, Response
+
+from ..errors import LocalspecError
+
+
+class ApiError(LocalspecError):
+    """A client error with its HTTP status; the app renders it in the protocol's error shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+class ClientGone(Exception):
+    """The client disconnected before its job started; nobody is left to answer."""
+
 
 PUBLIC = {"/health", "/v1/health"}
 ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",

@@ -1,5 +1,5 @@
-"""The server's state and its errors: `ServerConfig` (the serve options), `State` (the engine, the worker, the
-metrics, the names the model answers to, the token budget rule), `ApiError` and `ClientGone`.
+"""The server's state: `ServerConfig` (the serve options) and `State` (the engine, the worker, the metrics, the
+names the model answers to, the token budget rule).
 
 Route handlers live at module level and reach the one State through `StateDep` (FastAPI's dependency on
 `request.app.state.localspec`, set by app.py), so no handler is a closure over a router's arguments.
@@ -14,23 +14,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from ..engine.engine import Engine
-from ..errors import LocalspecError
-from .metrics import Metrics
-from .worker import Worker
-
-
-class ApiError(LocalspecError):
-    """A client error with its HTTP status; the app renders it in the protocol's error shape."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-
-
-class ClientGone(Exception):
-    """The client disconnected before its job started; nobody is left to answer."""
+from .execution.metrics import Metrics
+from .execution.worker import Worker
+from .http import ApiError
 
 
 @dataclass(frozen=True)

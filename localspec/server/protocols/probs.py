@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..engine.engine import Engine
-from ..sampling.logprobs import TokenLogprob
-from ..sampling.params import SamplingParams
+from ...engine.engine import Engine
+from ...sampling.logprobs import TokenLogprob
+from ...sampling.params import SamplingParams
 
 WINDOW = 1024  # candidates post-sampling probabilities are computed over when top_k is off
 

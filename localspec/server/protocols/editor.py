@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import deque
 from typing import AsyncIterator, Callable
 
-from ..engine.engine import Chunk
-from .fim import indent_cut
-from .run import Run
-from .schemas import CompletionRequest
+from ...engine.engine import Chunk
+from ..execution.run import Run
+from ..request.fim import indent_cut
+from ..request.schemas import CompletionRequest
 
 Verdict = tuple[str, str]  # (this round's text to send, stop_type); stop_type "none" goes on
 

@@ -14,15 +14,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import __version__
-from ..engine.engine import Engine
-from .chat import chat_messages_prompt
+from ... import __version__
+from ...engine.engine import Engine
+from ..execution.timings import spec_policy
+from ..http import ApiError
+from ..request.chat import chat_messages_prompt
+from ..request.fim import Extra, has_fim, infill_build, require_fim
+from ..request.prompts import check_ids, checked_prompts, mixed_tokens, plain_build
+from ..request.schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
+from ..state import State, StateDep
 from .completion import DEFAULTS, Completion
-from .fim import Extra, has_fim, infill_build, require_fim
-from .prompts import check_ids, checked_prompts, mixed_tokens, plain_build
-from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
-from .state import ApiError, State, StateDep
-from .timings import spec_policy
 
 
 def router(state: State) -> APIRouter:
@@ -131,7 +132,7 @@ def default_settings(state: State) -> dict[str, Any]:
 def devices_in_use(e: Engine) -> list[dict[str, Any]]:
     """ggml's devices with their free/total memory (an RPC device's as its server reports it); `target` marks
     the ones the target's offloaded layers use (`--rpc` servers first, then local GPUs)."""
-    from ..backend import devices
+    from ...backend import devices
 
     used = set(e.target.offload_devices)
     return [{**d, "target": d["name"] in used} for d in devices()]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.engine import ChatTemplateError, Engine
+from ...engine.engine import ChatTemplateError, Engine
+from ..http import ApiError
 from .schemas import ChatMessage, OAIChatRequest
-from .state import ApiError
 
 
 def chat_text(content: str | list[dict[str, Any]] | None) -> str:

@@ -13,18 +13,19 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.engine import Engine
-from ..sampling.logprobs import TokenLogprob
+from ...engine.engine import Engine
+from ...sampling.logprobs import TokenLogprob
+from ..execution.run import Choice, Choices, Run, plan, sse_data
+from ..execution.timings import progress, spec_policy, speculative
+from ..execution.worker import Build, Job
+from ..http import ApiError
+from ..request.samplers import ORDER, chained, parse_samplers
+from ..request.sampling_fields import sampling, stops
+from ..request.schemas import MAX_CHOICES, CompletionRequest
+from ..request.structured import request_extras
+from ..state import State
 from .editor import EditorRules, policed
-from .params import sampling, stops
 from .probs import llama_probs, window
-from .run import Choice, Choices, Run, plan, sse_data
-from .samplers import ORDER, chained, parse_samplers
-from .schemas import MAX_CHOICES, CompletionRequest
-from .state import ApiError, State
-from .structured import request_extras
-from .timings import progress, spec_policy, speculative
-from .worker import Build, Job
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}  # llama-server's
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..sampling.params import SamplingParams
-from .state import ApiError
+from ...sampling.params import SamplingParams
+from ..http import ApiError
 
 PENALTIES = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
 

@@ -11,11 +11,12 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import Request
 
-from ..engine.engine import Chunk
-from ..engine.stats import Stats
-from ..errors import LocalspecError
-from .schemas import MAX_RESULTS
-from .state import ApiError, ClientGone, State
+from ...engine.engine import Chunk
+from ...engine.stats import Stats
+from ...errors import LocalspecError
+from ..http import ApiError, ClientGone
+from ..request.schemas import MAX_RESULTS
+from ..state import State
 from .timings import timings
 from .worker import Build, Done, ExceedContext, Failed, Job, Started
 

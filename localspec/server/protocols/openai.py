@@ -16,23 +16,24 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .. import __version__
-from ..engine.answer import AnswerStream, Reading, read_answer
-from ..engine.tools import ToolCall
-from ..sampling.logprobs import TokenLogprob
-from .chat import chat_messages_prompt, system_tokens
-from .chat_tools import is_legacy, openai_delta, openai_finish, openai_message, openai_setup
-from .fim import infill_build, require_fim
-from .params import sampling, stops
+from ... import __version__
+from ...engine.answer import AnswerStream, Reading, read_answer
+from ...engine.tools import ToolCall
+from ...sampling.logprobs import TokenLogprob
+from ..execution.run import Choice, Choices, Run, plan, sse_data
+from ..execution.timings import progress, speculative
+from ..execution.worker import Build, Job
+from ..http import ApiError
+from ..request.chat import chat_messages_prompt, system_tokens
+from ..request.chat_tools import is_legacy, openai_delta, openai_finish, openai_message, openai_setup
+from ..request.fim import infill_build, require_fim
+from ..request.prompts import One, checked_prompts, plain_build
+from ..request.samplers import chained, parse_samplers
+from ..request.sampling_fields import sampling, stops
+from ..request.schemas import OAIChatRequest, OAICompletionRequest
+from ..request.structured import request_extras
+from ..state import State, StateDep
 from .probs import openai_chat, openai_completion
-from .prompts import One, checked_prompts, plain_build
-from .run import Choice, Choices, Run, plan, sse_data
-from .samplers import chained, parse_samplers
-from .schemas import OAIChatRequest, OAICompletionRequest
-from .state import ApiError, State, StateDep
-from .structured import request_extras
-from .timings import progress, speculative
-from .worker import Build, Job
 
 FINGERPRINT = f"localspec-{__version__}"  # system_fingerprint: changes when the serving code does
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from ..sampling.infill import Infill
-from ..sampling.params import SamplingParams
-from .state import ApiError
+from ...sampling.infill import Infill
+from ...sampling.params import SamplingParams
+from ..http import ApiError
 
 if TYPE_CHECKING:
-    from .state import State
+    from ..state import State
 
 ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")  # llama.cpp's default order, the steps run here
 FILTERS = ("penalties", "top_k", "top_p", "min_p")  # what infill must come after

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..backend import json_schema_grammar
-from ..engine.engine import Engine
-from ..sampling.constrain import build_constraint
-from .state import ApiError
+from ...backend import json_schema_grammar
+from ...engine.engine import Engine
+from ...sampling.constrain import build_constraint
+from ..http import ApiError
 
 JSON_OBJECT = {"type": "object"}  # what llama-server constrains `json_object` to
 

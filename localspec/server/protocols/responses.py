@@ -21,15 +21,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import LocalspecError
-from .chat import chat_prompt
-from .params import sampling
-from .run import Run, error_event
-from .schemas import MAX_TOKENS
-from .state import ApiError, State, StateDep
-from .structured import request_extras
-from .timings import speculative
-from .worker import Job
+from ...errors import LocalspecError
+from ..execution.run import Run, error_event
+from ..execution.timings import speculative
+from ..execution.worker import Job
+from ..http import ApiError
+from ..request.chat import chat_prompt
+from ..request.sampling_fields import sampling
+from ..request.schemas import MAX_TOKENS
+from ..request.structured import request_extras
+from ..state import State, StateDep
 
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0}  # OpenAI's
 TEXT_PARTS = ("input_text", "output_text", "text")

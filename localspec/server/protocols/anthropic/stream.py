@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator
 
-from ..engine.answer import AnswerDelta, AnswerStream, Reading
-from ..errors import LocalspecError
-from .anthropic_convert import message_body, stop_reason, tool_use_id, usage
-from .http import anthropic_error
-from .run import Run
-from .state import State
-from .timings import speculative
+from ....engine.answer import AnswerDelta, AnswerStream, Reading
+from ....errors import LocalspecError
+from ...execution.run import Run
+from ...execution.timings import speculative
+from ...http import anthropic_error
+from ...state import State
+from .convert import message_body, stop_reason, tool_use_id, usage
 
 
 def sse(kind: str, **data: Any) -> str:

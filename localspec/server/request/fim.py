@@ -27,11 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from ..errors import LocalspecError
+from ...errors import LocalspecError
 
 if TYPE_CHECKING:  # the layout itself is pure: scripts and tests use it without loading llama.cpp
-    from ..engine.engine import Engine
-    from .worker import Build, Prompt
+    from ...engine.engine import Engine
+    from ..execution.worker import Build, Prompt
 
 _KEYS = {
     "pre": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),

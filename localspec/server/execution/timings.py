@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..engine.engine import Engine
-from ..engine.stats import Stats
-from .state import State
+from ...engine.engine import Engine
+from ...engine.stats import Stats
+from ..state import State
 from .worker import Started
 
 if TYPE_CHECKING:

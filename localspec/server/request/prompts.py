@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..engine.engine import Engine
+from ...engine.engine import Engine
+from ..execution.worker import Build, Prompt
+from ..http import ApiError
 from .schemas import MAX_PROMPTS
-from .state import ApiError
-from .worker import Build, Prompt
 
 Piece = int | str
 One = str | list[Piece]  # one prompt: text, or token ids and text pieces

@@ -18,13 +18,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.answer import Answer, AnswerDelta, Reading
-from ..engine.engine import Engine
-from ..engine.reasoning import REASONING_FORMATS, opens_thinking
-from ..engine.tools import ToolCall, ToolChoiceError, ToolPlan, plan_tools, template_context, tool_messages
+from ...engine.answer import Answer, AnswerDelta, Reading
+from ...engine.engine import Engine
+from ...engine.reasoning import REASONING_FORMATS, opens_thinking
+from ...engine.tools import ToolCall, ToolChoiceError, ToolPlan, plan_tools, template_context, tool_messages
+from ..http import ApiError
 from .chat import chat_messages
 from .schemas import OAIChatRequest, OllamaChatRequest
-from .state import ApiError
 
 
 @dataclass(frozen=True)

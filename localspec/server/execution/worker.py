@@ -34,10 +34,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..engine.engine import Chunk, Engine
-from ..engine.stats import Stats
-from ..errors import LocalspecError
-from ..sampling.params import SamplingParams
+from ...engine.engine import Chunk, Engine
+from ...engine.stats import Stats
+from ...errors import LocalspecError
+from ...sampling.params import SamplingParams
 
 log = logging.getLogger("localspec.server")
 

@@ -18,9 +18,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.answer import Answer, Reading, read_answer
-from ..engine.engine import ChatTemplateError
-from .anthropic_convert import (
+from ....engine.answer import Answer, Reading, read_answer
+from ....engine.engine import ChatTemplateError
+from ...execution.run import Run
+from ...execution.timings import speculative
+from ...execution.worker import Job
+from ...http import ApiError
+from ...request.chat_tools import chat_setup
+from ...request.sampling_fields import sampling, stops
+from ...request.structured import request_extras
+from ...state import State, StateDep
+from .convert import (
     CountTokensRequest,
     MessagesRequest,
     message_body,
@@ -31,14 +39,7 @@ from .anthropic_convert import (
     tool_use,
     usage,
 )
-from .anthropic_stream import events
-from .chat_tools import chat_setup
-from .params import sampling, stops
-from .run import Run
-from .state import ApiError, State, StateDep
-from .structured import request_extras
-from .timings import speculative
-from .worker import Job
+from .stream import events
 
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0}  # Anthropic's; top_k off
 

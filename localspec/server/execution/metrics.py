@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from ..engine.engine import Chunk
+from ...engine.engine import Chunk
 from .worker import Job, Started
 
 # tokens/s histogram buckets (upper bounds)

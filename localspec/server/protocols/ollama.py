@@ -19,18 +19,18 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.answer import AnswerDelta, AnswerStream, Reading, read_answer
-from ..engine.engine import Engine
-from .chat import chat_prompt
-from .chat_tools import ollama_calls, ollama_message, ollama_setup
-from .fim import FimTokens, has_fim, infill_build, require_fim
-from .params import sampling, stops
-from .run import Choices, Run, plan
-from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions, OllamaShowRequest
-from .state import State, StateDep
-from .structured import request_extras
-from .timings import speculative
-from .worker import Build, Job
+from ...engine.answer import AnswerDelta, AnswerStream, Reading, read_answer
+from ...engine.engine import Engine
+from ..execution.run import Choices, Run, plan
+from ..execution.timings import speculative
+from ..execution.worker import Build, Job
+from ..request.chat import chat_prompt
+from ..request.chat_tools import ollama_calls, ollama_message, ollama_setup
+from ..request.fim import FimTokens, has_fim, infill_build, require_fim
+from ..request.sampling_fields import sampling, stops
+from ..request.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions, OllamaShowRequest
+from ..request.structured import request_extras
+from ..state import State, StateDep
 
 VERSION = "0.6.3"  # the Ollama API version these routes follow
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1, "repeat_last_n": 64}  # Ollama's

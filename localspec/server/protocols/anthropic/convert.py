@@ -16,11 +16,12 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.engine import Chunk
-from ..engine.tools import ToolCall
-from .run import Run
-from .schemas import MAX_TOKENS
-from .state import ApiError, State
+from ....engine.engine import Chunk
+from ....engine.tools import ToolCall
+from ...execution.run import Run
+from ...http import ApiError
+from ...request.schemas import MAX_TOKENS
+from ...state import State
 
 
 class _Body(BaseModel):
