@@ -9,7 +9,8 @@ checkpoint, the state is cleared and the whole prefix is replayed.
 
 Where a checkpoint's copy lives is the `method`, chosen per model at load by timing each (`choose`):
 - "seq": a spare sequence of the same context (`llama_memory_seq_cp` shares the state's cell; llama.cpp copies it
-  on the device when sequence 0 decodes next). Needs a context with spare sequences and a unified KV cache.
+  on the device when sequence 0 decodes next). Needs a context with spare sequences and a unified KV cache, and
+  is not used with llama.cpp's per-token snapshots (below), whose rolled-back state it would not copy.
 - "host": the recurrent part of sequence 0 copied to host memory (`llama_state_seq_get_data_ext` with
   LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), restored with `set_data_ext`; the attention part of a hybrid is cut as usual.
 Besides either, llama.cpp keeps per-token snapshots of the last decode for some architectures (the context's
@@ -197,7 +198,10 @@ def choose(model: "Model", kind: str, probe: Sequence[int], repeats: int = 7) ->
     rs = int(llama_cpp.llama_n_rs_seq(ctx))
     timings: dict[str, tuple[float, float]] = {}
     one = list(probe[:1])
-    for method in METHODS if int(llama_cpp.llama_n_seq_max(ctx)) > SLOTS else ("host",):
+    # with llama.cpp's snapshots, a state just rolled back lives in a snapshot plane until the next decode: a host
+    # copy reads it from there, a spare sequence would share the cell's stale current plane instead
+    spare = int(llama_cpp.llama_n_seq_max(ctx)) > SLOTS and rs == 0
+    for method in METHODS if spare else ("host",):
         store: _SeqStore | _HostStore = _SeqStore(ctx) if method == "seq" else _HostStore(ctx)
         model.decode(list(probe), 0)
         with_save, with_restore, plain = [], [], []
