@@ -16,7 +16,7 @@ import click
 import httpx
 import pytest
 
-from localspec.commands.supervise import crash_line
+from localspec.crash import crash_line
 from localspec.router.app import create_router_app
 from localspec.router.choice import FOREVER, RouterConfig, choose_model, parse_keep_alive
 from localspec.router.proxy import HangUp, error_event

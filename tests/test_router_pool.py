@@ -20,7 +20,7 @@ import pytest
 from faults import segv
 from faults.segv import FAULT_ENV
 
-from localspec.commands.supervise import WATCH_ENV, crash_line
+from localspec.crash import WATCH_ENV, crash_line
 from localspec.models.model_facts import kv_cache_bytes
 from localspec.router.discover import (
     GLOBAL_SECTION,

@@ -16,33 +16,17 @@ as SIGTERM (lifecycle.end_on_hangup), unless the command was started with it ign
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 import time
 from typing import Callable, NoReturn
 
+from ..crash import CRASHES, WATCH_ENV, crash_line, die_with
 from ..lifecycle import end_on_hangup, hangup_ignored
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-WATCH_ENV = "LOCALSPEC_NO_WATCH"  # set (to anything): run in this process, unwatched
 HANGUP_GRACE = 10.0  # seconds a child has to end after a hang-up (it saves a chat, finishes answers) before SIGKILL
-_PR_SET_PDEATHSIG = 1
-_CRASHES = {signal.SIGSEGV: "segmentation fault", signal.SIGILL: "illegal instruction",
-            signal.SIGBUS: "bus error", signal.SIGFPE: "arithmetic fault", signal.SIGABRT: "aborted"}
-
-
-def crash_line(sig: int) -> str:
-    """What to tell the user when the command died of `sig`."""
-    name = signal.Signals(sig).name
-    if sig == signal.SIGKILL:
-        return (f"localspec: killed ({name}), often by the kernel's out-of-memory killer: try a smaller model, a "
-                "smaller --ctx or a quantized KV cache (--cache-type-k q8_0)")
-    what = _CRASHES.get(signal.Signals(sig), "killed")
-    return (f"localspec: llama.cpp crashed ({name}, {what}), most likely in a CPU fast path this build gets wrong "
-            "(AMX or repacked weights): try again with --no-repack; 'localspec models show MODEL' shows the CPU "
-            "features in use")
 
 
 def run_watched(main: Callable[[], object]) -> NoReturn:
@@ -67,22 +51,12 @@ def run_watched(main: Callable[[], object]) -> NoReturn:
         sig = os.WTERMSIG(status)
         if hung_up and sig == signal.SIGKILL:  # killed here after a hang-up: end as a hung-up process does
             sig = signal.SIGHUP
-        elif sig in _CRASHES or sig == signal.SIGKILL:
+        elif sig in CRASHES or sig == signal.SIGKILL:
             _say(crash_line(sig))
         signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 128 + os.WTERMSIG(status))
-
-
-def die_with(parent: int) -> None:
-    """Linux: the kernel sends this process SIGKILL when its parent dies (the router's runners use it too)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(128 + signal.SIGKILL)
 
 
 def _say(line: str) -> None:

@@ -4,7 +4,7 @@ health-checks, talks to over HTTP on 127.0.0.1 and stops.
 Why a process per model: speculation, the controller and its calibration then work per model exactly as in
 single-model mode, and a crash inside llama.cpp (a SIGSEGV in a CPU kernel) kills one model, not the router.
 The child runs unwatched (LOCALSPEC_NO_WATCH: the router is its watcher, so its exit status is the crash's own)
-and dies with the router (PR_SET_PDEATHSIG=SIGKILL, as commands/supervise.py does for the watched command).
+and dies with the router (PR_SET_PDEATHSIG=SIGKILL, crash.die_with, as the watched command's child does).
 PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so runners must be started from a thread
 that lives as long as the router: the event loop's. (Linux only: elsewhere a router killed by SIGKILL leaves its
 runners to be stopped by hand; any other end of the router stops them through Pool.close.)
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable
 
-from ..commands.supervise import WATCH_ENV, crash_line, die_with
+from ..crash import WATCH_ENV, crash_line, die_with
 from .refusals import RunnerFailed
 
 READY = re.compile(r"localspec serve: http://127\.0\.0\.1:(\d+)")
