@@ -230,7 +230,7 @@ def test_models_show_states_the_memory_kind_and_rollback(tiny_recurrent: Path):
     memory = json.loads(r.output)["memory"]
     assert memory["kind"] == KIND[_arch(tiny_recurrent)] and memory["rollback"] in METHODS
     text = CliRunner().invoke(main, ["models", "show", str(tiny_recurrent)]).output
-    assert f"memory: {memory['kind']} (checkpoints in {memory['rollback']}" in text
+    assert f"memory: {memory['kind']} (checkpoints in " in text  # the method is timed again: either may win
 
 
 def test_run_reports_what_rewinding_cost(tiny_recurrent: Path):

@@ -79,18 +79,27 @@ def new_context(model: _internals.LlamaModel, p: Path, options: LoadOptions, *,
                 recurrent: bool = False) -> _internals.LlamaContext:
     """A llama context for one sequence. Threads: all cores until the thread controller (threads.py) sets them
     per round; flash attention: as calibrated (None = llama.cpp's auto). A model with a recurrent state gets
-    spare sequences for its checkpoints, one KV cache they share, and llama.cpp's per-token snapshots where the
-    architecture has them (rollback.py)."""
+    llama.cpp's per-token snapshots where its architecture has them, else spare sequences for its checkpoints
+    with one KV cache they share (rollback.py): each multiplies the recurrent state's memory, so never both."""
+    if recurrent:
+        ctx = _context(model, p, options, rs_depth=RS_DEPTH)  # llama.cpp clamps it to 0 where it cannot
+        if llama_cpp.llama_n_rs_seq(ctx.ctx) > 0:
+            return ctx
+        ctx.close()
+        return _context(model, p, options, spare_seqs=SLOTS)
+    return _context(model, p, options)
+
+
+def _context(model: _internals.LlamaModel, p: Path, options: LoadOptions, *, rs_depth: int = 0,
+             spare_seqs: int = 0) -> _internals.LlamaContext:
     threads = options.n_threads or cpu_count()
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = options.n_ctx
     cparams.n_batch = options.n_batch
     cparams.n_ubatch = options.n_batch
-    cparams.n_seq_max = 1
-    if recurrent:
-        cparams.n_seq_max = 1 + SLOTS
-        cparams.kv_unified = True  # else each sequence would get n_ctx / n_seq_max positions
-        cparams.n_rs_seq = RS_DEPTH  # llama.cpp clamps it to 0 where the architecture cannot roll back
+    cparams.n_seq_max = 1 + spare_seqs
+    cparams.kv_unified = spare_seqs > 0  # else each sequence would get n_ctx / n_seq_max positions
+    cparams.n_rs_seq = rs_depth
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
     cparams.no_perf = True
