@@ -14,11 +14,13 @@ seconds on a busy machine (docs/bench/calibration.md#calibration-budget), so:
   nothing;
 - a cache entry cut short by the budget is completed at the next start (only what it lacks is measured);
 - an entry remembers how busy the machine was while it measured (`others`: cores other programs used, from
-  the CPU meter). Step times per thread count measured on a busy machine say "1 thread" and would keep an
-  idle machine at half speed, and v(γ) was timed at that start's thread count (a busy start's free cores), so
-  a quiet start measures both again; a busier start keeps the entry (the thread controller drops to the free
-  cores at its first meter reading). Anything else stale is corrected online by the
-  controllers, which start from these priors and follow what the rounds measure.
+  the CPU meter). One measured on a busy machine (others at or above ThreadControl.BUSY_AT) is provisional:
+  its step times per thread count say "1 thread" and would keep an idle machine at half speed, and its v(γ),
+  timed beside other programs, can be so high that speculation never starts and so never corrects it (a
+  compile gave Gemma-3-270M v(4) 5.8, quiet 3.9). So the next start that is not busy measures it again; a busy
+  start keeps it (the thread controller drops to the free cores at its first meter reading). Anything else
+  stale is corrected online by the controllers, which start from these priors and follow what the rounds
+  measure (and, while speculation is off, by the controller's probes).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Callable, Hashable, Mapping, TypeVar
 
 from ..backend import Model, build_info
 from ..backend.machine import cpu_count, cpu_model, free_cores, openmp_settings
+from ..lifecycle import remove_stale, temp_name
 from ..models.paths import calibration_dir
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .threads import ThreadControl, candidates, preferred
@@ -75,10 +78,14 @@ class Calibration:
                    d.get("flash_attn"), bool(d.get("complete")), float(d.get("seconds", 0.0)), cached,
                    None if d.get("others") is None else float(d["others"]))
 
+    @property
+    def provisional(self) -> bool:
+        """Measured while other programs used the machine: kept only until a start that is not busy."""
+        return self.others is not None and self.others >= ThreadControl.BUSY_AT
+
     def measured_busier(self, others_now: float | None) -> bool:
-        """Its thread step times came from a busy machine and this one is quiet: they would pin it too low."""
-        return (self.others is not None and others_now is not None
-                and self.others >= ThreadControl.BUSY_AT and others_now <= ThreadControl.QUIET_AT)
+        """It is provisional and this start is not busy: measure it again."""
+        return self.provisional and others_now is not None and others_now < ThreadControl.BUSY_AT
 
 
 def _best(times: Mapping[K, float]) -> K | None:
@@ -203,7 +210,7 @@ def write_cached(key: Mapping, cal: Calibration) -> None:
     p = cache_path(key)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
+        tmp = temp_name(p)  # NAME.PID.tmp: one a killed writer left is removed at a later start
         tmp.write_text(json.dumps({"key": key, "calibration": cal.to_dict()}, indent=1))
         tmp.replace(p)
     except OSError:
@@ -223,6 +230,8 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
     key = cache_key(target, draft_model, k_max, cores) | {"pinned": threads, "flash_attn": user_fa} \
         if use_cache else None
     old = read_cached(key) if key else None
+    if key and old is None:
+        remove_stale(calibration_dir())
     now = others() if others else None
     if old is not None and old.measured_busier(now):
         old = replace(old, costs=None, threads={}, complete=False)  # keep flash attention; time the rest again

@@ -19,7 +19,9 @@ One that has not drafted yet starts only above `on_above` too: a prior is an ave
 first draft costs several steps. While off, a source is re-probed with a short draft, the interval doubling
 while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed probe of γ costs
 v(γ) - 1 steps. A source that has not drafted is probed only if one fully accepted probe would turn it on.
-The measurements behind these rules: docs/bench/lookup.md#source-probing.
+But while every source is off, no verify round corrects v(γ): a free source (lookup) is then still probed,
+at most every `probe_max` rounds and within PROBE_SHARE, so a v calibrated on a busy moment cannot keep
+speculation off for good (`_next_k`). The measurements behind these rules: docs/bench/lookup.md#source-probing.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class FixedK:
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
+_C_FREE = 0.05  # a drafter this cheap (lookup) costs a probe nothing but its verify
 
 
 class Adaptive:
@@ -219,21 +222,29 @@ class Adaptive:
                 est.since_probe = 0
                 return self._longer(est.k)
             return est.k
+        every = est.probe_every
         if est.hopeless:
-            return 0
+            if not self._probes_v(est):
+                return 0
+            every = self.probe_max
         est.since_probe += 1
-        if est.since_probe < est.probe_every and not est.probe_due:
+        if est.since_probe < every and not est.probe_due:
             return 0  # every round, for every source that is off: decided before any arithmetic
         k = self._probe_k(est)
         # a failed probe costs v(γ) - 1 + γc target steps: wait long enough that probing costs at most
         # PROBE_SHARE of the time (on a 2-core CPU, v(1) ≈ 2.3: a probe of SmolLM2-135M waits ~90 rounds)
-        wait = max(est.probe_every, (v_at(self._v, k) - 1 + k * est.c) / PROBE_SHARE)
+        wait = max(every, (v_at(self._v, k) - 1 + k * est.c) / PROBE_SHARE)
         if est.since_probe >= wait or est.probe_due:
             # due until the source actually drafts: a bucketed source (lookup by match length) is asked only
             # in rounds whose match falls in it, and a round it did not draft teaches nothing
             est.since_probe, est.probe_due = 0, True
             return k
         return 0
+
+    def _probes_v(self, est: SourceEstimate) -> bool:
+        """Whether a hopeless source is probed anyway, for v(γ): it drafts for free and every source is hopeless,
+        so no round would measure a verify otherwise."""
+        return est.c < _C_FREE and all(e.hopeless for e in self.src.values())
 
     def _probe_k(self, est: SourceEstimate) -> int:
         """A probe's γ: the longest ≤ the source's best whose drafting costs at most one target step (long probes
