@@ -1,6 +1,11 @@
-"""The GPU check's pieces (scripts/gpu_check.sh): the load-log parser (localspec/bench/loadlog.py), the random-weight
-models (localspec/models/gguf_tools.py), and (marked `gpu`, skipped where llama.cpp was built without GPU offload)
-placement, greedy agreement and v(γ) on a real GPU.
+"""The GPU check's pieces (scripts/gpu_check.sh, scripts/vulkan_build.sh): the load-log parser
+(localspec/bench/loadlog.py), the random-weight models (localspec/models/gguf_tools.py), where a model runs
+(backend/ggml.placement) and flash attention's test on a device (backend/devicefa.py); and, marked `gpu` and
+skipped where ggml has no GPU device, the GPU tier on whatever device there is (CUDA0, Metal, Vulkan0 - Mesa's
+lavapipe on a machine without a GPU): layers and KV cache placed as asked (target on the device and drafter on
+the CPU, and the other way round), greedy speculation == plain decoding, the router's memory estimate against
+the device's free memory, `models show --device` and `run --verbose` naming the device. Correctness and
+placement only, never speed: lavapipe is 40-50x slower than the CPU backend.
 
 The GPU check runs this file on the device (phase 1) with GPU_CHECK_TOKENIZER pointing at the carried SmolLM2
 tokenizer, since the device cannot fetch the model; elsewhere the tokenizer comes from the embedded SmolLM2.
@@ -8,26 +13,36 @@ tokenizer, since the device cannot fetch the model; elsewhere the tokenizer come
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from localspec.bench.loadlog import parse_load_log, placement_ok
+from localspec.bench.loadlog import on_cpu, parse_load_log, placement_ok
 from localspec.models import gguf_tools
 
 
-def _gpu_offload() -> bool:
+def _gpu_device() -> dict | None:
+    """The first local GPU device ggml has (CUDA0, Metal, Vulkan0, ...), else None (a CPU build, or one whose
+    only offload target is an RPC server)."""
     try:
-        import llama_cpp
+        from localspec.backend.ggml import devices, supports_gpu_offload
 
-        return bool(llama_cpp.llama_supports_gpu_offload())
+        if not supports_gpu_offload():
+            return None
+        return next((d for d in devices() if d["type"] in ("GPU", "IGPU") and d["backend"] != "RPC"), None)
     except Exception:
-        return False
+        return None
 
 
-needs_gpu = pytest.mark.skipif(not _gpu_offload(), reason="llama.cpp built without GPU offload")
+GPU = _gpu_device()
+needs_gpu = pytest.mark.skipif(GPU is None, reason="ggml has no GPU device here (llama.cpp built without one, or "
+                               "no device: on lavapipe set GGML_VK_VISIBLE_DEVICES=0, scripts/vulkan_build.sh)")
 
 
 @pytest.fixture(scope="module")
@@ -123,28 +138,118 @@ def test_shapes_are_real_sizes():
     assert 0.9 < n["1b"] < 1.3 and 6.5 < n["8b"] < 8.0
 
 
+VULKAN_LOG = """\
+llama_model_load_from_file_impl: using device Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)) (unknown id) - 2048 MiB free
+llama_model_loader: loaded meta data with 33 key-value pairs and 272 tensors from /m/smol.gguf (version GGUF V3 (latest))
+load_tensors: layer   0 assigned to device Vulkan0, is_swa = 0
+load_tensors: layer   1 assigned to device Vulkan0, is_swa = 0
+load_tensors: offloading output layer to GPU
+load_tensors: offloaded 2/2 layers to GPU
+load_tensors:   CPU_Mapped model buffer size =    28.12 MiB
+load_tensors:      Vulkan0 model buffer size =    70.00 MiB
+llama_kv_cache:      Vulkan0 KV buffer size =     5.62 MiB
+sched_reserve:      Vulkan0 compute buffer size =    97.00 MiB
+sched_reserve: Vulkan_Host compute buffer size =     2.50 MiB
+llama_model_loader: loaded meta data with 33 key-value pairs and 272 tensors from /m/draft.gguf (version GGUF V3 (latest))
+load_tensors: layer   0 assigned to device CPU, is_swa = 0
+load_tensors: layer   1 assigned to device CPU, is_swa = 0
+load_tensors: offloaded 0/2 layers to GPU
+load_tensors:   CPU_Mapped model buffer size =    98.12 MiB
+llama_kv_cache:        CPU KV buffer size =     5.62 MiB
+"""  # noqa: E501 -- llama.cpp's log lines as it writes them
+
+
+def test_load_log_parser_reads_any_backends_device_names():
+    smol, draft = parse_load_log(VULKAN_LOG)
+    assert smol["devices"] == {"Vulkan0": {"description": "llvmpipe (LLVM 15.0.6, 256 bits)", "free_mib": 2048}}
+    assert placement_ok(smol, gpu=True)[0] and placement_ok(smol, gpu=True, device="Vulkan0")[0]
+    assert not placement_ok(smol, gpu=True, device="CUDA0")[0]
+    assert draft["devices"] == {} and placement_ok(draft, gpu=False)[0] and not placement_ok(draft, gpu=True)[0]
+    metal = parse_load_log(VULKAN_LOG.replace("Vulkan0", "MTL0").replace("Vulkan_Host", "MTL0_Host"))[0]
+    assert placement_ok(metal, gpu=True, device="MTL0")[0]
+    assert on_cpu("CPU_REPACK") and on_cpu("CUDA_Host") and on_cpu("AMX") and not on_cpu("Vulkan0")
+
+
+def test_placement_says_where_a_model_runs(monkeypatch):
+    from localspec.backend import ggml
+
+    assert ggml.placement_text(ggml.placement(-1, 30, ())) == "cpu"  # no device to offload to
+    assert ggml.placement_text(ggml.placement(0, 30, ("Vulkan0",))) == "cpu"
+    monkeypatch.setattr(ggml, "supports_gpu_offload", lambda: True)
+    assert ggml.placement(-1, 30, ("Vulkan0",)) == {"device": "gpu", "layers": [31, 31], "devices": ["Vulkan0"]}
+    assert ggml.placement_text(ggml.placement(-1, 30, ("Vulkan0",))) == "gpu 31/31 layers Vulkan0"
+    assert ggml.placement_text(ggml.placement(12, 30, ("CUDA0", "CUDA1"))) == "gpu 12/31 layers CUDA0+CUDA1"
+
+
+@pytest.mark.slow  # loads SmolLM2 twice
+def test_flash_attention_crash_on_a_device_turns_it_off_there_once(smollm2_path, monkeypatch):
+    """A test that dies (faked here: the CPU build has no device) turns flash attention off, in one line that names
+    the device and not the CPU's fast paths; the verdict is cached per device and build, said once a process."""
+    from localspec.backend import LoadOptions, Model, devicefa
+
+    tests = []
+    monkeypatch.setattr(devicefa, "_told", set())
+    monkeypatch.setattr(devicefa, "gpu_devices", lambda m: ("Vulkan0",))
+    monkeypatch.setattr(devicefa, "_describe", lambda names: f"{names[0]} (fake-{os.getpid()})")
+    monkeypatch.setattr(devicefa, "run_test", lambda *a: tests.append(a) or "SIGSEGV")
+    said: list[str] = []
+    for source in ("probe", "cache"):
+        m = Model.load(smollm2_path, LoadOptions(n_ctx=256))
+        try:
+            v = devicefa.settle(m, said.append)
+            assert v is not None and not v.ok and v.source == source and m.options.flash_attn is False
+            assert m.decode(m.tokenize("Hello", add_special=False), 1).shape[-1] == m.n_vocab
+        finally:
+            m.close()
+    assert len(tests) == 1 and len(said) == 1
+    assert "flash attention crashed a test on Vulkan0" in said[0] and "SIGSEGV" in said[0] and "AMX" not in said[0]
+    chosen = Model.load(smollm2_path, LoadOptions(n_ctx=256, flash_attn=True))  # the user's choice stands
+    try:
+        assert devicefa.check(chosen) is None and chosen.options.flash_attn is True
+    finally:
+        chosen.close()
+
+
+@pytest.mark.slow  # a child process loads SmolLM2
+def test_flash_attention_test_runs_in_a_child(smollm2_path):
+    from localspec.backend import LoadOptions, Model, devicefa
+
+    assert devicefa.run_test(smollm2_path, 0, "none", 120) is None  # the CPU's flash attention survives it
+    m = Model.load(smollm2_path, LoadOptions(n_ctx=128))
+    try:
+        assert devicefa.gpu_devices(m) == () and devicefa.check(m) is None  # a CPU model: nothing to test
+    finally:
+        m.close()
+
+
+# -- the GPU tier: any GGML GPU device, checked for placement and correctness, never speed ----------------------
+
+def _load(path, log_into: list | None = None, **kw):
+    from localspec.backend import LoadOptions, Model, devicefa
+
+    m = Model.load(path, LoadOptions(**{"n_ctx": 512, **kw}))
+    devicefa.settle(m, (log_into if log_into is not None else []).append)
+    return m
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 @needs_gpu
 def test_gpu_offload_places_every_layer_and_the_kv_cache(tiny_model, capsys):
-    from localspec.backend import LoadOptions, Model, devices
-
-    assert any("CUDA" in str(d) for d in devices())
-    m = Model.load(tiny_model, LoadOptions(n_ctx=256, n_gpu_layers=-1, verbose=True))
+    m = _load(tiny_model, n_ctx=256, n_gpu_layers=-1, verbose=True)
     m.close()
     load = parse_load_log(capsys.readouterr().err)[0]
-    ok, how = placement_ok(load, gpu=True)
+    ok, how = placement_ok(load, gpu=True, device=GPU["name"])
     assert ok, how
+    assert GPU["name"] in load["devices"]  # llama.cpp's "using device ..." line
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 @needs_gpu
 def test_gpu_logits_match_the_cpu(tiny_model):
-    from localspec.backend import LoadOptions, Model
-
     def logits(ngl: int) -> np.ndarray:
-        m = Model.load(tiny_model, LoadOptions(n_ctx=256, n_gpu_layers=ngl))
+        m = _load(tiny_model, n_ctx=256, n_gpu_layers=ngl)
         try:
             return np.array(m.decode(m.tokenize("Once upon a time", add_special=False), 1)[-1], dtype=np.float64)
         finally:
@@ -158,15 +263,99 @@ def test_gpu_logits_match_the_cpu(tiny_model):
 @pytest.mark.gpu
 @pytest.mark.slow
 @needs_gpu
-def test_gpu_verify_rows_are_cheap(tiny_model):
-    from localspec.backend import LoadOptions, Model
+def test_gpu_cost_curve_is_measured(tiny_model):
+    """v(γ) measured on the device (how cheap it is there is gpu_check.py's report, not a test)."""
     from localspec.tuning import costs
 
-    m = Model.load(tiny_model, LoadOptions(n_ctx=512, n_gpu_layers=-1))
+    m = _load(tiny_model, n_gpu_layers=-1)
     try:
-        c = costs.measure(m, costs.probe_tokens(m, 64), 16, lookup=True, repeats=3)
+        c = costs.measure(m, costs.probe_tokens(m, 64), 8, lookup=True, repeats=2)
     finally:
         m.close()
-    v = c.v_by_gamma
-    assert all(np.isfinite(x) and x >= 1.0 for x in v.values())
-    assert v[16] < 8  # 17 rows in one pass cost far less than 17 passes on a GPU
+    assert set(c.v_by_gamma) >= {1, 8} and all(np.isfinite(x) and x > 0 for x in c.v_by_gamma.values())
+
+
+PROMPTS = ("The capital of France is", "def fibonacci(n):\n    ")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_gpu
+@pytest.mark.parametrize("ngl, ngl_draft", [(-1, 0), (0, -1)], ids=["target-on-device", "drafter-on-device"])
+def test_speculation_across_devices_is_placed_as_asked_and_lossless(smollm2_path, tiny_model, ngl, ngl_draft,
+                                                                   capsys):
+    """SmolLM2 as the target and the random tiny model (same tokenizer) as its drafter, one on the device and the
+    other on the CPU: each model's layers and KV cache where it was asked, and greedy speculation's text equal
+    to plain decoding's on the same target."""
+    from localspec.engine.engine import Engine
+    from localspec.speculative.drafters import ModelDrafter
+    from localspec.tuning.controller import FixedK
+
+    target = _load(smollm2_path, n_gpu_layers=ngl, verbose=True)
+    draft = _load(tiny_model, n_gpu_layers=ngl_draft, verbose=True)
+    t_load, d_load = parse_load_log(capsys.readouterr().err)[:2]
+    try:
+        for load, n in ((t_load, ngl), (d_load, ngl_draft)):
+            ok, how = placement_ok(load, gpu=n != 0, device=GPU["name"] if n else None)
+            assert ok, f"{Path(load['path']).name}: {how}"
+        eng = Engine(target, ModelDrafter(draft), controller=FixedK(3))
+        for p in PROMPTS:
+            plain = "".join(c.text for c in eng.generate(p, max_tokens=16, speculate=False))
+            spec = [c for c in eng.generate(p, max_tokens=16)]
+            assert "".join(c.text for c in spec) == plain
+            assert spec[-1].stats.draft_n > 0  # it did speculate
+    finally:
+        draft.close()
+        target.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_gpu
+def test_router_memory_estimate_against_the_device(smollm2_path, capsys):
+    """The router's estimate of a runner's GPU memory fits the device's free memory and is not below what
+    llama.cpp put on the device (weights, KV cache and compute buffers from its load log)."""
+    from localspec.backend.ggml import devices
+    from localspec.router.memory import estimate
+
+    free = next(d["free"] for d in devices() if d["name"] == GPU["name"])
+    est = estimate(smollm2_path, 512, -1)
+    m = _load(smollm2_path, n_ctx=512, n_gpu_layers=-1, verbose=True)
+    m.close()
+    load = parse_load_log(capsys.readouterr().err)[0]
+    name = GPU["name"]
+    used = sum(b.get(name, 0.0) for b in (load["model_buffers"], load["kv_buffers"], load["compute_buffers"]))
+    assert 0 < est.vram_bytes <= free, (est, free)
+    assert est.ram_bytes < est.vram_bytes  # all layers offloaded: the RAM side is the process allowance
+    assert used * 2**20 <= est.vram_bytes * 1.25, (used, est)  # see docs/bench/gpu.md for the figures
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LOCALSPEC_NO_WATCH": "1"}
+    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_gpu
+def test_models_show_and_run_name_the_device(smollm2_path, tiny_model):
+    name = GPU["name"]
+    r = _cli("models", "show", "--device", "--json")
+    assert r.returncode == 0, r.stderr
+    shown = {d["name"]: d for d in json.loads(r.stdout)["device"]["devices"]}
+    assert name in shown and shown[name]["total"] > 0
+
+    r = _cli("run", "--model", str(smollm2_path), "--no-spec", "--ngl", "-1", "--threads", "2", "--verbose",
+             "-n", "4", "The capital of France is")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"using device {name}" in r.stderr  # llama.cpp's load log
+    assert re.search(rf"\| target gpu (\d+)/\1 layers {name}$", r.stderr, re.M), r.stderr[-1000:]
+    assert "AMX" not in r.stderr  # a flash-attention crash on the device is named as one
+
+    r = _cli("run", "--model", str(smollm2_path), "--draft", str(tiny_model), "--ngl", "-1", "--ngl-draft", "0",
+             "--threads", "2", "--no-adaptive", "-k", "3", "--json", "-n", "8", "The capital of France is")
+    assert r.returncode == 0, r.stderr[-2000:]
+    where = json.loads(r.stdout)["placement"]
+    assert where["target"]["device"] == "gpu" and where["target"]["devices"] == [name]
+    assert where["target"]["layers"][0] == where["target"]["layers"][1] and where["drafter"] == {"device": "cpu"}

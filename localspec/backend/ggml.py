@@ -232,3 +232,23 @@ def _devices_param(rpc_servers: Sequence[str]):
     return (ctypes.c_void_p * (len(chosen) + 1))(*chosen, None), names
 
 
+
+
+# -- where a loaded model runs ------------------------------------------------------------------------------------
+
+def placement(n_gpu_layers: int, n_layer: int, offload_devices: Sequence[str]) -> dict:
+    """Where a model's layers went, as llama.cpp counts them ("offloaded 31/31 layers to GPU": the blocks and
+    the output layer): {"device": "cpu"} or {"device": "gpu", "layers": [on the devices, of all], "devices":
+    ["Vulkan0"]}. A build without GPU offload, or --ngl 0, runs on the CPU whatever was asked."""
+    if not n_gpu_layers or not offload_devices or not supports_gpu_offload():
+        return {"device": "cpu"}
+    total = n_layer + 1
+    on = total if n_gpu_layers < 0 else min(n_gpu_layers, total)
+    return {"device": "gpu", "layers": [on, total], "devices": list(offload_devices)}
+
+
+def placement_text(p: dict) -> str:
+    """"cpu", or "gpu 31/31 layers Vulkan0" (devices joined by '+' when layers are split over several)."""
+    if p["device"] == "cpu":
+        return "cpu"
+    return f"gpu {p['layers'][0]}/{p['layers'][1]} layers {'+'.join(p['devices'])}"

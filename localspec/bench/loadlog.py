@@ -2,7 +2,8 @@
 
 The GPU check (scripts/gpu_check.py) reads placement this way rather than trusting the options it passed: per
 load, "offloaded N/M layers to GPU" (GPU builds only), "layer i assigned to device X", "X model buffer size",
-"X KV buffer size" and "X compute buffer size" are what llama.cpp actually did.
+"X KV buffer size" and "X compute buffer size" are what llama.cpp actually did, whatever the backend names its
+device (CUDA0, Vulkan0, MTL0, ROCm0).
 """
 
 from __future__ import annotations
@@ -15,18 +16,25 @@ _LAYER = re.compile(r"layer +(\d+) assigned to device (\S+?),")
 _MODEL_BUF = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
 _KV_BUF = re.compile(r"llama_kv_cache: +(\S+) KV buffer size = +([\d.]+) MiB")
 _COMPUTE_BUF = re.compile(r"sched_reserve: +(\S+) compute buffer size = +([\d.]+) MiB")
+_USING = re.compile(r"using device (\S+) \((.*)\) \([^()]*\) - (\d+) MiB free")  # before the load's lines
 
 
 def parse_load_log(text: str) -> list[dict]:
-    """One dict per model load, in load order: path, layers offloaded (GPU builds), the device of every layer,
-    model buffers (MiB per buffer type), KV cache and compute buffers (first context of that load)."""
+    """One dict per model load, in load order: path, the GPU devices it was given (name -> description, free
+    MiB), layers offloaded (GPU builds), the device of every layer, model buffers (MiB per buffer type), KV cache
+    and compute buffers (first context of that load)."""
     loads: list[dict] = []
     cur: dict | None = None
+    using: dict[str, dict] = {}  # "using device X (description) (id) - N MiB free" comes before its load
     for line in text.splitlines():
+        if m := _USING.search(line):
+            using[m.group(1)] = {"description": m.group(2), "free_mib": int(m.group(3))}
+            continue
         if m := _LOAD.search(line):
             cur = {"path": m.group(1), "offloaded": None, "layers": {}, "model_buffers": {}, "kv_buffers": {},
-                   "compute_buffers": {}}
+                   "compute_buffers": {}, "devices": using}
             loads.append(cur)
+            using = {}
             continue
         if cur is None:
             continue
@@ -51,14 +59,22 @@ def parse_load_log(text: str) -> list[dict]:
     return loads
 
 
-def placement_ok(load: dict, gpu: bool) -> tuple[bool, str]:
-    """All layers and the KV cache on one CUDA device (gpu), or all on the CPU."""
+def on_cpu(name: str) -> bool:
+    """A buffer or device name that is host memory: CPU, CPU_Mapped, CPU_REPACK, AMX, or a GPU backend's pinned
+    host buffer (CUDA_Host, Vulkan_Host)."""
+    return name.startswith("CPU") or name == "AMX" or name.endswith("_Host")
+
+
+def placement_ok(load: dict, gpu: bool, device: str | None = None) -> tuple[bool, str]:
+    """All layers and the KV cache on one GPU device (gpu: CUDA0, Vulkan0, MTL0, ... or `device` by name), or
+    all on the CPU."""
     devs, kv, off = load["layer_devices"], load["kv_buffers"], load["offloaded"]
     if gpu:
-        cuda_layers = sum(n for dev, n in devs.items() if dev.startswith("CUDA"))
-        ok = (off is not None and off[0] == off[1] and cuda_layers == load["n_layers"] > 0
-              and any(k.startswith("CUDA") for k in kv) and not any(k.startswith("CPU") for k in kv)
-              and any(k.startswith("CUDA") for k in load["model_buffers"]))
+        gpus = {d for d in devs if not on_cpu(d)} if device is None else {device}
+        ok = (off is not None and off[0] == off[1] and len(gpus) == 1
+              and sum(devs.get(d, 0) for d in gpus) == load["n_layers"] > 0
+              and any(k in gpus for k in kv) and not any(on_cpu(k) for k in kv)
+              and any(b in gpus for b in load["model_buffers"]))
     else:
         ok = set(devs) == {"CPU"} and set(kv) <= {"CPU"} and bool(kv)
     how = (f"offloaded {off[0]}/{off[1]}" if off else "no offload line") + \

@@ -65,11 +65,27 @@ def run(prompt, prompt_opt, prompt_file, chat, system, max_tokens, stop, as_json
         metrics_log.write(rec)
     if as_json:
         click.echo(json.dumps({**json_result(answer, last.stats, done, rec),
-                               "memory": _memory_used(memory_before, engine.memory())}))
+                               "memory": _memory_used(memory_before, engine.memory()),
+                               "placement": placements(engine)}))
     else:
         sys.stdout.write("\n")
         _log_stats(engine, last.stats, done, after, rec)
         _log_memory(_memory_used(memory_before, engine.memory()))
+
+
+def placements(engine: Engine) -> dict[str, dict]:
+    """Where the target and the drafter's model run: {"device": "cpu"} or {"device": "gpu", "layers": [31, 31],
+    "devices": ["Vulkan0"]} (backend.ggml.placement)."""
+    from ..backend.ggml import placement
+    from ..engine.engine import _draft_model
+
+    out = {}
+    for role, m in (("target", engine.target), ("drafter", _draft_model(engine.drafter))):
+        if m is not None:
+            meta = m.metadata()
+            n_layer = int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0) or 0)
+            out[role] = placement(m.options.n_gpu_layers, n_layer, m.offload_devices)
+    return out
 
 
 def _memory_used(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
@@ -143,11 +159,15 @@ def json_result(text: str, stats: Stats, done: Outcome, rec: dict[str, Any]) -> 
 
 
 def _log_stats(engine: Engine, stats: Stats, done: Outcome, after: _States, rec: dict[str, Any]) -> None:
-    """The stats line on stderr, then each thread switch this request made and why speculation is off."""
+    """The stats line on stderr (ending with where each model runs), then each thread switch this request made
+    and why speculation is off."""
+    from ..backend.ggml import placement_text
+
     ctl, thr, k = after.controller, after.threads, done.k
     mostly = f" (mostly {k})" if ctl and ctl.label == "auto" and k else ""
     how = f"{done.mode}: {engine.drafter_name}, k={ctl.label}{mostly}" if ctl else "plain"
-    log_err(f"[{engine.name} | {how}] {stats.line()}" + (f" | {thr.line()}" if thr else ""))
+    where = ", ".join(f"{role} {placement_text(p)}" for role, p in placements(engine).items())
+    log_err(f"[{engine.name} | {how}] {stats.line()}" + (f" | {thr.line()}" if thr else "") + f" | {where}")
     for change in rec.get("thread_changes", []):
         log_err(f"threads {change['phase']} {change['old']} -> {change['new']}: {change['reason']}")
     if ctl and ctl.spec_disabled_reason:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..backend import LoadOptions, Model, add_rpc_servers, in_own_thread
+from ..backend import LoadOptions, Model, add_rpc_servers, devicefa, in_own_thread
 from ..backend.machine import CpuMeter
 from ..errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
 from ..models import LOOKUP
@@ -180,6 +180,7 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
     for m in (target, draft_model):
         if m is not None:
             tell_fast_path(m, log)
+            devicefa.settle(m, log)  # flash attention on a GPU device: tested once per device and build
     template = target_ref.entry.chat_template if target_ref.entry else None
     return assemble(replace(config, draft=draft), target, draft_model, name=target_ref.name, template=template, k=k,
                     meter=meter, controller=controller)
