@@ -132,5 +132,5 @@ def _command(proc: Path) -> str:
         args = (proc / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return "?"
-    text = " ".join(a.decode("utf-8", "replace") for a in args if a)
+    text = " ".join(" ".join(a.decode("utf-8", "replace").split()) for a in args if a)
     return text if len(text) <= 120 else text[:117] + "..."

@@ -142,6 +142,42 @@ def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, 
             cmd.kill()
 
 
+def test_a_second_server_on_a_taken_port_names_the_process_that_holds_it(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\ns = socket.socket()\n"
+                               "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True)\n"
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(holder.stdout.readline())
+        r = subprocess.run([sys.executable, "-m", "localspec", "serve", "--port", str(port), "--model", "nothing"],
+                           capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode != 0
+    line = r.stderr.strip().splitlines()[-1]
+    assert f"127.0.0.1:{port}" in line and f"by pid {holder.pid} (" in line and "pick another --port" in line
+
+
+@pytest.mark.slow
+def test_a_killed_server_leaves_its_port_to_the_next_start(tmp_path, smollm2_path):
+    """SIGKILL to the watching parent: the server dies with it (PR_SET_PDEATHSIG), its port is free at once
+    for the next start, even with a connection it had answered (SO_REUSEADDR past TIME_WAIT)."""
+    import httpx
+
+    port = 0
+    for attempt in range(2):
+        cmd = _Terminal([sys.executable, "-m", "localspec", "serve", "--port", str(port), "--model",
+                         str(smollm2_path)], _env(tmp_path))
+        try:
+            port = int(cmd.wait_for(rb"localspec serve: http://127\.0\.0\.1:(\d+)").group(1))
+            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=60).status_code == 200
+            procs = cmd.processes()
+            os.kill(cmd.pid, signal.SIGKILL)
+            assert _all_gone(procs) == []
+        finally:
+            cmd.kill()
+
+
 # -- helpers ----------------------------------------------------------------------------------------------------
 
 def _env(home: Path) -> dict[str, str]:

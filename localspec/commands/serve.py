@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from pathlib import Path
 
 import click
 
+from ..lifecycle import port_holder
 from . import router_mode
 from .common import friendly_errors, log_err
 from .options import engine_options
@@ -124,5 +126,7 @@ def _bind_all(bind, hosts: tuple[str, ...], port: int) -> list[socket.socket]:
         except OSError as e:
             for s in socks:
                 s.close()
-            raise click.ClickException(f"cannot listen on {h}:{p}: {e.strerror}; pick another --port") from None
+            held = port_holder(p) if e.errno == errno.EADDRINUSE else None
+            by = f" by {held}" if held else ""
+            raise click.ClickException(f"cannot listen on {h}:{p}: {e.strerror}{by}; pick another --port") from None
     return socks
