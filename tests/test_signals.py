@@ -142,6 +142,26 @@ def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, 
             cmd.kill()
 
 
+@pytest.mark.slow
+def test_a_runner_whose_router_died_exits(tmp_path, smollm2_path):
+    """The router killed outright (SIGKILL: no handler runs, its pool stops nothing): its runner ends too
+    (PR_SET_PDEATHSIG from the router's event-loop thread), and so does the watching parent."""
+    import httpx
+
+    cmd = _Terminal([sys.executable, "-m", "localspec", "serve", "--port", "0"], _env(tmp_path))
+    try:
+        port = int(cmd.wait_for(rb"localspec serve: http://127\.0\.0\.1:(\d+)").group(1))
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300,
+                       json={"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200
+        procs = cmd.processes()
+        supervisor, router, runner = procs
+        os.kill(router, signal.SIGKILL)
+        assert _all_gone([runner]) == [] and _all_gone(procs) == []
+    finally:
+        cmd.kill()
+
+
 def test_a_second_server_on_a_taken_port_names_the_process_that_holds_it(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\ns = socket.socket()\n"
                                "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True)\n"
