@@ -3,20 +3,34 @@
 Why a module: constrain.py (the constraint logic, pure numpy) needs only "which tokens may come next" and "the
 state after this token"; this is that interface over llama.cpp's grammar sampler, kept here because it is
 llama_cpp code. Parse errors become `GrammarError` (exit 2 on the command line, a 400 from the server).
+
+No grammar may take the process down. llama.cpp parses groups and checks left recursion by recursing in C++, so
+a deep enough grammar overflows the stack (SIGSEGV) and a wide one runs for ever; `check_gbnf` measures both in
+Python first. A schema's bounds (`maxLength: 524288`) become llama.cpp's `{m,n}` repetitions, as llama-server's
+C++ converter writes them, instead of the Python port's nested optionals (one group per character).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp
+import llama_cpp.llama_grammar as port
 import numpy as np
 
 from ..errors import LocalspecError
 
 if TYPE_CHECKING:
     from .model import Model
+
+MAX_REPEAT = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD: a larger upper bound reads as none, a larger lower one fails
+_CHUNK = 1000  # a lower bound above MAX_REPEAT is written as (item{1000}){q} item{r,}
+# Schema keywords the converter builds a grammar from; a schema with none of them only annotates: any value
+_SHAPING = {"type", "$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties",
+            "items", "prefixItems", "pattern", "format"}
 
 
 class GrammarError(LocalspecError):
@@ -26,15 +40,69 @@ class GrammarError(LocalspecError):
 
 
 def json_schema_grammar(schema: dict) -> str:
-    """A JSON schema -> GBNF, with llama-cpp-python's port of llama.cpp's json-schema-to-grammar."""
-    import json
-
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
+    """A JSON schema -> GBNF, with llama-cpp-python's port of llama.cpp's json-schema-to-grammar, bounds as
+    `{m,n}` and annotation-only subschemas (`{"description": ...}`, `true`) as any value, as llama-server has them."""
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        schema = json.loads(json.dumps(schema))  # a copy: resolve_refs rewrites "$ref"
+        conv = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        conv.visit(conv.resolve_refs(schema, "stdin"), "")
+        return conv.format_grammar()
+    except GrammarError:
+        raise
     except Exception as e:  # the converter raises whatever it trips on (KeyError, ValueError, TypeError, ...)
         raise GrammarError(f"cannot use this JSON schema: {type(e).__name__}: {e}") from None
+
+
+class _Converter(port.SchemaConverter):
+    def visit(self, schema: Any, name: str) -> str:
+        if schema is True or (isinstance(schema, dict) and not schema.keys() & _SHAPING):
+            rule = name + "-" if name in port.RESERVED_NAMES else name or "root"
+            return self._add_rule(rule, self._add_primitive("value", port.PRIMITIVE_RULES["value"]))
+        if not isinstance(schema, dict):
+            raise GrammarError(f"cannot use this JSON schema: a schema must be an object or true, got {schema!r}")
+        return super().visit(schema, name)
+
+
+def _repetition(item: str, min_items: Any, max_items: Any, separator_rule: str | None = None,
+                item_rule_is_literal: bool = False) -> str:
+    """`item` repeated min..max times (max None: unbounded), joined by `separator_rule`: llama.cpp's C++
+    build_repetition, which llama.cpp expands into rules when it parses the grammar."""
+    lo, hi = _count(min_items, "minimum"), None if max_items is None else _count(max_items, "maximum")
+    if hi is not None and lo > hi:
+        raise GrammarError(f"cannot use this JSON schema: a minimum count {lo} above its maximum {hi}")
+    if hi == 0:
+        return ""
+    if separator_rule:
+        rest = _repetition(f"({separator_rule} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
+        return f"{item} {rest}" if lo else f"({item} {rest})?"
+    return _braces(item, lo, hi)
+
+
+def _braces(item: str, lo: int, hi: int | None) -> str:
+    if hi is not None and hi > MAX_REPEAT:
+        hi = None  # llama.cpp reads a larger bound as none; the grammar says so
+    if lo > MAX_REPEAT:
+        q, r = divmod(lo, _CHUNK)
+        if q > MAX_REPEAT:
+            raise GrammarError(f"cannot use this JSON schema: a minimum count {lo} above "
+                               f"{MAX_REPEAT * _CHUNK}")
+        return f"({item}{{{_CHUNK}}}){{{q}}} {_braces(item, r, None)}"
+    if hi is None:
+        return f"{item}*" if lo == 0 else f"{item}+" if lo == 1 else f"{item}{{{lo},}}"
+    if (lo, hi) == (0, 1):
+        return f"{item}?"
+    return f"{item}{{{lo}}}" if lo == hi else f"{item}{{{lo},{hi}}}"
+
+
+def _count(v: Any, what: str) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise GrammarError(f"cannot use this JSON schema: a {what} count must be a non-negative integer, got {v!r}")
+    return v
+
+
+port._build_repetition = _repetition  # the port's converter calls it by this name (strings, arrays, patterns)
 
 
 class Grammar:
@@ -48,6 +116,7 @@ class Grammar:
         self._vocab = model._model.vocab
         self.n_vocab = model.n_vocab
         if _smpl is None:
+            check_gbnf(gbnf)
             _smpl = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
             if not _smpl:
                 raise GrammarError("llama.cpp could not parse the grammar (GBNF syntax, or no rule "
@@ -98,3 +167,155 @@ class _TokenArray:
         self.data.p[:] = 0.0
         self.c = llama_cpp.llama_token_data_array(data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p),
                                                   size=n, selected=-1, sorted=False)
+
+
+# --- How deep llama.cpp recurses on a grammar, read before llama.cpp sees it ---
+
+MAX_NESTING = 1000  # group depth: llama.cpp parses groups recursively (~0.5 KB of stack each; 20k overflowed 8 MB)
+MAX_DEPTH = 4000  # rules deep along leftmost references: llama.cpp's left-recursion check recurses on them
+MAX_PATHS = 1_000_000  # leftmost paths that check walks (it does not remember rules it has finished)
+
+_TOKEN = re.compile(r"""
+    (?P<skip>[ \t\r\n]+|\#[^\n]*)
+  | (?P<lit>"(?:\\.|[^"\\])*")
+  | (?P<cls>\[(?:\\.|[^\]\\])*\])
+  | (?P<tok>!?<[^>\s]*>)
+  | (?P<define>::=)
+  | (?P<rep>\{\s*\d*\s*(?:,\s*\d*\s*)?\})
+  | (?P<op>[()|*+?.])
+  | (?P<name>[a-zA-Z0-9_-]+)
+""", re.X | re.S)
+
+# One element of an alternate: a rule's name (None: a terminal; "": an empty literal), and its repetition lo..hi
+Item = tuple[str | None, int, int | None]
+
+
+def check_gbnf(gbnf: str) -> None:
+    """Refuse a grammar whose parsing would overflow llama.cpp's stack or whose left-recursion check would run
+    for ever: too deeply nested, too long a chain of rules that may each match nothing, or too many paths.
+    A grammar this cannot read is refused too: llama.cpp would parse what comes before the fault."""
+    rules = _read(gbnf)
+    depth: dict[str, int] = {}
+    paths: dict[str, int] = {}
+    nullable = _nullable(rules)
+    for start in rules:
+        _measure(start, rules, nullable, depth, paths)
+
+
+def _read(gbnf: str) -> dict[str, list[list[Item]]]:
+    """The rules, each a list of alternates; a group becomes a rule of its own, as llama.cpp makes it."""
+    rules: dict[str, list[list[Item]]] = {}
+    tokens: list[tuple[str, str]] = []
+    end = 0
+    for m in _TOKEN.finditer(gbnf):
+        if m.start() != end:
+            break
+        end = m.end()
+        if m.lastgroup != "skip":
+            tokens.append((m.lastgroup or "", m.group()))
+    if end != len(gbnf):
+        raise GrammarError(f"llama.cpp could not parse the grammar at character {end}: {gbnf[end:end + 20]!r}")
+    open_: list[tuple[str, list[list[Item]]]] = []  # the rule being read, then each open group
+    n_groups = 0
+    for i, (kind, text) in enumerate(tokens):
+        if kind == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "define":
+            if len(open_) > 1:
+                raise GrammarError(f"llama.cpp could not parse the grammar: a rule inside a group ({text})")
+            open_ = [(text, rules.setdefault(text, []))]
+            open_[0][1].append([])
+        elif kind == "define" or not open_:
+            continue
+        else:
+            alts = open_[-1][1]
+            if kind == "op" and text == "(":
+                if len(open_) > MAX_NESTING:
+                    raise GrammarError(f"the grammar nests groups more than {MAX_NESTING} deep")
+                n_groups += 1
+                name = f" group{n_groups}"
+                rules[name] = [[]]
+                alts[-1].append((name, 1, 1))
+                open_.append((name, rules[name]))
+            elif kind == "op" and text == ")":
+                if len(open_) < 2:
+                    raise GrammarError("llama.cpp could not parse the grammar: a ')' with no '('")
+                open_.pop()
+            elif kind == "op" and text == "|":
+                alts.append([])
+            elif kind == "rep" or (kind == "op" and text in "*+?"):
+                if not alts[-1]:
+                    raise GrammarError(f"llama.cpp could not parse the grammar: '{text}' after nothing")
+                ref, _, _ = alts[-1][-1]
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(text) or _bounds(text)
+                alts[-1][-1] = (ref, lo, hi)
+            elif kind == "name":
+                alts[-1].append((text, 1, 1))
+            else:  # a terminal: an empty literal matches nothing
+                alts[-1].append(("" if text == '""' else None, 1, 1))
+    return rules
+
+
+def _bounds(rep: str) -> tuple[int, int | None]:
+    parts = [p.strip() for p in rep[1:-1].split(",")]
+    lo = int(parts[0] or 0)
+    if len(parts) == 1:
+        return lo, lo
+    hi = int(parts[1]) if parts[1] else None
+    return lo, None if hi is not None and hi > MAX_REPEAT else hi  # llama.cpp reads a larger bound as none
+
+
+def _nullable(rules: dict[str, list[list[Item]]]) -> set[str]:
+    """The rules that may match the empty text (a fixpoint; unknown names match nothing)."""
+    out: set[str] = {""}
+    changed = True
+    while changed:
+        changed = False
+        for name, alts in rules.items():
+            if name not in out and any(all(r in out or lo == 0 for r, lo, _ in alt) for alt in alts):
+                out.add(name)
+                changed = True
+    return out
+
+
+def _measure(start: str, rules: dict[str, list[list[Item]]], nullable: set[str], depth: dict[str, int],
+             paths: dict[str, int]) -> None:
+    """Depth and path count of llama.cpp's left-recursion walk from `start`, without recursing here."""
+    stack, on_path = [start], {start}
+    while stack:
+        name = stack[-1]
+        left = [(r, lo, hi) for r, lo, hi in _leftmost(rules.get(name, []), nullable) if r in rules]
+        todo = next((r for r, _, _ in left if r not in depth), None)
+        if todo in on_path:
+            raise GrammarError("the grammar is left-recursive (a rule can come back to itself before matching text)")
+        if todo is not None:
+            stack.append(todo)
+            on_path.add(todo)
+            continue
+        d, p = 1, 1
+        for r, lo, hi in left:  # r{lo,hi} is lo copies of r, then a chain of hi - lo rules: S ::= r S' |
+            empty = r in nullable
+            copies = lo if empty else min(lo, 1)  # the copies llama.cpp's check reaches
+            p += copies * paths[r]
+            d = max(d, 1 + depth[r]) if copies else d
+            n = (1 if hi is None else hi - lo) if lo == 0 or empty else 0
+            if n and empty:
+                d, p = max(d, 1 + n + depth[r]), p + n * (1 + paths[r])
+            elif n:
+                d, p = max(d, 2 + depth[r]), p + 1 + paths[r]
+        if d > MAX_DEPTH or p > MAX_PATHS:
+            raise GrammarError(f"the grammar is too deep for llama.cpp: {d} rules deep along leftmost references "
+                               f"(at most {MAX_DEPTH}), {p} paths through them (at most {MAX_PATHS})")
+        depth[name], paths[name] = d, p
+        stack.pop()
+        on_path.discard(name)
+
+
+def _leftmost(alts: list[list[Item]], nullable: set[str]) -> list[Item]:
+    """The references llama.cpp's check follows: in each alternate, up to the first that must match text."""
+    out: list[Item] = []
+    for alt in alts:
+        for r, lo, hi in alt:
+            if r:
+                out.append((r, lo, hi))
+            if not (lo == 0 or r in nullable):
+                break
+    return out
