@@ -222,6 +222,43 @@ def test_flash_attention_test_runs_in_a_child(smollm2_path):
         m.close()
 
 
+def test_too_large_warning_on_two_devices_uses_measured_costs(smollm2_path, smollm2_f16_path, tmp_path,
+                                                              monkeypatch):
+    """Target on a GPU, drafter on the CPU: file sizes (c 2.8 for the F16 copy) say nothing, so only a
+    calibration made with that placement judges before the load, else the load's own calibration after it."""
+    from types import SimpleNamespace
+
+    from localspec.engine import loader
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
+    monkeypatch.setattr(loader, "split_devices", lambda ngl, ngl_draft: bool(ngl) != bool(ngl_draft))
+    said: list[str] = []
+    warn = loader.warn_if_too_large
+    assert warn(smollm2_path, smollm2_f16_path, "F16", log=said.append, ngl=-1, ngl_draft=0) is False and not said
+    assert warn(smollm2_path, smollm2_f16_path, "F16", log=said.append, ngl=-1, ngl_draft=-1) is True
+    assert len(said) == 1 and "from file sizes" in said[0]  # one device: the sizes judge
+    said.clear()
+
+    def file_id(p: Path) -> dict:
+        st = p.stat()
+        return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    entry = {"key": {"target": file_id(smollm2_path), "draft": file_id(smollm2_f16_path), "ngl": -1, "draft_ngl": 0},
+             "calibration": {"costs": {"v": {"1": 1.1, "2": 1.2, "4": 1.4, "8": 1.8}, "c": {"model": 0.05}}}}
+    (tmp_path / "placed.json").write_text(json.dumps(entry))
+    assert warn(smollm2_path, smollm2_f16_path, "F16", log=said.append, ngl=-1, ngl_draft=0) is True and not said
+    assert warn(smollm2_path, smollm2_f16_path, "F16", log=said.append, ngl=-1, ngl_draft=-1) and said  # not here
+
+    said.clear()
+    for c, warned in ((0.05, False), (1.5, True)):
+        state = SimpleNamespace(c={"model": c}, v=(1.0, 1.1, 1.2, 1.3, 1.4))
+        engine = SimpleNamespace(controller=SimpleNamespace(state=lambda state=state: state),
+                                 target=SimpleNamespace(path=smollm2_path))
+        loader.warn_if_measured_too_large(engine, "F16", log=said.append)
+        assert bool(said) == warned
+    assert "c 1.50 measured" in said[0] and "different devices" in said[0]
+
+
 # -- the GPU tier: any GGML GPU device, checked for placement and correctness, never speed ----------------------
 
 def _load(path, log_into: list | None = None, **kw):

@@ -99,21 +99,57 @@ def auto_drafter(target: Path, name: str, *, self_only: bool = False, dirs: tupl
     return str(best.match.file.path)
 
 
-def warn_if_too_large(target: Path, drafter: Path, name: str, log=print) -> None:
+def warn_if_too_large(target: Path, drafter: Path, name: str, log=print, *, ngl: int = 0,
+                      ngl_draft: int = 0) -> bool:
     """A drafter too large to pay gets one warning with the numbers: one that would slow the target down at every
     γ even if the target accepted every draft (α = 1), so the verdict does not rest on the acceptance prior, only
-    on its cost c and v(γ). Below that, the adaptive controller finds out by measuring and switches off."""
-    from ..tuning.predict import predict
+    on its cost c and v(γ). Below that, the adaptive controller finds out by measuring and switches off.
 
+    c and v(γ) come from calibrations made with this placement (--ngl, --ngl-draft). With the target and the
+    drafter on different devices (one offloaded to a GPU, the other on the CPU) file sizes say nothing about c,
+    so only such a calibration judges before the load: False when there is none, and
+    `warn_if_measured_too_large` judges after the load's calibration."""
+    from ..tuning.predict import measured, predict
+
+    split = split_devices(ngl, ngl_draft)
     try:
-        p = predict(target, drafter, alpha=1.0)
+        p = predict(target, drafter, alpha=1.0, costs=measured(target, ngl=ngl, draft_ngl=ngl_draft))
     except (ModelLoadError, OSError, ValueError, KeyError):  # advisory only: a file it cannot judge loads as before
-        return
+        return True
+    if split and not p.c_measured:
+        return False
     if p.speedup < 1.0:
         basis = p.basis().rsplit(", α", 1)[0]  # c and v(γ): α is not a prior here
-        log(f"localspec: warning: drafter {name} is too large to pay for {target.name}: even with every draft "
-            f"accepted it would run at {p.speedup:.2f}x at best (k={p.k}; {basis}): a smaller drafter or "
-            "--lookup should pay")
+        _say_too_large(log, name, target.name, p.speedup, p.k, basis)
+    return True
+
+
+def split_devices(ngl: int, ngl_draft: int) -> bool:
+    """Whether the target and the drafter run on different devices (a GPU build, one of them offloaded)."""
+    from ..backend import supports_gpu_offload
+
+    return bool(ngl) != bool(ngl_draft) and supports_gpu_offload()
+
+
+def warn_if_measured_too_large(engine: Engine, name: str, log=print) -> None:
+    """The warning above from the c and v(γ) the load's calibration measured where each model runs (nothing is
+    said when nothing was measured)."""
+    from ..tuning.rate import best_k
+
+    st = engine.controller.state()
+    c, v = st.c.get("model"), st.v
+    if c is None or len(v) < 2:
+        return
+    k, rate = best_k([1.0], c, v, 1, len(v) - 1)
+    if rate < 1.0:
+        _say_too_large(log, name, engine.target.path.name, rate, k,
+                       f"c {c:.2f} measured, v(γ) measured, on different devices")
+
+
+def _say_too_large(log, name: str, target: str, speedup: float, k: int, basis: str) -> None:
+    log(f"localspec: warning: drafter {name} is too large to pay for {target}: even with every draft "
+        f"accepted it would run at {speedup:.2f}x at best (k={k}; {basis}): a smaller drafter or "
+        "--lookup should pay")
 
 
 def _entry_ngl(entry, default: int) -> int:
@@ -164,16 +200,18 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
     ngl = config.ngl if config.ngl is not None else _entry_ngl(target_ref.entry, 0)
     opts = replace(config.load, n_ctx=n_ctx, n_threads=config.threads, n_gpu_layers=ngl, verbose=config.verbose)
     draft_model: Model | None = None
+    judged = True  # the drafter's size judged before the load (warn_if_too_large)
     if draft not in (LOOKUP, NO_DRAFTER):
         draft_ref = resolve_model(draft, log=log)
         check_drafter(target_ref.path, draft_ref.path, target_name=target_ref.name, drafter_name=draft_ref.name)
-        if config.draft not in (AUTO, SELF):
-            warn_if_too_large(target_ref.path, draft_ref.path, draft_ref.name, log=log)
-        if config.n_ctx:
-            check_context(draft_ref.path, draft_ref.name, n_ctx, config.load)
         ngl_d = config.ngl_draft
         if ngl_d is None:
             ngl_d = _draft_ngl(config, target_ref.name, draft_ref, ngl)
+        if config.draft not in (AUTO, SELF):
+            judged = warn_if_too_large(target_ref.path, draft_ref.path, draft_ref.name, log=log, ngl=ngl,
+                                       ngl_draft=ngl_d)
+        if config.n_ctx:
+            check_context(draft_ref.path, draft_ref.name, n_ctx, config.load)
         draft_model = Model.load(draft_ref.path, replace(opts.local(), n_gpu_layers=ngl_d))  # stays local
         draft = draft_ref.name
     target = Model.load(target_ref.path, opts)
@@ -182,8 +220,11 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
             tell_fast_path(m, log)
             devicefa.settle(m, log)  # flash attention on a GPU device: tested once per device and build
     template = target_ref.entry.chat_template if target_ref.entry else None
-    return assemble(replace(config, draft=draft), target, draft_model, name=target_ref.name, template=template, k=k,
-                    meter=meter, controller=controller)
+    engine = assemble(replace(config, draft=draft), target, draft_model, name=target_ref.name, template=template,
+                      k=k, meter=meter, controller=controller)
+    if not judged and engine.drafter is not None:
+        warn_if_measured_too_large(engine, draft, log=log)
+    return engine
 
 
 def assemble(config: EngineConfig, target: Model, draft_model: Model | None = None, *, name: str = "",

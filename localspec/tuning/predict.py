@@ -53,8 +53,10 @@ def _same_file(d: dict | None, path: Path) -> bool:
         return False
 
 
-def measured(target: str | Path) -> Measured:
-    """The longest v(γ) any cached calibration of this file measured, and every c measured with a drafter."""
+def measured(target: str | Path, *, ngl: int | None = None, draft_ngl: int | None = None) -> Measured:
+    """The longest v(γ) any cached calibration of this file measured, and every c measured with a drafter;
+    with `ngl` (and `draft_ngl`), only calibrations made with the target (and the drafter) placed so: a target
+    on a GPU and a drafter on the CPU cost nothing like two models on one device."""
     t = Path(target).expanduser()
     v: tuple[float, ...] = ()
     c: dict[str, float] = {}
@@ -64,7 +66,9 @@ def measured(target: str | Path) -> Measured:
             key, costs = d["key"], d["calibration"].get("costs")
         except (OSError, ValueError, KeyError, AttributeError):
             continue
-        if not costs or not _same_file(key.get("target"), t):
+        if not costs or not _same_file(key.get("target"), t) or (ngl is not None and key.get("ngl") != ngl):
+            continue
+        if draft_ngl is not None and key.get("draft") and key.get("draft_ngl") != draft_ngl:
             continue
         vs = tuple([1.0] + [float(x) for _, x in sorted((int(g), x) for g, x in costs.get("v", {}).items())])
         if len(vs) > len(v):
