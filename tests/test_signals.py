@@ -143,6 +143,50 @@ def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_closed_terminal_ends_the_answers_in_flight_in_their_protocols_shape(tmp_path, smollm2_path):
+    """A stream being answered ends with its closing events (finish_reason, [DONE]), as far as it got; a request
+    still waiting for the worker gets a 503 in its protocol's error shape; then every process is gone."""
+    import json
+
+    import httpx
+
+    cmd = _Terminal([sys.executable, "-m", "localspec", "serve", "--port", "0", "--model", str(smollm2_path),
+                     "--alias", "smollm2-135m"], _env(tmp_path))
+    streamed: list[str] = []
+    waited: list[httpx.Response] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=300, json={
+                "stream": True, "max_tokens": 4000, "temperature": 0,
+                "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}) as r:
+            streamed.extend(line for line in r.iter_lines() if line)
+
+    def whole() -> None:
+        waited.append(httpx.post(f"{url}/api/generate", timeout=300, json={
+            "model": "smollm2-135m", "prompt": "Hello", "stream": False, "options": {"num_predict": 8}}))
+
+    try:
+        url = "http://127.0.0.1:" + cmd.wait_for(rb"localspec serve: http://127\.0\.0\.1:(\d+)").group(1).decode()
+        clients = [threading.Thread(target=stream), threading.Thread(target=whole)]
+        clients[0].start()
+        deadline = time.monotonic() + 300
+        while len(streamed) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        clients[1].start()
+        time.sleep(1.0)  # the second request waits behind the stream
+        procs = cmd.processes()
+        cmd.close()
+        for c in clients:
+            c.join(60)
+        assert _all_gone(procs) == []
+    finally:
+        cmd.kill()
+    assert streamed[-1] == "data: [DONE]"
+    assert json.loads(streamed[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "stop"
+    assert len(waited) == 1 and waited[0].status_code == 503 and "stopping" in waited[0].json()["error"]
+
+
+@pytest.mark.slow
 def test_a_runner_whose_router_died_exits(tmp_path, smollm2_path):
     """The router killed outright (SIGKILL: no handler runs, its pool stops nothing): its runner ends too
     (PR_SET_PDEATHSIG from the router's event-loop thread), and so does the watching parent."""

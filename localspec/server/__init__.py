@@ -49,9 +49,17 @@ def serve(engine: Engine, config: ServerConfig, socks: socket.socket | Sequence[
     from .app import create_app
 
     app = create_app(engine, config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            """SIGTERM, SIGINT (and SIGHUP: lifecycle.py): the answers in flight end now, in their protocol's
+            shape, rather than be cut when uvicorn's grace runs out."""
+            app.state.localspec.worker.end_jobs()
+            super().handle_exit(sig, frame)
+
     # no access log below info: uvicorn formats each request's line before the logger drops it
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2,
-                                           access_log=log_level in ("trace", "debug", "info")))
+    server = Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2,
+                                   access_log=log_level in ("trace", "debug", "info")))
     if on_ready is not None:
         on_ready()
     server.run(sockets=[socks] if isinstance(socks, socket.socket) else list(socks))

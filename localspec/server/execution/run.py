@@ -116,7 +116,7 @@ class Run:
     @property
     def cancelled(self) -> bool:
         """The client hung up before the job finished: nobody reads an answer (a 499)."""
-        return self.last is not None and self.last.finish == "cancelled"
+        return self.last is not None and self.last.finish == "cancelled" and not self.job.ended_by_server
 
     @property
     def stats(self) -> Stats:

@@ -38,6 +38,7 @@ from ...engine.engine import Chunk, Engine
 from ...engine.stats import Stats
 from ...errors import LocalspecError
 from ...sampling.params import SamplingParams
+from ..http import ApiError
 
 log = logging.getLogger("localspec.server")
 
@@ -94,6 +95,7 @@ class Job:
     live: bool = True  # False (an answer sent whole): events reach the event loop at the end, in one wake-up
     until: Callable[[Chunk], bool] | None = None  # a client's stop rule, checked here before each chunk is sent
     cancelled: threading.Event = field(default_factory=threading.Event)
+    ended_by_server: bool = False  # cancelled because the server stops: its client still reads the answer
     t_submit: float = field(default_factory=time.perf_counter)
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -139,6 +141,8 @@ class Worker:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="localspec-generation", daemon=True)
         self.busy = False
+        self.stopping = False
+        self._current: Job | None = None
 
     @property
     def waiting(self) -> int:
@@ -152,6 +156,16 @@ class Worker:
         self._jobs.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def end_jobs(self) -> None:
+        """The server is stopping (SIGTERM, a closed terminal): the job running now ends after its round, its
+        answer sent as far as it got, and every job not yet started fails with a 503 in its protocol's shape.
+        Only sets flags: a signal handler calls it."""
+        self.stopping = True
+        job = self._current
+        if job is not None:
+            job.ended_by_server = True
+            job.cancel()
 
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop | None = None) -> Job:
         job._loop = loop or asyncio.get_running_loop()
@@ -169,19 +183,21 @@ class Worker:
             job = self._jobs.get()
             if job is None:
                 return
-            self.busy = True
+            self.busy, self._current = True, job
             try:
                 self._run_job(job)
             except BaseException:  # never let one request kill the worker
                 log.exception("generation worker: unexpected error")
             finally:
-                self.busy = False
+                self.busy, self._current = False, None
 
     def _run_job(self, job: Job) -> None:
         started: Started | None = None
         last: Chunk | None = None
         error: Exception | None = None
         try:
+            if self.stopping and not job.ended_by_server:
+                raise ApiError(503, "the server is stopping", "unavailable_error")
             if job.cancelled.is_set():
                 return
             waiting = self._jobs.qsize()
