@@ -259,6 +259,23 @@ def test_too_large_warning_on_two_devices_uses_measured_costs(smollm2_path, smol
     assert "c 1.50 measured" in said[0] and "different devices" in said[0]
 
 
+def test_crash_line_names_what_the_child_ran_on_a_device():
+    """A child that noted its suspect (flash attention on a device) and then crashed is named in its parent's
+    crash line, once; without a note the line names the CPU's fast paths as before."""
+    import signal
+
+    from localspec import crash
+
+    code = ("import os, signal; from localspec.crash import note_suspect; "
+            "note_suspect('flash attention on Vulkan0', '--flash-attn off'); os.kill(os.getpid(), signal.SIGSEGV)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert child.returncode == -signal.SIGSEGV
+    pid = int(next(Path(crash.tempfile.gettempdir()).glob(f"localspec-suspect-{os.getpid()}-*")).name.split("-")[-1])
+    line = crash.crash_line(signal.SIGSEGV, pid)
+    assert "most likely in flash attention on Vulkan0: try again with --flash-attn off" in line and "AMX" not in line
+    assert "AMX" in crash.crash_line(signal.SIGSEGV, pid) == crash.crash_line(signal.SIGSEGV)  # read once
+
+
 # -- the GPU tier: any GGML GPU device, checked for placement and correctness, never speed ----------------------
 
 def _load(path, log_into: list | None = None, **kw):

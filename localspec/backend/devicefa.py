@@ -153,3 +153,20 @@ def settle(model, log: Callable[[str], object] = print) -> Verdict | None:
             _told.add(notice)
             log(f"localspec: {notice}")
     return v
+
+
+def name_suspect(models: Sequence) -> None:
+    """Tell the watching parent (commands/supervise.py) what to blame should llama.cpp crash later: flash attention
+    on the first GPU device a model uses, or that device's backend where flash attention is off; nothing (the
+    CPU's fast paths) when every model runs on the CPU."""
+    from ..crash import note_suspect
+
+    for m in models:
+        devs = gpu_devices(m)
+        if devs:
+            if m.options.flash_attn is False:
+                note_suspect(f"llama.cpp's {devs[0]} backend", "--ngl 0 (the model on the CPU)")
+            else:
+                note_suspect(f"flash attention on {devs[0]}", "--flash-attn off")
+            return
+    note_suspect(None)

@@ -52,7 +52,7 @@ def run_watched(main: Callable[[], object]) -> NoReturn:
         if hung_up and sig == signal.SIGKILL:  # killed here after a hang-up: end as a hung-up process does
             sig = signal.SIGHUP
         elif sig in CRASHES or sig == signal.SIGKILL:
-            _say(crash_line(sig))
+            _say(crash_line(sig, pid))
         signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)

@@ -219,6 +219,7 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
         if m is not None:
             tell_fast_path(m, log)
             devicefa.settle(m, log)  # flash attention on a GPU device: tested once per device and build
+    devicefa.name_suspect([m for m in (target, draft_model) if m is not None])  # for a crash line
     template = target_ref.entry.chat_template if target_ref.entry else None
     engine = assemble(replace(config, draft=draft), target, draft_model, name=target_ref.name, template=template,
                       k=k, meter=meter, controller=controller)
