@@ -143,21 +143,23 @@ def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_closed_terminal_ends_the_answers_in_flight_in_their_protocols_shape(tmp_path, smollm2_path):
+@pytest.mark.parametrize("mode", ["one model", "router"])
+def test_a_closed_terminal_ends_the_answers_in_flight_in_their_protocols_shape(tmp_path, smollm2_path, mode):
     """A stream being answered ends with its closing events (finish_reason, [DONE]), as far as it got; a request
-    still waiting for the worker gets a 503 in its protocol's error shape; then every process is gone."""
+    still waiting for the worker gets a 503 in its protocol's error shape; then every process is gone. In router
+    mode the router tells its runner at once, and relays what the runner ends its answers with."""
     import json
 
     import httpx
 
-    cmd = _Terminal([sys.executable, "-m", "localspec", "serve", "--port", "0", "--model", str(smollm2_path),
-                     "--alias", "smollm2-135m"], _env(tmp_path))
+    model = ["--model", str(smollm2_path), "--alias", "smollm2-135m"] if mode == "one model" else []
+    cmd = _Terminal([sys.executable, "-m", "localspec", "serve", "--port", "0", *model], _env(tmp_path))
     streamed: list[str] = []
     waited: list[httpx.Response] = []
 
     def stream() -> None:
         with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=300, json={
-                "stream": True, "max_tokens": 4000, "temperature": 0,
+                "model": "smollm2-135m", "stream": True, "max_tokens": 4000, "temperature": 0,
                 "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}) as r:
             streamed.extend(line for line in r.iter_lines() if line)
 

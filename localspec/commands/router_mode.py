@@ -99,7 +99,13 @@ def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket
     pool = Pool(found, models_max=models_max, sleep_idle_s=sleep_idle_s, default_keep_alive=config.keep_alive_s,
                 log=log_err, server_args=serve_args(ctx))
     app = create_router_app(pool, config, lambda: pool.update(specs()))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            pool.stopping()  # the runners end their answers while uvicorn's grace lets the router relay them
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False))
     names = ", ".join(found) or "none yet"
     log_err(f"localspec serve: {urls} (router, {len(found)} models: {names}; at most {models_max} loaded)")
     server.run(sockets=socks)

@@ -307,6 +307,13 @@ class Pool:
             self._reaper = asyncio.ensure_future(self.run_reaper())
         return self._reaper
 
+    def stopping(self) -> None:
+        """The router is stopping: every runner is told at once (SIGTERM), so that it ends the answers in flight
+        in their protocol's shape while the router still relays them; `close` then reaps them."""
+        for s in (*self._slots.values(), *self._retired.values()):
+            if s.runner is not None:
+                s.runner.terminate()
+
     async def close(self) -> None:
         """Stop every runner (and the reaper); loads in flight are cancelled, which stops their processes."""
         if self._reaper is not None:

@@ -175,6 +175,16 @@ class Runner:
                 raise TimeoutError
             await asyncio.sleep(0.05)
 
+    def terminate(self) -> None:
+        """SIGTERM now, without waiting: the runner ends its answers in flight and exits (`stop` reaps it)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._stopping = True
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """SIGTERM, SIGKILL after `grace` seconds, and the process reaped (no zombie) in every case."""
         proc = self._proc
