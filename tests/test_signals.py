@@ -98,8 +98,23 @@ def test_the_supervisor_passes_on_a_hang_up_that_only_it_received(tmp_path):
 
 # -- the real commands under a pseudo-terminal -------------------------------------------------------------------
 
+ENDS = ["close", "sigterm", "ctrl-c"]  # a closed terminal, a kill, Ctrl-C typed
+
+
+def _end(cmd: "_Terminal", how: str) -> None:
+    if how == "close":
+        cmd.close()
+    elif how == "sigterm":
+        os.kill(cmd.pid, signal.SIGTERM)  # another process's: the watching parent passes it on
+    else:
+        cmd.write(b"\x03")  # the terminal's Ctrl-C: SIGINT to the foreground group (the chat reads a key)
+
+
 @pytest.mark.slow
-def test_a_closed_terminal_ends_the_chat_and_saves_the_answer_being_written(tmp_path, smollm2_path):
+@pytest.mark.parametrize("how", ENDS)
+def test_a_closed_terminal_ends_the_chat_and_saves_the_answer_being_written(tmp_path, smollm2_path, how):
+    """Closed, killed or Ctrl-C'd (the key stops the answer, twice more quits): the answer being written is
+    saved as Esc saves it, and both processes are gone."""
     cmd = _Terminal([sys.executable, "-m", "localspec", "chat", "--model", str(smollm2_path), "-n", "4000",
                      "--temp", "0"], _env(tmp_path))
     db = tmp_path / "chats.sqlite"
@@ -113,7 +128,10 @@ def test_a_closed_terminal_ends_the_chat_and_saves_the_answer_being_written(tmp_
         time.sleep(1.5)  # the answer is being written
         procs = cmd.processes()
         assert len(procs) == 2  # the watching parent and the chat
-        cmd.close()
+        _end(cmd, how)
+        if how == "ctrl-c":
+            time.sleep(1.0)
+            cmd.write(b"\x03\x03")
         assert _all_gone(procs) == []
     finally:
         cmd.kill()
@@ -123,7 +141,8 @@ def test_a_closed_terminal_ends_the_chat_and_saves_the_answer_being_written(tmp_
 
 
 @pytest.mark.slow
-def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, smollm2_path):
+@pytest.mark.parametrize("how", ENDS)
+def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, smollm2_path, how):
     import httpx
 
     for args, n in ((["--model", str(smollm2_path)], 2), ([], 3)):  # supervisor + server; + router's runner
@@ -136,10 +155,27 @@ def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, 
             assert r.status_code == 200
             procs = cmd.processes()
             assert len(procs) == n, (args, procs)
-            cmd.close()
+            _end(cmd, how)
             assert _all_gone(procs) == [], args
         finally:
             cmd.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ENDS)
+def test_run_ends_with_its_terminal(tmp_path, smollm2_path, how):
+    cmd = _Terminal([sys.executable, "-m", "localspec", "run", "--model", str(smollm2_path), "-n", "4000",
+                     "Chapter 1. Once upon a time, in a land far away, there lived a dragon who"], _env(tmp_path))
+    try:
+        deadline = time.monotonic() + 300
+        while len(cmd.processes()) < 2 or len(cmd.out) < 300:  # the watching parent, and the text coming
+            assert time.monotonic() < deadline and _state(cmd.pid) not in (None, "Z"), cmd.screen()
+            time.sleep(0.1)
+        procs = cmd.processes()
+        _end(cmd, how)
+        assert _all_gone(procs) == []
+    finally:
+        cmd.kill()
 
 
 @pytest.mark.slow

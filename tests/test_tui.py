@@ -249,7 +249,7 @@ async def test_keys_colour_k_copy_history_and_palette(engine):
         assert engine.controller.k == 6 and "k      6 fixed" in panel(app) and "speculation ON" in panel(app)
         await pilot.press("ctrl+y")
         assert app.clipboard == app.chat.last_answer
-        await pilot.press("ctrl+c")  # nothing to stop: a hint, the app keeps running
+        await pilot.press("ctrl+c")  # nothing to stop: a hint, the app keeps running (twice quits: test_signals)
         assert app.is_running
         await pilot.press("up")
         assert app.query_one("#prompt").value == REPEAT

@@ -26,7 +26,7 @@ def chat(system, max_tokens, engine_config, params, metrics_log, task):
 
     \b
     Keys: ctrl+n new chat · ctrl+s speculation auto/on/off · ctrl+k change k · ctrl+t colour accepted drafts
-          ctrl+y copy answer · ctrl+o switch model · Esc stop · ↑ history · ctrl+p commands · ctrl+q quit
+          ctrl+y copy answer · ctrl+o switch model · Esc stop · ↑ history · ctrl+p commands · ctrl+q (ctrl+c twice) quit
     Conversations are saved in $LOCALSPEC_HOME/chats.sqlite.
     """
     from ..tui.app import ChatApp

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ..engine.loader import EngineConfig
 
 SAVE_WAIT = 3.0  # seconds the answer being written gets to stop and be saved when the chat must end
+QUIT_AGAIN = 2.0  # seconds within which a second ctrl+c quits (the first stops an answer, or says so)
 NEEDS_ENGINE = ("new_chat", "regenerate", "cycle_spec", "spec", "cycle_k", "set_k", "copy_last", "toggle_colour")
 
 
@@ -96,6 +97,7 @@ class ChatApp(App):
         self.store: ChatStore | None = None
         self.load_error: EngineFailed | None = None  # the CLI prints it again after the app closes
         self._ending = False
+        self._ctrl_c = -QUIT_AGAIN  # when ctrl+c last found nothing to stop
 
     def get_driver_class(self):
         return quiet_driver(super().get_driver_class())
@@ -294,10 +296,14 @@ class ChatApp(App):
         self.chat.stop()
 
     def action_stop_or_hint(self) -> None:
+        """ctrl+c: stop the answer; with none, quit when pressed twice (Textual's raw terminal sends no SIGINT)."""
         if self.generating:
             self.chat.stop()
+        elif time.monotonic() - self._ctrl_c < QUIT_AGAIN:
+            self.end_soon()
         else:
-            self.notify("press ctrl+q to quit")
+            self._ctrl_c = time.monotonic()
+            self.notify("press ctrl+c again (or ctrl+q) to quit")
 
     async def action_regenerate(self) -> None:
         if self.generating:
