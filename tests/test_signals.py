@@ -96,6 +96,45 @@ def test_the_supervisor_passes_on_a_hang_up_that_only_it_received(tmp_path):
         cmd.kill()
 
 
+def _watched_code(body: str) -> str:
+    return ("import os, signal, sys, time\nfrom localspec.commands.supervise import run_watched\n"
+            f"def main():\n{body}\nrun_watched(main)\n")
+
+
+def test_under_nohup_a_closed_terminal_ends_nothing(tmp_path):
+    """SIGHUP ignored when the command started (nohup): a closed terminal leaves it running."""
+    code = _watched_code("    os.write(1, b'ready\\n')\n    time.sleep(60)")
+    cmd = _Terminal([sys.executable, "-c", code], _env(tmp_path), hangup_ignored=True)
+    try:
+        cmd.wait_for(b"ready")
+        procs = cmd.processes()
+        cmd.close()
+        time.sleep(1.5)
+        assert [_state(p) for p in procs] == ["S", "S"]
+    finally:
+        cmd.kill()
+
+
+@pytest.mark.slow
+def test_a_child_that_does_not_end_on_a_hang_up_is_killed(tmp_path):
+    """Nobody is left to stop a program whose terminal closed: the watching parent kills a child that ignores
+    SIGHUP after HANGUP_GRACE seconds, and ends as a hung-up process does."""
+    code = _watched_code("    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n    signal.signal(signal.SIGTERM, "
+                         "signal.SIG_IGN)\n    os.write(1, b'ready\\n')\n    time.sleep(60)")
+    cmd = _Terminal([sys.executable, "-c", code], _env(tmp_path))
+    try:
+        cmd.wait_for(b"ready")
+        procs = cmd.processes()
+        cmd.close()
+        time.sleep(2.0)
+        assert _state(procs[1]) not in (None, "Z")  # it ignores the hang-up ...
+        assert _all_gone(procs[1:]) == []  # ... until the grace is over
+        _, status = os.waitpid(cmd.pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGHUP
+    finally:
+        cmd.kill()
+
+
 # -- the real commands under a pseudo-terminal -------------------------------------------------------------------
 
 ENDS = ["close", "sigterm", "ctrl-c"]  # a closed terminal, a kill, Ctrl-C typed
@@ -291,10 +330,12 @@ class _Terminal:
     """A command as a terminal's own program (the session's leader, as `tmux new CMD` starts it), its output
     drained; `close()` closes the terminal as a closed window does."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], *, hangup_ignored: bool = False) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             try:
+                if hangup_ignored:  # as nohup starts it
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 os.execvpe(argv[0], argv, env)
             finally:
                 os._exit(127)
