@@ -300,11 +300,12 @@ class Model:
         if self._rollback is None:
             self.restore(n_past)
             return
-        held = self.tokens[:n_past]
-        kept = self.restore(n_past)
-        if kept < n_past:
-            self.decode(held[kept:], 0)
-            self._rollback.replayed += n_past - kept
+        kept = self._rollback.cut(len(self.tokens), n_past)
+        replay = self.tokens[kept:n_past]
+        del self.tokens[kept:]
+        if replay:
+            self.decode(replay, 0)
+            self._rollback.replayed += len(replay)
 
     def restore(self, n_past: int) -> int:
         """Go back to the latest position <= n_past that needs no decoding again, and return it: n_past itself
