@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.engine.engine import render_chat
 from localspec.engine.reasoning import ReasoningStream, opens_thinking, split_reasoning
+from localspec.engine.template import render_chat
 
 TEMPLATES = Path(__file__).parent / "templates"
 ANSWER = "<think>\nThe user wants 2+2. That is 4.\n</think>\n\nIt is 4."

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.engine.engine import ChatTemplateError, render_chat
+from localspec.engine.template import ChatTemplateError, render_chat
 from localspec.engine.toolgrammar import tool_grammar
 from localspec.engine.tools import (
     ToolCallStream,

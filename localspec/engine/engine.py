@@ -11,15 +11,12 @@ Threading: one thread owns an Engine at a time (llama contexts are not thread-sa
 from __future__ import annotations
 
 import codecs
-import json
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any, Callable, Generator, Sequence
 
 from ..backend import Model
-from ..errors import LocalspecError
 from ..sampling.params import SamplingParams
 from ..speculative.loop import generate
 from ..speculative.types import NO_DRAFTER, Controller, Drafter, Step
@@ -27,6 +24,7 @@ from ..tuning.controller import DEFAULT_K, FixedK
 from ..tuning.threads import ThreadControl
 from .outcome import Outcome, outcome
 from .stats import Stats, StatsCounter
+from .template import ChatTemplateError, render_chat
 
 
 @dataclass(frozen=True)
@@ -37,33 +35,6 @@ class Chunk:
     finish: str | None = None  # "stop" (EOG or stop string), "length", "context"; None while going
     mode: str = "plain"  # "spec" or "plain" for this round
     outcome: Outcome | None = None  # on the last chunk: what speculation did in the whole request
-
-
-class ChatTemplateError(LocalspecError):
-    exit_code = 2
-
-
-def render_chat(template: str, messages: Sequence[dict], *, bos: str = "", eos: str = "",
-                add_generation_prompt: bool = True, **context: Any) -> str:
-    """Render a GGUF `tokenizer.chat_template` (Jinja, as HF and llama.cpp run it) in a sandbox; `context`
-    is what else the template reads (`tools`, `enable_thinking`)."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(msg: str) -> None:
-        raise ChatTemplateError(msg)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(raise_exception=raise_exception,
-                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
-    # HF's tojson: plain JSON (Jinja's own escapes <, > and & for HTML), keyword arguments allowed
-    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False, ensure_ascii=False: json.dumps(
-        x, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
-    try:
-        return env.from_string(template).render(messages=list(messages), bos_token=bos, eos_token=eos,
-                                                add_generation_prompt=add_generation_prompt, **context)
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat template failed: {e}") from None
 
 
 class TextStream:

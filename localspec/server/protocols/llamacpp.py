@@ -19,6 +19,7 @@ from ...engine.engine import Engine
 from ..execution.timings import spec_policy
 from ..http import ApiError
 from ..request.chat import chat_messages_prompt
+from ..request.chat_tools import openai_setup
 from ..request.fim import Extra, has_fim, infill_build, require_fim
 from ..request.prompts import check_ids, checked_prompts, mixed_tokens, plain_build
 from ..request.schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
@@ -102,13 +103,19 @@ async def detokenize(req: DetokenizeRequest, state: StateDep) -> dict[str, str]:
     return {"content": t.detokenize(req.tokens)}
 
 
+def chat_request_prompt(state: State, req: OAIChatRequest) -> str:
+    """The prompt `/v1/chat/completions` would evaluate for `req`: its tools and template variables included."""
+    setup = openai_setup(state.engine, req, state.config.reasoning_format)
+    return chat_messages_prompt(state.engine, req, setup.messages, **setup.context)
+
+
 async def apply_template(req: OAIChatRequest, state: StateDep) -> dict[str, str]:
-    return {"prompt": chat_messages_prompt(state.engine, req)}
+    return {"prompt": chat_request_prompt(state, req)}
 
 
 async def chat_input_tokens(req: OAIChatRequest, state: StateDep) -> dict[str, Any]:
     """The prompt tokens a chat request would evaluate (its template applied), without generating."""
-    n = len(state.engine.tokenize(chat_messages_prompt(state.engine, req)))
+    n = len(state.engine.tokenize(chat_request_prompt(state, req)))
     return {"object": "response.input_tokens", "input_tokens": n}
 
 

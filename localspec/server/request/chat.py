@@ -5,7 +5,9 @@ Assistant prefill: when the last message is the assistant's, the template is app
 (with the generation prompt) and that message's text is appended, so the model continues it rather than
 starting a new turn. `continue_final_message: false` turns that off (the assistant message is a finished
 turn); `true` demands a final assistant message. Two assistant messages at the end are a 400, as in
-llama-server: only the last one could be continued.
+llama-server: only the last one could be continued; so are `continue_final_message` with `add_generation_prompt:
+true`, and continuing a message that made tool calls. `add_generation_prompt: false` renders the messages as they
+are, without the assistant's turn opening.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def _message(m: ChatMessage) -> dict[str, Any]:
         out["tool_call_id"] = m.tool_call_id or legacy_id
     if m.name:
         out["name"] = m.name
+    if m.reasoning_content:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -63,12 +67,16 @@ def chat_messages_prompt(engine: Engine, req: OAIChatRequest, messages: list[dic
     `context`; a trailing assistant message is a prefill (see above)."""
     msgs = chat_messages(req) if messages is None else messages
     trailing = msgs[-1]["role"] == "assistant"
+    if req.continue_final_message and req.add_generation_prompt:
+        raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.")
     if req.continue_final_message and not trailing:
         raise ApiError(400, "continue_final_message needs the last message to be the assistant's")
     if not trailing or req.continue_final_message is False:
-        return chat_prompt(engine, msgs, **context)[0]
+        return chat_prompt(engine, msgs, add_generation_prompt=req.add_generation_prompt is not False, **context)[0]
     if len(msgs) > 1 and msgs[-2]["role"] == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
+    if msgs[-1].get("tool_calls"):
+        raise ApiError(400, "Cannot continue an assistant message that contains tool calls.")
     return chat_prompt(engine, msgs[:-1], **context)[0] + msgs[-1]["content"]
 
 

@@ -97,9 +97,12 @@ def openai_setup(engine: Engine, req: OAIChatRequest, default_reasoning: str) ->
     tools, choice, parallel = req.tools, req.tool_choice, req.parallel_tool_calls
     if is_legacy(req):
         (tools, choice), parallel = legacy_tools(req.functions, req.function_call), False
+    kwargs = req.chat_template_kwargs or {}
+    if not isinstance(kwargs.get("enable_thinking", False), bool):
+        raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got '
+                            f'{type(kwargs["enable_thinking"]).__name__})')
     return chat_setup(engine, chat_messages(req), tools=tools, choice=choice, parallel=parallel,
-                      reasoning=reasoning_format(req.reasoning_format, default_reasoning),
-                      context=req.chat_template_kwargs)
+                      reasoning=reasoning_format(req.reasoning_format, default_reasoning), context=kwargs)
 
 
 def openai_message(answer: Answer, *, legacy: bool = False) -> dict[str, Any]:

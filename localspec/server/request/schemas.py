@@ -118,6 +118,7 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None  # a tool result: the call it answers
     name: str | None = None  # a tool or legacy `function` result: the function's name
     function_call: dict[str, Any] | None = None  # the legacy form of one call
+    reasoning_content: str | None = None  # an earlier answer's reasoning (templates such as Qwen 3's render it)
 
 
 ToolChoice = Literal["auto", "none", "required"] | dict[str, Any] | None
@@ -134,6 +135,8 @@ class OAIChatRequest(Sampling, Streaming):
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, generated one after another")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=1024)
+    add_generation_prompt: bool | None = Field(None, description="end the prompt with the assistant's turn opening "
+                                               "(default: true unless a final assistant message is continued)")
     continue_final_message: bool | None = Field(None, description="a trailing assistant message is continued "
                                                 "(the default when the last message is the assistant's)")
     tools: list[dict[str, Any]] | None = None
