@@ -42,6 +42,10 @@ class FakeModel:
             self.tokens.extend(held[kept:])
             self.replayed += n_past - kept
 
+    @property
+    def cuts_in_place(self) -> bool:
+        return not self.recurrent
+
     def restore(self, n_past: int) -> int:
         if n_past >= len(self.tokens):
             return len(self.tokens)

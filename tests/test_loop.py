@@ -167,7 +167,7 @@ def test_prompt_prefix_is_reused_across_requests():
 def test_recurrent_target_and_drafter_give_plain_text_and_replay_only_accepted_tokens():
     """A memory that cannot cut in place (a recurrent state) goes back to its checkpoints: the text is plain
     decoding's, the cache holds context[:-1] after every round, and a rejection decodes again exactly the
-    round's accepted tokens (and the prompt tail the pass evaluated) after the checkpoint taken before the pass."""
+    round's accepted tokens after the checkpoint taken before the pass."""
     wrong_every_third = lambda ctx: [t if i % 3 != 2 else EOS + 47 for i, t in  # noqa: E731
                                      enumerate(counting()(ctx + list(range(50))[:j]) for j in range(8))]
     plain, _ = _run(FakeModel(counting()), [1, 2, 3], max_tokens=20)
@@ -181,5 +181,6 @@ def test_recurrent_target_and_drafter_give_plain_text_and_replay_only_accepted_t
     steps, out2 = _run(target, [1, 2, 3], drafter=scripted, controller=FixedK(4), max_tokens=20)
     assert out2 == out
     rejected = [s for s in steps if s.accepted < s.drafted]
-    head = 2 if steps[0] in rejected else 0  # the first pass also evaluated the prompt's tail [1, 2] (MERGE_MAX)
-    assert rejected and target.replayed == head + sum(s.accepted + 1 for s in rejected)
+    assert rejected and target.replayed == sum(s.accepted + 1 for s in rejected)
+    assert target.calls[0] == ([1, 2], 0)  # the prompt's tail had a pass of its own: a checkpoint at its end
+    assert target.checkpoints["prompt"] == 2

@@ -96,6 +96,41 @@ def test_rewind_gives_the_state_of_the_tokens_kept(target: Model, reference: Mod
     assert np.abs(got - want).max() < NEAR_TIE
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_each_rollback_method_is_exact(tiny_recurrent: Path, reference: Model, method: str):
+    """Whichever method the load's timing picks, both give exact states: rewinds within and past a verify-sized
+    decode, prompt reuse across requests, and greedy lookup against plain decoding."""
+    from dataclasses import replace
+
+    from localspec.backend.rollback import Rollback
+
+    m = Model.load(tiny_recurrent, OPTIONS)
+    try:
+        if method == "seq" and m.rollback_info.rs_depth:
+            pytest.skip("no spare sequences beside llama.cpp's snapshots (rollback.py)")
+        m.rollback_info = replace(m.rollback_info, method=method)
+        m._rollback = Rollback(m.ctx_pointer, m.rollback_info)
+        toks = m.tokenize(REPEATED, add_special=True)
+        for back in (1, 4, 9):
+            m.rewind(0)
+            m.decode(toks[:10], 0)
+            m.checkpoint("round")
+            m.decode(toks[10:20], 1)
+            m.rewind(20 - back)
+            got = m.decode(toks[20 - back:21 - back], 1)[0].astype(np.float64)
+            assert np.abs(got - _fresh_logits(reference, toks[:21 - back])).max() < NEAR_TIE, back
+        a = m.tokenize("Once upon a time there was a bee", add_special=True)
+        _run(m, a, n=8)
+        again = list(generate(m, a + [42], controller=FixedK(0), max_tokens=8))  # from A's prompt checkpoint
+        assert again[0].n_cached == len(a) - 1
+        assert [t for s in again for t in s.tokens] == _run(reference, a + [42], n=8)[0]
+        prompt = m.tokenize(REPEATED, add_special=True)
+        _same_or_near_tie(reference, prompt, _run(m, prompt)[0], _run(m, prompt, PromptLookup(), k=4)[0])
+        assert m.rollback_counts["restores"] > 0
+    finally:
+        m.close()
+
+
 def test_a_checkpoint_taken_right_after_a_rollback_holds_the_rolled_back_state(target: Model, reference: Model):
     """On LFM2 a rewind into the last decode uses llama.cpp's snapshot, which stays pending until the next decode;
     a checkpoint taken in between (a prompt's end after a finished answer) must hold the rolled-back state."""

@@ -214,6 +214,11 @@ class Model:
         return self._ctx.ctx
 
     @property
+    def cuts_in_place(self) -> bool:
+        """Whether a rewind only drops cache entries (attention), or restores a checkpoint (rollback.py)."""
+        return self._rollback is None
+
+    @property
     def memory_kind(self) -> str:
         """attention, recurrent or hybrid: whether the cache can be cut in place (rollback.py)."""
         return self.rollback_info.kind

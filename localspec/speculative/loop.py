@@ -60,7 +60,8 @@ def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None =
     is left."""
     rng = rng if rng is not None else params.rng()
     t0 = time.perf_counter()
-    n_prompt, n_cached, pending = prefill(target, prompt, MERGE_MAX)
+    # a recurrent state keeps its prompt's end only as a checkpoint taken there: no tail joins the first pass
+    n_prompt, n_cached, pending = prefill(target, prompt, MERGE_MAX if target.cuts_in_place else 0)
     t_prompt = time.perf_counter() - t0
     context = list(prompt)
     emitted = 0
