@@ -10,7 +10,9 @@ import ctypes
 import os
 import signal
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 WATCH_ENV = "LOCALSPEC_NO_WATCH"  # set (to anything): run in this process, unwatched
 CRASHES = {signal.SIGSEGV: "segmentation fault", signal.SIGILL: "illegal instruction",
@@ -51,6 +53,25 @@ def note_suspect(where: str | None, hint: str = "") -> None:
             p.unlink(missing_ok=True)
     except OSError:
         pass  # the crash line then names the CPU's fast paths
+
+
+@contextmanager
+def suspected(where: str, hint: str) -> Iterator[None]:
+    """Name `where` as the suspect while the block runs (llama.cpp parsing a request's grammar), then put back
+    what was noted before."""
+    p = _suspect_path(os.getppid(), os.getpid())
+    try:
+        before = p.read_text() if p.exists() else None
+        p.write_text(f"{where}\n{hint}")
+    except OSError:
+        before = None
+    try:
+        yield
+    finally:
+        try:
+            p.write_text(before) if before is not None else p.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _take_suspect(child: int) -> tuple[str, str] | None:

@@ -82,3 +82,32 @@ def test_the_grammars_parse_and_constrain(smollm2_target):
     for t in smollm2_target.tokenize(json.dumps("ab"), add_special=False):
         assert g.allows(t)
         g.accept(t)
+
+
+def test_a_crash_while_llama_cpp_parses_a_grammar_names_the_grammar(monkeypatch):
+    """Were a grammar to get past check_gbnf and crash llama.cpp's parser, the watching parent's line names the
+    grammar, not the CPU's fast paths (crash.suspected); the note is gone once the parse returns."""
+    import ctypes
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    import llama_cpp
+
+    from localspec.crash import _suspect_path, crash_line
+
+    fake = SimpleNamespace(_model=SimpleNamespace(vocab=None), n_vocab=1)
+    pid = os.fork()
+    if pid == 0:  # the child parses a grammar and crashes there
+        monkeypatch.setattr(llama_cpp, "llama_sampler_init_grammar", lambda *a: ctypes.string_at(0))
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        Grammar(fake, 'root ::= "a"')  # type: ignore[arg-type]
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSEGV
+    line = crash_line(signal.SIGSEGV, pid)
+    assert "grammar parser" in line and "--no-repack" not in line
+    monkeypatch.setattr(llama_cpp, "llama_sampler_init_grammar", lambda *a: None)
+    with pytest.raises(GrammarError):
+        Grammar(fake, 'root ::= "a"')  # type: ignore[arg-type]
+    assert not _suspect_path(os.getppid(), os.getpid()).exists()  # nothing left noted for this process

@@ -21,6 +21,7 @@ import llama_cpp
 import llama_cpp.llama_grammar as port
 import numpy as np
 
+from ..crash import suspected
 from ..errors import LocalspecError
 
 if TYPE_CHECKING:
@@ -117,7 +118,10 @@ class Grammar:
         self.n_vocab = model.n_vocab
         if _smpl is None:
             check_gbnf(gbnf)
-            _smpl = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
+            with suspected("llama.cpp's grammar parser, on a request's grammar or JSON schema",
+                           "a simpler grammar or schema (and tell us which one: check_gbnf let it through)"):
+                _smpl = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode("utf-8"),
+                                                             root.encode("utf-8"))
             if not _smpl:
                 raise GrammarError("llama.cpp could not parse the grammar (GBNF syntax, or no rule "
                                    f"'{root}'); check it with llama.cpp's grammar docs")
