@@ -96,3 +96,20 @@ def test_a_template_error_is_a_chat_template_error():
         render_chat("{{ raise_exception('boom') }}", ASK)
     with pytest.raises(ChatTemplateError, match="unknown tag"):
         render_chat("{% nonsense %}", ASK)
+
+
+def test_each_protocols_reasoning_history_reaches_the_template():
+    """Anthropic's `thinking` blocks and Ollama's `thinking` become the message's `reasoning_content`."""
+    from localspec.server.protocols.anthropic.convert import CountTokensRequest, openai_messages
+    from localspec.server.request.chat_tools import ollama_messages
+
+    thought = "Two and two make four."
+    anthropic = openai_messages(CountTokensRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": thought, "signature": ""},
+                                          {"type": "text", "text": "4"}]}]}))
+    ollama = ollama_messages([{"role": "user", "content": "2+2?"},
+                              {"role": "assistant", "content": "4", "thinking": thought}])
+    for msgs in (anthropic, ollama):
+        assert msgs[-1]["reasoning_content"] == thought
+        assert f"<think>\n{thought}\n</think>" in render_chat(template("qwen3"), msgs, add_generation_prompt=False)

@@ -167,6 +167,8 @@ def ollama_messages(messages: list[dict]) -> list[dict]:
     pending: list[tuple[str, str]] = []  # (id, name) of calls not yet answered
     for m in messages:
         m = {**m, "content": m.get("content") or ""}
+        if m.get("thinking"):  # an earlier answer's reasoning, as the template reads it
+            m["reasoning_content"] = m.pop("thinking")
         if m.get("tool_calls"):
             calls: list[dict[str, Any]] = []
             for c in m["tool_calls"]:

@@ -199,7 +199,7 @@ class OllamaMessage(_Body):
     content: str | None = ""
     tool_calls: list[dict[str, Any]] | None = None  # {"function": {"name": ..., "arguments": {...}}}
     tool_name: str | None = None  # a tool result: the function that gave it
-    thinking: str | None = None  # an earlier answer's reasoning (templates drop it)
+    thinking: str | None = None  # an earlier answer's reasoning (the template reads it as reasoning_content)
 
 
 class OllamaChatRequest(_Body):

@@ -66,7 +66,7 @@ def block_text(content: Any, where: str) -> str:
             out.append(str(b.get("text", "")))
         elif kind in ("image", "document"):
             raise ApiError(400, f"{where}: {kind} input is not supported (this server runs a text model)")
-        elif kind not in ("thinking", "redacted_thinking"):  # earlier thinking is not shown to the template
+        elif kind not in ("thinking", "redacted_thinking"):  # thinking: the message's reasoning_content
             raise ApiError(400, f"{where}: unsupported content block type {kind!r}")
     return "".join(out)
 
@@ -79,6 +79,9 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
                            "content": block_text([b for b in blocks if b.get("type") != "tool_use"], where)}
     if calls:
         msg["tool_calls"] = calls
+    thinking = "".join(str(b.get("thinking") or "") for b in blocks if b.get("type") == "thinking")
+    if thinking:  # the reasoning of an earlier answer, for templates that show it (Qwen 3)
+        msg["reasoning_content"] = thinking
     return msg
 
 
