@@ -75,7 +75,7 @@ def chat_messages_prompt(engine: Engine, req: OAIChatRequest, messages: list[dic
         return chat_prompt(engine, msgs, add_generation_prompt=req.add_generation_prompt is not False, **context)[0]
     if len(msgs) > 1 and msgs[-2]["role"] == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
-    if msgs[-1].get("tool_calls"):
+    if req.messages[-1].tool_calls or req.messages[-1].function_call:
         raise ApiError(400, "Cannot continue an assistant message that contains tool calls.")
     return chat_prompt(engine, msgs[:-1], **context)[0] + msgs[-1]["content"]
 
