@@ -180,6 +180,24 @@ def test_a_closed_terminal_ends_the_chat_and_saves_the_answer_being_written(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nohup", [False, True])
+def test_a_closed_terminal_ends_the_chat_while_its_model_loads(tmp_path, smollm2_path, nohup):
+    """While the model loads (a worker thread the exit would wait for), and under nohup, where no SIGHUP comes
+    and the chat finds its terminal hung up by itself."""
+    cmd = _Terminal([sys.executable, "-m", "localspec", "chat", "--model", str(smollm2_path)], _env(tmp_path),
+                    hangup_ignored=nohup)
+    try:
+        deadline = time.monotonic() + 120
+        while len(cmd.out) < 2000 and time.monotonic() < deadline:  # the app drew its first screen
+            time.sleep(0.05)
+        procs = cmd.processes()
+        cmd.close()
+        assert _all_gone(procs) == []
+    finally:
+        cmd.kill()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ENDS)
 def test_a_closed_terminal_ends_a_server_and_a_router_with_its_runner(tmp_path, smollm2_path, how):
     import httpx

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
 import click
@@ -33,7 +35,23 @@ def chat(system, max_tokens, engine_config, params, metrics_log, task):
 
     app = ChatApp(config=engine_config, system=system, params=params, max_tokens=max_tokens, metrics_log=metrics_log,
                   task=task)
-    app.run()
+    loop = asyncio.new_event_loop()  # not asyncio.run's: its end would wait for a model still loading
+    app.run(loop=loop)
+    if app.ending:  # a signal, a closed terminal or ctrl+c twice: the answer is saved, the engine closed
+        _leave()
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
     if app.load_error:  # shown in the app; repeated here so scripts and the shell see it too
         click.echo(f"error: {app.load_error.error}", err=True)
         sys.exit(app.load_error.exit_code)
+
+
+def _leave() -> None:
+    """Exit now: a model still loading in a worker thread would hold a normal exit until its load ends, and
+    nothing of it is wanted."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the terminal is gone
+            pass
+    os._exit(0)

@@ -96,7 +96,7 @@ class ChatApp(App):
         self.controls: SpecControls | None = None  # with the engine
         self.store: ChatStore | None = None
         self.load_error: EngineFailed | None = None  # the CLI prints it again after the app closes
-        self._ending = False
+        self.ending = False
         self._ctrl_c = -QUIT_AGAIN  # when ctrl+c last found nothing to stop
 
     def get_driver_class(self):
@@ -216,9 +216,9 @@ class ChatApp(App):
     async def end(self) -> None:
         """Stop the answer being written, as Esc does (its end is saved), wait up to SAVE_WAIT seconds for it,
         then exit as ctrl+q does."""
-        if self._ending:
+        if self.ending:
             return
-        self._ending = True
+        self.ending = True
         self.chat.stop()
         deadline = time.monotonic() + SAVE_WAIT
         while self.generating and time.monotonic() < deadline:
