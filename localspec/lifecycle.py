@@ -1,16 +1,16 @@
 """How a localspec process ends, and what the next start finds of one that was killed (docs/design.md#signals).
 
 A closed terminal sends SIGHUP. Python's default for it kills the process at once, which would cut a server's
-answers mid-stream and lose the chat being written, and a process whose parent watches it would not hear of it at
-all. So every localspec process treats SIGHUP as SIGTERM: it ends, but in order. A process started with SIGHUP
-ignored (nohup) keeps running.
+answers mid-stream and lose the chat being written, and the child of a watching parent (commands/supervise.py)
+would not hear of it at all: a terminal signals only its session's leader. So every localspec process treats
+SIGHUP as SIGTERM: it ends, but in order. A process started with SIGHUP ignored (nohup) keeps running.
 
 A terminal that was hung up reads as end of file forever and fails every write; a program that only reads it
 spins. `terminal_gone` says whether that happened, for the chat to end instead.
 
 A killed localspec leaves no lock file and no socket file (it creates none): the kernel frees its port, and its
-children die with it. What it can leave is a half-written cache file, NAME.PID.tmp; `remove_stale` deletes those
-whose writer is dead. A port another process holds is named by `port_holder`.
+children die with it. What it can leave is a half-written calibration entry, NAME.PID.tmp; `remove_stale`
+deletes those whose writer is dead. A port another process holds is named by `port_holder`.
 """
 
 from __future__ import annotations
