@@ -15,7 +15,14 @@ from servers import ServerProcess
 
 from localspec.engine.answer import AnswerDelta
 from localspec.engine.tools import ToolCallDelta
-from localspec.server.protocols.anthropic.convert import CountTokensRequest, openai_messages, tool_choice
+from localspec.server.http import ApiError
+from localspec.server.protocols.anthropic.convert import (
+    CountTokensRequest,
+    openai_messages,
+    openai_tools,
+    response_format,
+    tool_choice,
+)
 from localspec.server.protocols.anthropic.stream import Blocks
 
 HI = [{"role": "user", "content": "Write one short sentence about cats."}]
@@ -209,6 +216,29 @@ def test_tool_use_and_results_become_openai_messages():
             {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": '{"a": 1}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"},
         {"role": "user", "content": "Thanks"}]
+
+
+def test_claude_codes_system_message_inside_messages_joins_the_system_prompt():
+    req = CountTokensRequest(system=[{"type": "text", "text": "You are Claude Code.",
+                                      "cache_control": {"type": "ephemeral"}}],
+                             messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                                       {"role": "system", "content": "Agent types: ..."}])
+    assert openai_messages(req) == [{"role": "system", "content": "You are Claude Code.\n\nAgent types: ..."},
+                                    {"role": "user", "content": "hi"}]
+
+
+def test_anthropic_tool_types_are_left_out_and_output_config_is_a_schema():
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}},
+             {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]
+    assert openai_tools(tools) == [{"type": "function", "function": {
+        "name": "Bash", "parameters": {"type": "object"}, "description": ""}}]
+    assert openai_tools(tools[1:]) is None
+    assert response_format(None) is None and response_format({"effort": "high"}) is None
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    assert response_format({"format": {"type": "json_schema", "schema": schema}}) == {
+        "type": "json_schema", "json_schema": {"schema": schema}}
+    with pytest.raises(ApiError):
+        response_format({"format": {"type": "text"}})
 
 
 def test_tool_choice_maps_to_openai():

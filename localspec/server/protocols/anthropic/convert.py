@@ -3,10 +3,13 @@ the engine's chat template and tool code read (as llama-server converts them), a
 Anthropic's content blocks, stop reason and usage. Pure functions of the request and the run; the routes are
 in anthropic.py, the stream's events in anthropic_stream.py.
 
-Conversion: `system` first, text blocks joined, `tool_use` blocks as the assistant's `tool_calls`, `tool_result`
-blocks as `tool` messages (before the text of the same user turn, where Anthropic puts them); tools
-({name, description, input_schema}) as OpenAI function tools; tool_choice auto / any / tool / none as OpenAI's
-auto / required / a function / none.
+Conversion: `system` first, with any system-role message from `messages` after it (Claude Code sends one there;
+chat templates take one system message, first), text blocks joined, `tool_use` blocks as the assistant's
+`tool_calls`, `tool_result` blocks as `tool` messages (before the text of the same user turn, where Anthropic
+puts them); custom tools ({name, description, input_schema}) as OpenAI function tools, Anthropic's own tool types
+(web search, bash, ...) left out; tool_choice auto / any / tool / none as OpenAI's auto / required / a function /
+none; `output_config.format` (a JSON schema) constrains the answer as `response_format` does on the OpenAI routes.
+`thinking`, `context_management`, `output_config.effort`, `metadata` and `cache_control` are accepted, ignored.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from ...state import State
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")  # metadata, thinking, service_tier, ...: accepted, ignored
+    model_config = ConfigDict(extra="allow")  # metadata, thinking, output_config, ...: accepted, ignored
 
 
 class AnthropicMessage(_Body):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
@@ -46,6 +49,7 @@ class MessagesRequest(CountTokensRequest):
                                    "context (Anthropic requires it; llama-server does not)")
     stop_sequences: list[str] | None = None
     stream: bool = False
+    output_config: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": {...}}}; effort ignored
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0, le=1 << 20)
@@ -100,34 +104,39 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
 
 
 def openai_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+    system = [block_text(req.system, "system")] if req.system else []
     msgs: list[dict[str, Any]] = []
-    if req.system:
-        msgs.append({"role": "system", "content": block_text(req.system, "system")})
     for i, m in enumerate(req.messages):
         where = f"messages.{i}.content"
-        if isinstance(m.content, str):
+        if m.role == "system":
+            system.append(block_text(m.content, where))
+        elif isinstance(m.content, str):
             msgs.append({"role": m.role, "content": m.content})
         elif m.role == "assistant":
             msgs.append(_assistant(m.content, where))
         else:
             msgs.extend(_user(m.content, where))
-    return msgs
+    text = "\n\n".join(t for t in system if t)
+    return ([{"role": "system", "content": text}] if text else []) + msgs
 
 
 def openai_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """{name, description, input_schema} -> OpenAI's function tools; server tools (web search, ...) are a 400."""
+    """{name, description, input_schema} -> OpenAI's function tools. Anthropic's own tool types (web search, code
+    execution, bash, ...) are left out: this server runs none of them, and their schemas are Anthropic's."""
     if not tools:
         return None
     out = []
     for t in tools:
+        if not isinstance(t, dict) or t.get("type", "custom") not in ("custom", None):
+            continue
         schema = t.get("input_schema") or {"type": "object"}
-        if t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str) or not t["name"]:
-            raise ApiError(400, f"tools: only custom tools with a name are supported, got {json.dumps(t)[:80]}")
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise ApiError(400, f"tools: a custom tool needs a name, got {json.dumps(t)[:80]}")
         if not isinstance(schema, dict):
             raise ApiError(400, f"tools: input_schema of {t['name']!r} must be a JSON schema object")
         out.append({"type": "function", "function": {"name": t["name"], "parameters": schema,
                                                      "description": str(t.get("description") or "")}})
-    return out
+    return out or None
 
 
 def tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
@@ -143,6 +152,16 @@ def tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool]:
     if kind == "tool":
         return {"type": "function", "function": {"name": str(choice.get("name") or "")}}, parallel
     raise ApiError(400, f"tool_choice.type must be auto, any, tool or none, got {kind!r}")
+
+
+def response_format(output_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`output_config.format` (Anthropic's structured output) in `response_format`'s shape, for the grammar."""
+    fmt = (output_config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise ApiError(400, 'output_config.format must be {"type": "json_schema", "schema": {...}}')
+    return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
 
 
 # -- the answer --------------------------------------------------------------------------------------------------

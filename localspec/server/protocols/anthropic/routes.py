@@ -34,6 +34,7 @@ from .convert import (
     message_body,
     openai_messages,
     openai_tools,
+    response_format,
     stop_reason,
     tool_choice,
     tool_use,
@@ -74,7 +75,8 @@ def prepare(state: State, req: CountTokensRequest) -> Prepared:
 def job(state: State, req: MessagesRequest, prep: Prepared) -> Job:
     """The request's job: the tool grammar (a required call) constrains target and drafter alike."""
     plan = prep.reading.plan
-    extra = request_extras(state.engine, grammar=plan.grammar if plan else None)
+    extra = request_extras(state.engine, response_format=response_format(req.output_config),
+                           tool_grammar=plan.grammar if plan else None)
     params = sampling(req.temperature, req.top_k, req.top_p, None, None, defaults=DEFAULTS, **extra)
     prompt = prep.prompt
     return Job(lambda e: (prompt, False), params=params, max_tokens=state.budget(req.max_tokens, "max_tokens"),
