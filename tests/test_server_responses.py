@@ -1,7 +1,8 @@
 """OpenAI's Responses API against a real `localspec serve` (embedded SmolLM2, prompt lookup) with the real `openai`
 client: `client.responses.create` whole and streamed (the event sequence, ids, the text the deltas add up to),
-instructions and message lists, the budget's `incomplete` status, `text.format`, and bad requests. The input
-conversion is also checked as a pure function (fast tier).
+instructions and message lists, the budget's `incomplete` status, `text.format`, function tools (calls whole and
+streamed in OpenAI's event order, and a second turn with the call, its output and a reasoning item), and bad
+requests. The input conversion is also checked as a pure function (fast tier).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ import pytest
 from servers import ServerProcess
 
 from localspec.server.http import ApiError
-from localspec.server.protocols.responses import ResponsesRequest, input_messages, response_format
+from localspec.server.protocols.responses import (
+    ResponsesRequest,
+    chat_choice,
+    function_tools,
+    input_messages,
+    response_format,
+)
 
 ASK = "Write one short sentence about cats."
 LONG = "Write a long story about a dragon who learns to fly."
@@ -102,7 +109,7 @@ def test_text_format_json_schema_constrains_the_output(client):
     ({"text": {"format": {"type": "json_schema", "name": "test"}}}, "schema"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input_image"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "function_call_output"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
     ({"temperature": 5}, "temperature"),
 ])
 def test_bad_requests_are_400s(client, kw, needle):
@@ -110,6 +117,45 @@ def test_bad_requests_are_400s(client, kw, needle):
     with pytest.raises(openai.BadRequestError) as e:
         _create(client, **kw)
     assert needle in e.value.body["message"]
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Get the weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 524288}},
+                          "required": ["city"]}}
+CALL_EVENTS = ["response.created", "response.in_progress", "response.output_item.added"]
+CALL_CLOSING = ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+
+
+@pytest.mark.slow
+def test_a_required_call_is_a_function_call_item_whole_and_streamed(client):
+    kw = {"tools": [WEATHER, {"type": "web_search"}], "tool_choice": "required", "parallel_tool_calls": False,
+          "max_output_tokens": 40}
+    r = _create(client, "What is the weather in Paris?", **kw)
+    assert [o.type for o in r.output] == ["function_call"] and r.status == "completed"
+    call = r.output[0]
+    assert call.name == "get_weather" and call.call_id and call.id.startswith("fc_")
+    assert isinstance(json.loads(call.arguments)["city"], str)
+    assert r.tool_choice == "required" and r.parallel_tool_calls is False
+    events = list(_create(client, "What is the weather in Paris?", stream=True, **kw))
+    kinds = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert kinds == CALL_EVENTS + ["response.function_call_arguments.delta"] * len(deltas) + CALL_CLOSING
+    assert events[2].item.type == "function_call" and events[2].item.arguments == ""
+    done = events[-2].item
+    assert "".join(d.delta for d in deltas) == events[-3].arguments == done.arguments == call.arguments
+    assert done.call_id == events[2].item.call_id and events[-1].response.output[0].call_id == done.call_id
+    named = _create(client, "Hi", **{**kw, "tool_choice": {"type": "function", "name": "get_weather"}})
+    assert named.output[0].type == "function_call"
+
+
+@pytest.mark.slow
+def test_a_second_turn_reads_the_call_its_output_and_reasoning(client):
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 25 C"}]
+    r = _create(client, history, tools=[WEATHER], tool_choice="none", max_output_tokens=12)
+    assert [o.type for o in r.output] == ["message"] and r.output_text
 
 
 @pytest.mark.slow
@@ -128,6 +174,39 @@ def test_input_forms_become_chat_messages():
     req = ResponsesRequest(input=[{"role": "developer", "content": "d"},
                                   {"role": "assistant", "content": [{"type": "output_text", "text": "a"}]}])
     assert input_messages(req) == [{"role": "system", "content": "d"}, {"role": "assistant", "content": "a"}]
+
+
+def test_calls_results_and_reasoning_items_become_chat_messages():
+    """Codex's later turns: function_call items join one assistant message, outputs are tool messages, reasoning
+    items are left out, and every developer message joins the one system message first."""
+    req = ResponsesRequest(instructions="i", input=[
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec", "arguments": '{"cmd":"ls"}'},
+        {"type": "function_call", "call_id": "call_2", "name": "exec", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "b"}]},
+        {"type": "message", "role": "developer", "content": "later"}])
+    assert input_messages(req) == [
+        {"role": "system", "content": "i\n\nd\n\nlater"}, {"role": "user", "content": "ls"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": '{"cmd":"ls"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "exec", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "b"}]
+
+
+def test_tools_this_server_cannot_run_are_left_out_and_choices_map():
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": False},
+             {"type": "web_search", "external_web_access": False},
+             {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}]}]
+    assert function_tools(tools) == [{"type": "function", "function": {
+        "name": "f", "description": "", "parameters": {"type": "object"}}}]
+    assert function_tools(tools[1:]) is None
+    assert [chat_choice(c) for c in (None, "auto", "none", "required")] == ["auto", "auto", "none", "required"]
+    assert chat_choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
+    assert chat_choice({"type": "web_search"}) == "auto"
 
 
 def test_text_format_in_response_format_shape():

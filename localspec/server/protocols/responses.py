@@ -1,13 +1,18 @@
 """OpenAI's Responses API: `POST /v1/responses` (and llama-server's `/responses`), text in, one assistant message
 out, whole or streamed, for `client.responses.create(...)` and agents built on it.
 
-`input` is a string (one user message) or a list of messages (`role` user / assistant / system / developer;
-`content` a string or `input_text` / `output_text` parts); `instructions` is a system message before them. The
-messages go through the GGUF's chat template as on `/v1/chat/completions`; `text.format` (json_schema,
-json_object) constrains the output as `response_format` does there. A budget that runs out ends the response
-`incomplete` (`incomplete_details.reason: "max_output_tokens"`, the stream's last event `response.incomplete`),
-as OpenAI reports it; llama-server says `completed` either way. Function tools are not served here (use
-/v1/chat/completions): an item or tool that needs them is a 400.
+`input` is a string (one user message) or a list of items: messages (`role` user / assistant / system /
+developer; `content` a string or `input_text` / `output_text` parts), `function_call` and
+`function_call_output` items (an earlier call and its result, paired by `call_id`), and `reasoning` items (left
+out, as the chat routes leave earlier thinking out). `instructions` and every system or developer message become
+one system message first (chat templates take one, first). The messages go through the GGUF's chat template as on
+`/v1/chat/completions`, with the same tool plan: function `tools`, `tool_choice` (auto / none / required / a
+named function) and `parallel_tool_calls`; tools this server cannot run (`web_search`, a `namespace` of tools,
+...) are left out. The answer's calls are `function_call` output items with a `call_id`, streamed in OpenAI's
+order (`output_item.added`, `function_call_arguments.delta` / `.done`, `output_item.done`). `text.format`
+(json_schema, json_object) constrains the output as `response_format` does there. A budget that runs out ends the
+response `incomplete` (`incomplete_details.reason: "max_output_tokens"`, the stream's last event
+`response.incomplete`), as OpenAI reports it; llama-server says `completed` either way.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...engine.answer import Answer, AnswerDelta, AnswerStream, Reading, read_answer
+from ...engine.tools import ToolCall
 from ...errors import LocalspecError
 from ..execution.run import Run, error_event
 from ..execution.timings import speculative
 from ..execution.worker import Job
 from ..http import ApiError
 from ..request.chat import chat_prompt
+from ..request.chat_tools import ChatSetup, chat_setup
 from ..request.sampling_fields import sampling
 from ..request.schemas import MAX_TOKENS
 from ..request.structured import request_extras
@@ -51,6 +59,8 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 def _content(content: Any, where: str) -> str:
@@ -67,18 +77,58 @@ def _content(content: Any, where: str) -> str:
     return "".join(out)
 
 
-def input_messages(req: ResponsesRequest) -> list[dict[str, str]]:
+def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     """`instructions` and `input` as the chat messages the template reads."""
-    msgs = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    system = [req.instructions] if req.instructions else []
     if isinstance(req.input, str):
-        return msgs + [{"role": "user", "content": req.input}]
+        return _with_system(system, [{"role": "user", "content": req.input}])
+    msgs: list[dict[str, Any]] = []
     for i, item in enumerate(req.input):
         kind, role = item.get("type", "message"), item.get("role")
-        if kind != "message" or not isinstance(role, str) or role not in ROLES:
-            raise ApiError(400, f"input.{i}: only messages with role user, assistant, system or developer are "
-                                f"supported (got type {kind!r}, role {role!r}; tool calls: /v1/chat/completions)")
-        msgs.append({"role": ROLES[role], "content": _content(item.get("content"), f"input.{i}.content")})
-    return msgs
+        if kind == "function_call":
+            call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
+                    "function": {"name": str(item.get("name") or ""), "arguments": str(item.get("arguments") or "")}}
+            if msgs and msgs[-1]["role"] == "assistant":
+                msgs[-1].setdefault("tool_calls", []).append(call)
+            else:
+                msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out = item.get("output")
+            msgs.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
+                         "content": out if isinstance(out, str) else _content(out or "", f"input.{i}.output")})
+        elif kind == "reasoning":
+            continue  # earlier thinking is not shown to the template
+        elif kind != "message" or not isinstance(role, str) or role not in ROLES:
+            raise ApiError(400, f"input.{i}: items are messages (role user, assistant, system or developer), "
+                                f"function_call, function_call_output or reasoning; got type {kind!r}, role {role!r}")
+        elif ROLES[role] == "system":
+            system.append(_content(item.get("content"), f"input.{i}.content"))
+        else:
+            msgs.append({"role": ROLES[role], "content": _content(item.get("content"), f"input.{i}.content")})
+    return _with_system(system, msgs)
+
+
+def _with_system(system: list[str], msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    text = "\n\n".join(t for t in system if t)
+    return ([{"role": "system", "content": text}] if text else []) + msgs
+
+
+def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The Responses API's function tools ({type, name, description, parameters}) in the chat routes' shape;
+    tools this server cannot run (web_search, file_search, a namespace, MCP, ...) are left out."""
+    out = [{"type": "function", "function": {"name": t.get("name"), "description": str(t.get("description") or ""),
+                                             "parameters": t.get("parameters") or {"type": "object"}}}
+           for t in tools or [] if isinstance(t, dict) and t.get("type") == "function"]
+    return out or None
+
+
+def chat_choice(choice: str | dict[str, Any] | None) -> Any:
+    """`tool_choice` as the chat routes take it: auto / none / required, or {"type": "function", "name": ...}."""
+    if choice is None or isinstance(choice, str):
+        return choice or "auto"
+    if choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return "auto"  # a hosted tool's choice (web_search, ...): that tool is not offered here
 
 
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -95,11 +145,16 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
 
 
-def job(state: State, req: ResponsesRequest) -> Job:
-    if req.tools:
-        raise ApiError(400, "tools are not supported on /v1/responses; use /v1/chat/completions")
-    prompt = chat_prompt(state.engine, input_messages(req))[0]  # a bad message list is a 400 here
-    extra = request_extras(state.engine, response_format=response_format(req.text))
+def setup(state: State, req: ResponsesRequest) -> tuple[ChatSetup, str]:
+    """The tool plan and the prompt; a bad message list, tool or tool_choice is a 400 here."""
+    tools = function_tools(req.tools)
+    chat = chat_setup(state.engine, input_messages(req), tools=tools, choice=chat_choice(req.tool_choice) if tools
+                      else "auto", parallel=req.parallel_tool_calls, reasoning=state.config.reasoning_format)
+    return chat, chat_prompt(state.engine, chat.messages, **chat.context)[0]
+
+
+def job(state: State, req: ResponsesRequest, chat: ChatSetup, prompt: str) -> Job:
+    extra = request_extras(state.engine, response_format=response_format(req.text), tool_grammar=chat.grammar)
     params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, None, defaults=DEFAULTS, **extra)
     return Job(lambda e: (prompt, False), params=params,
                max_tokens=state.budget(req.max_output_tokens, "max_output_tokens"),
@@ -107,11 +162,12 @@ def job(state: State, req: ResponsesRequest) -> Job:
 
 
 class Ids:
-    """One response's names: `resp_...`, its message's `msg_...`, and when it was created."""
+    """One response's names: `resp_...`, its message's `msg_...` and reasoning's `rs_...`, and when it began."""
 
     def __init__(self) -> None:
         self.response = "resp_" + uuid.uuid4().hex[:24]
         self.message = "msg_" + uuid.uuid4().hex[:24]
+        self.reasoning = "rs_" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
 
@@ -119,6 +175,24 @@ def output_item(ids: Ids, text: str | None, status: str) -> dict[str, Any]:
     """The assistant message; `text` None: not begun (no content part yet)."""
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"id": ids.message, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    """A function_call output item; the client answers it with a function_call_output of the same call_id."""
+    return {"id": "fc_" + call.id.removeprefix("call_"), "type": "function_call", "status": status,
+            "call_id": call.id, "name": call.name, "arguments": call.arguments}
+
+
+def reasoning_item(ids: Ids, text: str) -> dict[str, Any]:
+    return {"id": ids.reasoning, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+
+
+def output_items(ids: Ids, answer: Answer, status: str) -> list[dict[str, Any]]:
+    """Reasoning (when the model reasoned), the message (unless only calls came back), then one item a call."""
+    items = [reasoning_item(ids, answer.reasoning)] if answer.reasoning else []
+    if answer.content or not answer.calls:
+        items.append(output_item(ids, answer.content, status))
+    return items + [call_item(c) for c in answer.calls]
 
 
 def status(run: Run) -> tuple[str, dict[str, str] | None]:
@@ -143,29 +217,28 @@ def response_body(state: State, req: ResponsesRequest, ids: Ids, run: Run, outpu
     st, details = status(run) if done else ("in_progress", None)
     return {"id": ids.response, "object": "response", "created_at": ids.created, "status": st, "error": None,
             "incomplete_details": details, "instructions": req.instructions, "model": state.model_name,
-            "output": output, "max_output_tokens": req.max_output_tokens, "parallel_tool_calls": False,
-            "temperature": run.job.params.temperature, "top_p": run.job.params.top_p, "tool_choice": "none",
-            "tools": [], "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+            "output": output, "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls, "temperature": run.job.params.temperature,
+            "top_p": run.job.params.top_p, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "truncation": "disabled", "store": False, "metadata": {},
             "usage": usage(run) if done else None, **({"speculative": speculative(state, run)} if done else {})}
 
 
-async def answer(state: State, req: ResponsesRequest, run: Run, ids: Ids) -> Response:
+async def answer(state: State, req: ResponsesRequest, run: Run, ids: Ids, reading: Reading) -> Response:
     text = ""
     async for ch in run.chunks():
         text += ch.text
     if run.cancelled:
         return Response(status_code=499)  # the client hung up: nobody reads this
-    item = output_item(ids, text, status(run)[0])
-    return JSONResponse({**response_body(state, req, ids, run, [item], True), "timings": run.timings})
-
+    items = output_items(ids, read_answer(text, reading), status(run)[0])
+    return JSONResponse({**response_body(state, req, ids, run, items, True), "timings": run.timings})
 
 
 class Events:
     """The stream's events, numbered (`sequence_number`) and named (`event:` lines, as OpenAI sends them)."""
 
-    def __init__(self, ids: Ids) -> None:
-        self.ids = ids
+    def __init__(self) -> None:
         self.n = 0
 
     def __call__(self, kind: str, **data: Any) -> str:
@@ -173,35 +246,104 @@ class Events:
         self.n += 1
         return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
 
-    def part(self, kind: str, **data: Any) -> str:
-        """An event about the message's one text part."""
-        return self(kind, item_id=self.ids.message, output_index=0, content_index=0, **data)
+
+class Items:
+    """The stream's output items, each opened when the answer reaches it and closed before the next: the
+    reasoning (whole, once it ends), the message (its text part's deltas), each call (its arguments' deltas)."""
+
+    def __init__(self, ev: Events, ids: Ids) -> None:
+        self.ev, self.ids = ev, ids
+        self.done: list[dict[str, Any]] = []  # closed items; the open one's output_index is len(done)
+        self.open: dict[str, Any] | None = None
+        self.reasoning = ""
+
+    def push(self, d: AnswerDelta) -> list[str]:
+        self.reasoning += d.reasoning
+        out = []
+        if d.content:
+            if self.open is None or self.open["type"] != "message":
+                out += self._open_message()
+            assert self.open is not None
+            self.open["content"][0]["text"] += d.content
+            out.append(self._part("response.output_text.delta", delta=d.content, logprobs=[]))
+        for c in d.calls:
+            if c.id is not None:
+                out += self._open(call_item(ToolCall(c.name or "", "", c.id), "in_progress"))
+            if c.arguments and self.open is not None and self.open["type"] == "function_call":
+                self.open["arguments"] += c.arguments
+                out.append(self.ev("response.function_call_arguments.delta", item_id=self.open["id"],
+                                   output_index=len(self.done), delta=c.arguments))
+        return out
+
+    def finish(self, status: str) -> list[str]:
+        """Close the open item; an answer with nothing in it still gets its (empty) message."""
+        out = self._reasoned()
+        if self.open is None and not any(i["type"] != "reasoning" for i in self.done):
+            out += self._open_message()
+        return out + self._close(status)
+
+    def _open_message(self) -> list[str]:
+        out = self._open(output_item(self.ids, None, "in_progress"))
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self.open = {**self.open, "content": [part]} if self.open else None
+        return out + [self._part("response.content_part.added", part=dict(part))]
+
+    def _open(self, item: dict[str, Any]) -> list[str]:
+        out = self._close("completed") + self._reasoned()
+        self.open = item
+        return out + [self.ev("response.output_item.added", output_index=len(self.done), item=dict(item))]
+
+    def _reasoned(self) -> list[str]:
+        """The reasoning as one whole item, once the answer has moved past it."""
+        if not self.reasoning:
+            return []
+        item, self.reasoning = reasoning_item(self.ids, self.reasoning), ""
+        self.done.append(item)
+        return [self.ev("response.output_item.added", output_index=len(self.done) - 1, item=item),
+                self.ev("response.output_item.done", output_index=len(self.done) - 1, item=item)]
+
+    def _part(self, kind: str, **data: Any) -> str:
+        assert self.open is not None
+        return self.ev(kind, item_id=self.open["id"], output_index=len(self.done), content_index=0, **data)
+
+    def _close(self, status: str) -> list[str]:
+        item, out = self.open, []
+        if item is None:
+            return []
+        if item["type"] == "message":
+            part = item["content"][0]
+            item["status"] = status
+            out = [self._part("response.output_text.done", text=part["text"], logprobs=[]),
+                   self._part("response.content_part.done", part=part)]
+        else:
+            item["status"] = "completed"
+            out = [self.ev("response.function_call_arguments.done", item_id=item["id"], output_index=len(self.done),
+                           name=item["name"], arguments=item["arguments"])]
+        out.append(self.ev("response.output_item.done", output_index=len(self.done), item=item))
+        self.done.append(item)
+        self.open = None
+        return out
 
 
-async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids) -> AsyncIterator[str]:
-    """created, in_progress, the item and its part added, text deltas, then each closed, then completed (or
+async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids, reading: Reading) -> AsyncIterator[str]:
+    """created, in_progress, each output item added, its deltas and done (Items), then completed (or
     incomplete); the Response object in the first and last events."""
-    ev = Events(ids)
+    ev = Events()
     begun = response_body(state, req, ids, run, [], False)
     yield ev("response.created", response=begun)
     yield ev("response.in_progress", response=begun)
-    yield ev("response.output_item.added", output_index=0, item=output_item(ids, None, "in_progress"))
-    yield ev.part("response.content_part.added", part={"type": "output_text", "text": "", "annotations": []})
-    text = ""
+    items, answer = Items(ev, ids), AnswerStream(reading)
     try:
         async for ch in run.chunks():
-            if ch.text:
-                text += ch.text
-                yield ev.part("response.output_text.delta", delta=ch.text, logprobs=[])
+            for event in items.push(answer.push(ch.text)):
+                yield event
     except LocalspecError as e:
         err = error_event(e)["error"]
         yield ev("error", code=err["type"], message=err["message"], param=None)
         return
-    item = output_item(ids, text, status(run)[0])
-    yield ev.part("response.output_text.done", text=text, logprobs=[])
-    yield ev.part("response.content_part.done", part=item["content"][0])
-    yield ev("response.output_item.done", output_index=0, item=item)
-    final = response_body(state, req, ids, run, [item], True)
+    for event in items.push(answer.finish()) + items.finish(status(run)[0]):
+        yield event
+    final = response_body(state, req, ids, run, items.done, True)
     yield ev("response.completed" if final["status"] == "completed" else "response.incomplete", response=final,
              timings=run.timings)
 
@@ -216,9 +358,10 @@ def router(state: State) -> APIRouter:
 
 async def responses(req: ResponsesRequest, request: Request, state: StateDep) -> Response:
     state.metrics.request("/v1/responses")
-    run = Run(state, job(state, req), request)
+    chat, prompt = setup(state, req)
+    run = Run(state, job(state, req, chat, prompt), request)
     await run.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
-    ids = Ids()
+    ids, reading = Ids(), chat.reading(prompt)
     if req.stream:
-        return StreamingResponse(events(state, req, run, ids), media_type="text/event-stream")
-    return await answer(state, req, run, ids)
+        return StreamingResponse(events(state, req, run, ids, reading), media_type="text/event-stream")
+    return await answer(state, req, run, ids, reading)
