@@ -179,7 +179,7 @@ def test_continue_ollama_provider_show_then_fim(http, server, name):
     shown = http.post("/api/show", json={"name": name})  # Continue's body: the older `name` field
     assert shown.status_code == 200, shown.text
     body = shown.json()
-    assert ".Suffix" in body["template"] and body["capabilities"] == ["completion", "insert"]
+    assert ".Suffix" in body["template"] and body["capabilities"] == ["completion", "tools", "insert"]
     params = {}
     for line in body["parameters"].split("\n"):  # Continue's parser, verbatim
         m = re.match(r'^(\S+)\s+((?:".*")|\S+)$', line)

@@ -4,7 +4,9 @@ durations in nanoseconds, plus our `speculative` block.
 
 `/api/show` matters to editors: Continue's Ollama provider sends fill-in-the-middle (`/api/generate` with
 `suffix`) only when the model's `template` mentions `.Suffix`, so a model with FIM tokens shows Ollama's FIM
-template shape, and `capabilities` says "insert".
+template shape, and `capabilities` says "insert". `capabilities` lists "tools" always (a template without tool
+syntax gets the generic JSON format, engine/toolgrammar.py) and "thinking" where the chat template writes think
+blocks, as Ollama lists them: clients that check it (the `ollama` library's users) turn tools off without it.
 """
 
 from __future__ import annotations
@@ -124,8 +126,16 @@ def show_body(state: State) -> dict[str, Any]:
     fim = has_fim(e.metadata)
     return {"modelfile": modelfile, "parameters": parameters, "template": template, "license": "",
             "details": entry["details"], "model_info": _model_info(e.metadata),
-            "capabilities": ["completion", "insert"] if fim else ["completion"],
+            "capabilities": capabilities(e, fim),
             "modified_at": entry["modified_at"]}
+
+
+def capabilities(e: Engine, fim: bool) -> list[str]:
+    """Ollama's names for what this model serves: completion and tools always, insert with FIM tokens, thinking
+    where the chat template writes think blocks."""
+    template = e.chat_template or ""
+    thinking = "<think>" in template or "enable_thinking" in template
+    return ["completion", "tools"] + ["insert"] * fim + ["thinking"] * thinking
 
 
 def ollama_template(e: Engine) -> str:
