@@ -1,0 +1,197 @@
+"""Run the real Claude Code (`claude -p`) and Codex CLI (`codex exec`) against `localspec serve` and report each
+request's status (issue 52).
+
+    python scripts/real_clients.py --model gemma3-270m --ctx 32768 \
+        --serve-arg=--chat-template-file=tests/templates/gemma3.jinja --timeout 900
+
+The clients come from npm (`npm install -g @anthropic-ai/claude-code @openai/codex`, or `--bin DIR` for a
+folder with `claude` and `codex`). Each runs in a fresh temporary HOME (no user settings, no network beyond
+this machine) in a folder with two files to list, through a logging proxy in front of the server: every request
+is printed with its method, path, status, size and time, and a failed one with the error it got. The server
+starts once, with `--ctx` large enough for Claude Code's first prompt (~21k tokens) if the model has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+READY = re.compile(r"localspec serve: (http://\S+)")
+PROMPT = "List the files in the current directory with a tool, then say how many there are."
+CODEX_CONFIG = """model = "{model}"
+model_provider = "localspec"
+
+[model_providers.localspec]
+name = "localspec"
+base_url = "{url}/v1"
+wire_api = "responses"
+"""
+
+
+@dataclass
+class Hit:
+    client: str
+    method: str
+    path: str
+    status: int
+    size: int
+    seconds: float
+    error: str
+
+
+class Proxy(http.server.ThreadingHTTPServer):
+    """Forwards every request to `upstream` and streams the answer back, recording each one."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.upstream = urlsplit(upstream)
+        self.hits: list[Hit] = []
+        self.client = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client dropping a kept-alive
+            super().handle_error(request, client_address)                     # connection is no news
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Proxy
+
+    def _forward(self) -> None:
+        t0 = time.monotonic()
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        up = http.client.HTTPConnection(self.server.upstream.hostname or "127.0.0.1", self.server.upstream.port,
+                                        timeout=3600)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        try:
+            up.request(self.command, self.path, body or None, headers)
+            r = up.getresponse()
+        except OSError as e:  # the server is gone: what this script is here to catch
+            self.server.hits.append(Hit(self.server.client, self.command, self.path, 0, 0,
+                                        time.monotonic() - t0, f"no answer: {e}"))
+            self.send_error(502)
+            return
+        self.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        size, head = 0, b""
+        while chunk := r.read1(65536) if hasattr(r, "read1") else r.read(65536):
+            size += len(chunk)
+            head = (head + chunk)[-2000:] if r.status >= 400 or b"error" in chunk else head
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        error = head.decode("utf-8", "replace").strip()[-300:] if head else ""
+        self.server.hits.append(Hit(self.server.client, self.command, self.path, r.status, size,
+                                    time.monotonic() - t0, error))
+
+    do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _forward
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", "--model", args.model, "--ctx",
+           str(args.ctx), *args.serve_arg]
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        sys.stderr.write("  server: " + line)
+        m = READY.search(line)
+        if m:
+            threading.Thread(target=lambda: [sys.stderr.write("  server: " + ln) for ln in proc.stderr or []],
+                             daemon=True).start()
+            return proc, m.group(1)
+    raise SystemExit(f"the server did not start (exit {proc.wait()})")
+
+
+def run_client(name: str, cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
+    print(f"$ {' '.join(cmd)}", flush=True)
+    try:
+        done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        return done.returncode, (done.stdout + done.stderr).strip()
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out.strip() + f"\n(timed out after {timeout:.0f} s)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--ctx", type=int, default=32768)
+    ap.add_argument("--serve-arg", action="append", default=[], help="one more `localspec serve` argument")
+    ap.add_argument("--clients", default="claude,codex")
+    ap.add_argument("--bin", help="a folder holding the `claude` and `codex` executables (default: PATH)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds each client may run")
+    ap.add_argument("--prompt", default=PROMPT)
+    args = ap.parse_args()
+
+    server, url = start_server(args)
+    proxy = Proxy(url)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    results = {}
+    try:
+        for name in args.clients.split(","):
+            exe = str(Path(args.bin) / name) if args.bin else shutil.which(name)
+            if not exe or not Path(exe).exists():
+                results[name] = (127, f"{name} not found (npm install -g @anthropic-ai/claude-code @openai/codex)")
+                continue
+            home = Path(tempfile.mkdtemp(prefix=f"localspec-{name}-"))
+            work = home / "work"
+            work.mkdir()
+            (work / "hello.txt").write_text("hello\n")
+            (work / "notes.md").write_text("# notes\n")
+            env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb"}
+            if name == "claude":
+                env |= {"ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_API_KEY": "x",
+                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+                cmd = [exe, "-p", args.prompt, "--max-turns", "4", "--allowedTools", "Bash(ls:*)"]
+            else:
+                (home / ".codex").mkdir()
+                (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(model=args.model, url=proxy.url))
+                env |= {"CODEX_HOME": str(home / ".codex")}
+                cmd = [exe, "exec", "--skip-git-repo-check", args.prompt]
+            proxy.client = name
+            results[name] = run_client(name, cmd, env, work, args.timeout)
+    finally:
+        alive = server.poll() is None
+        server.terminate()
+        server.wait(30)
+        proxy.shutdown()
+
+    print("\n| client | request | status | bytes | seconds | error |\n|---|---|---|---|---|---|")
+    for h in proxy.hits:
+        print(f"| {h.client} | {h.method} {h.path} | {h.status} | {h.size} | {h.seconds:.1f} | "
+              f"{h.error.replace('|', '/').replace(chr(10), ' ')[:160]} |")
+    for name, (code, out) in results.items():
+        tail = "\n    ".join(out.splitlines()[-8:])
+        print(f"\n{name}: exit {code}\n    {tail}")
+    print(f"\nserver alive at the end: {alive}")
+    return 0 if alive and all(code == 0 for code, _ in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
