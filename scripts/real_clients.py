@@ -8,7 +8,10 @@ The clients come from npm (`npm install -g @anthropic-ai/claude-code @openai/cod
 folder with `claude` and `codex`). Each runs in a fresh temporary HOME (no user settings, no network beyond
 this machine) in a folder with two files to list, through a logging proxy in front of the server: every request
 is printed with its method, path, status, size and time, and a failed one with the error it got. The server
-starts once, with `--ctx` large enough for Claude Code's first prompt (~21k tokens) if the model has it.
+starts once, with `--ctx` large enough for Claude Code's first prompt (~21k tokens) if the model has it; a
+2-core CPU takes many minutes over that prompt, where `--claude-arg=--tools=Bash` leaves ~2k tokens:
+
+    python scripts/real_clients.py --model smollm2-135m --ctx 8192 --claude-arg=--tools=Bash
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ model_provider = "localspec"
 name = "localspec"
 base_url = "{url}/v1"
 wire_api = "responses"
+stream_idle_timeout_ms = 3600000
 """
 
 
@@ -147,6 +151,9 @@ def main() -> int:
     ap.add_argument("--bin", help="a folder holding the `claude` and `codex` executables (default: PATH)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds each client may run")
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--claude-arg", action="append", default=[], help="one more `claude` argument, e.g. "
+                    "--claude-arg=--tools=Bash for a short prompt on a slow machine")
+    ap.add_argument("--codex-arg", action="append", default=[], help="one more `codex exec` argument")
     args = ap.parse_args()
 
     server, url = start_server(args)
@@ -166,14 +173,14 @@ def main() -> int:
             (work / "notes.md").write_text("# notes\n")
             env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb"}
             if name == "claude":
-                env |= {"ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_API_KEY": "x",
-                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-                cmd = [exe, "-p", args.prompt, "--max-turns", "4", "--allowedTools", "Bash(ls:*)"]
+                env |= {"ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_API_KEY": "x", "API_TIMEOUT_MS": "3600000",
+                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}  # a CPU takes minutes on its 21k tokens
+                cmd = [exe, "-p", args.prompt, "--max-turns", "4", "--allowedTools", "Bash(ls:*)", *args.claude_arg]
             else:
                 (home / ".codex").mkdir()
                 (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(model=args.model, url=proxy.url))
                 env |= {"CODEX_HOME": str(home / ".codex")}
-                cmd = [exe, "exec", "--skip-git-repo-check", args.prompt]
+                cmd = [exe, "exec", "--skip-git-repo-check", *args.codex_arg, args.prompt]
             proxy.client = name
             results[name] = run_client(name, cmd, env, work, args.timeout)
     finally:
