@@ -3,11 +3,13 @@
 llama.cpp turns flash attention on by itself where a device supports it (`--flash-attn auto`). Where a backend's
 kernel is broken for a device (llama.cpp's Vulkan backend on Mesa's lavapipe: SIGSEGV in the driver's worker
 thread on the first verify batch after a rewind), the process dies at its first speculative round, and no Python
-code can catch that. So once per device and llama.cpp build, a child process loads the model on that device with
-flash attention on and decodes what speculation decodes (a prefix, one row, a rewind, a few rows); a death by
-signal, an abort or a time-out turns flash attention off for models on that device, said in one line. The
-verdict is cached beside the calibrations. A model on the CPU, or one whose flash attention the user chose
-(`--flash-attn on|off`), is not tested. Measurements: docs/bench/gpu.md ("Vulkan on lavapipe").
+code can catch that. So once per device, llama.cpp build and attention shape (head counts and sizes pick the
+kernel: on lavapipe SmolLM2 dies where a 3-layer random model of another shape survives), a child process loads
+the model on that device with flash attention on and decodes what speculation decodes (a prefix, one row, a
+rewind, a few rows); a death by signal, an abort or a time-out turns flash attention off for models of that
+shape on that device, said in one line. The verdict is cached beside the calibrations. A model on the CPU, or one
+whose flash attention the user chose (`--flash-attn on|off`), is not tested. Measurements: docs/bench/gpu.md
+("Vulkan on lavapipe").
 """
 
 from __future__ import annotations
@@ -69,11 +71,21 @@ def _library_id() -> dict:
     """The llama.cpp and ggml library files (every backend): a rebuild with other flags is another build."""
     lib = Path(llama_cpp.__file__).parent / "lib"
     files = sorted([*lib.glob("libllama*"), *lib.glob("libggml*")])
-    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()}
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file() and not f.is_symlink()}
 
 
-def cache_key(device: str) -> dict:
-    return {"schema": SCHEMA, "device": device, "build": build_info(), "library": _library_id()}
+def attention_shape(model) -> dict:
+    """What picks llama.cpp's flash-attention kernel for a model: head counts and sizes (GGUF metadata)."""
+    meta = model.metadata()
+    arch = meta.get("general.architecture", "")
+    keys = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+            "attention.value_length", "attention.sliding_window")
+    return {k: meta.get(f"{arch}.{k}") for k in keys if meta.get(f"{arch}.{k}") is not None}
+
+
+def cache_key(device: str, shape: Mapping | None = None) -> dict:
+    return {"schema": SCHEMA, "device": device, "shape": dict(shape or {}), "build": build_info(),
+            "library": _library_id()}
 
 
 def _cache_file(key: Mapping) -> Path:
@@ -123,13 +135,13 @@ def run_test(path: Path, n_gpu_layers: int, fast_path: str, timeout: float) -> s
 
 
 def check(model) -> Verdict | None:
-    """The verdict for the device `model`'s layers went to: cached, else tested now; None when there is nothing
-    to test (a CPU model, or flash attention chosen by the user)."""
+    """The verdict for the device `model`'s layers went to and its attention shape: cached, else tested now;
+    None when there is nothing to test (a CPU model, or flash attention chosen by the user)."""
     devs = gpu_devices(model)
     if not devs or model.options.flash_attn is not None:
         return None
     device = _describe(devs)
-    key = cache_key(device)
+    key = cache_key(device, attention_shape(model))
     cached = _read(key)
     if cached is not None:
         return Verdict(device, cached["ok"], cached.get("how", ""), "cache")
@@ -143,8 +155,8 @@ _told: set[str] = set()
 
 
 def settle(model, log: Callable[[str], object] = print) -> Verdict | None:
-    """Test flash attention on `model`'s device (once per device and build) and turn it off on `model` where
-    the test died, saying so once per process. Call right after the load, before anything is decoded."""
+    """Test flash attention on `model`'s device (once per device, build and attention shape) and turn it off on
+    `model` where the test died, saying so once per process. Call right after the load, before anything is decoded."""
     v = check(model)
     if v is not None and not v.ok:
         model.set_flash_attn(False)

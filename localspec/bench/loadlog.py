@@ -16,7 +16,7 @@ _LAYER = re.compile(r"layer +(\d+) assigned to device (\S+?),")
 _MODEL_BUF = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
 _KV_BUF = re.compile(r"llama_kv_cache: +(\S+) KV buffer size = +([\d.]+) MiB")
 _COMPUTE_BUF = re.compile(r"sched_reserve: +(\S+) compute buffer size = +([\d.]+) MiB")
-_USING = re.compile(r"using device (\S+) \((.*)\) \([^()]*\) - (\d+) MiB free")  # before the load's lines
+_USING = re.compile(r"using device (\S+) \((.*)\) \([^()]*\) - (\d+) MiB free")
 
 
 def parse_load_log(text: str) -> list[dict]:
@@ -25,10 +25,14 @@ def parse_load_log(text: str) -> list[dict]:
     and compute buffers (first context of that load)."""
     loads: list[dict] = []
     cur: dict | None = None
-    using: dict[str, dict] = {}  # "using device X (description) (id) - N MiB free" comes before its load
+    using: dict[str, dict] = {}  # "using device X (description) (id) - N MiB free" seen before a load
     for line in text.splitlines():
         if m := _USING.search(line):
-            using[m.group(1)] = {"description": m.group(2), "free_mib": int(m.group(3))}
+            dev = {"description": m.group(2), "free_mib": int(m.group(3))}
+            if cur is not None and not cur["layers"] and not cur["model_buffers"]:
+                cur["devices"][m.group(1)] = dev  # llama.cpp 0.3.36: after the metadata, before the tensors
+            else:
+                using[m.group(1)] = dev  # older builds: before the load's first line
             continue
         if m := _LOAD.search(line):
             cur = {"path": m.group(1), "offloaded": None, "layers": {}, "model_buffers": {}, "kv_buffers": {},
