@@ -71,6 +71,12 @@ def test_serve_help_does_not_advertise_options_it_ignores():
     assert "--pair" in out and "--metrics-log" not in out and "--task" not in out and "--temp" not in out
 
 
+def test_serve_refuses_to_sleep_a_single_model():
+    """--sleep-idle-seconds works in router mode; a single-model server says so rather than never sleeping."""
+    r = cli("serve", "--model", "smollm2-135m", "--port", "0", "--sleep-idle-seconds", "5")
+    assert r.exit_code == 2 and "router mode only" in r.output
+
+
 def test_pair_is_resolved_once_with_one_precedence():
     assert probe(config_probe, "--pair", "smollm2-135m-lookup")["model"] == "smollm2-135m"
     assert probe(config_probe, "--pair", "smollm2-135m-lookup")["draft"] == "lookup"

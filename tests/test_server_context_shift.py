@@ -30,9 +30,10 @@ def test_context_shift_goes_past_the_context(smollm2_path, shift):
         r = httpx.post(srv.url + "/completion", json=BODY, timeout=300).json()
         n_prompt = r["tokens_evaluated"]
         if not shift:  # llama-server's default: the context bounds prompt + answer
-            assert r["tokens_predicted"] <= CTX - n_prompt + 1 and r["stop_type"] == "limit"
+            assert r["tokens_predicted"] <= CTX - n_prompt + 1 and r["stop_type"] == "limit" and not r["truncated"]
             return
         assert r["tokens_predicted"] == BODY["n_predict"] > CTX - n_prompt  # past a full context, to the budget
+        assert r["truncated"]  # llama-server's word for a shifted context
         with httpx.stream("POST", srv.url + "/completion", timeout=300,
                           json={**BODY, "stream": True, "timings_per_token": True}) as s:
             events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]

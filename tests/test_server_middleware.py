@@ -98,7 +98,7 @@ def test_cors_origin_rules():
     assert local.allow("http://localhost:5173") == "http://localhost:5173"
     assert local.allow("http://[::1]:80") == "http://[::1]:80" and local.allow("http://app.localhost")
     assert local.allow("https://example.com") is None and local.allow("") is None
-    assert CorsMiddleware(None, "*").allow("https://example.com") == "*"
+    assert CorsMiddleware(None, "*").allow("https://example.com") == "https://example.com"  # echoed, not "*"
     listed = CorsMiddleware(None, "https://a.example, https://b.example")
     assert listed.allow("https://b.example") and listed.allow("https://c.example") is None
 
@@ -111,3 +111,50 @@ def test_metrics_text_has_the_promised_series():
                  "localspec_draft_n_accepted_total", "localspec_acceptance_rate",
                  "localspec_tokens_per_second_bucket", "localspec_speculation_enabled 1"):
         assert name in text
+
+
+async def test_cors_wildcard_echoes_the_origin():
+    """`--cors-origins '*'`: browsers refuse `Access-Control-Allow-Origin: *` with credentials allowed, so the
+    request's own origin is sent back, as llama-server does."""
+    async def ok_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sent: list[dict] = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    origin = (b"origin", b"https://app.example.com")
+    for method in ("OPTIONS", "GET"):
+        sent.clear()
+        await CorsMiddleware(ok_app, origins="*")({"type": "http", "path": "/v1/models", "method": method,
+                                                   "headers": [origin]}, receive, send)
+        headers = dict(sent[0]["headers"])
+        assert headers[b"access-control-allow-origin"] == b"https://app.example.com"
+        assert headers[b"access-control-allow-credentials"] == b"true"
+
+
+def test_the_build_id_has_llama_cpps_shape():
+    """llama-server's system_fingerprint and /props build_info read `b<build>-<commit>` (clients check the b)."""
+    import re
+
+    from localspec.backend import llama_build
+
+    assert re.fullmatch(r"b\d+-\w+", llama_build())
+
+
+def test_one_token_has_no_generation_rate():
+    """llama-server's first token costs no generation step: with one token the rate and per-token time are 0."""
+    from localspec.engine.stats import Stats
+    from localspec.server.execution.timings import timings
+
+    one = Stats(n_prompt=4, prompt_ms=10.0, n_generated=1, gen_ms=0.001, rounds=1)
+    t = timings(one, one)
+    assert t["predicted_n"] == 1 and t["predicted_per_second"] == 0.0 and t["predicted_per_token_ms"] == 0.0
+    more = Stats(n_prompt=4, prompt_ms=10.0, n_generated=5, gen_ms=40.0, rounds=5)
+    first = Stats(n_prompt=4, prompt_ms=10.0, n_generated=1, gen_ms=8.0, rounds=1)
+    assert timings(more, first)["predicted_per_second"] == 4 / 0.032  # the tokens after the first round

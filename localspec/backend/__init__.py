@@ -32,12 +32,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import llama_cpp
 
-    from .ggml import add_rpc_servers, build_info, devices, serve_rpc, supports_gpu_offload, supports_rpc, system_info
+    from .ggml import (
+        add_rpc_servers,
+        build_info,
+        devices,
+        llama_build,
+        serve_rpc,
+        supports_gpu_offload,
+        supports_rpc,
+        system_info,
+    )
     from .grammar import Grammar, GrammarError, json_schema_grammar
     from .loading import LoadOptions, check_gguf_file
     from .model import Model, in_own_thread, memory_facts
 
-_HOME = {"add_rpc_servers": ".ggml", "build_info": ".ggml", "devices": ".ggml", "serve_rpc": ".ggml",
+_HOME = {"add_rpc_servers": ".ggml", "build_info": ".ggml", "devices": ".ggml", "llama_build": ".ggml",
+         "serve_rpc": ".ggml",
          "supports_gpu_offload": ".ggml", "supports_rpc": ".ggml", "system_info": ".ggml", "Grammar": ".grammar",
          "GrammarError": ".grammar", "json_schema_grammar": ".grammar", "LoadOptions": ".loading",
          "Model": ".model", "check_gguf_file": ".loading", "in_own_thread": ".model", "memory_facts": ".model"}
@@ -45,7 +55,7 @@ _HOME = {"add_rpc_servers": ".ggml", "build_info": ".ggml", "devices": ".ggml", 
 # spelled out (not built from _HOME) so linters see the lazily loaded names as exported; tests/test_lint.py
 # checks the two agree
 __all__ = ["Grammar", "GrammarError", "LoadOptions", "Model", "add_rpc_servers", "build_info", "check_gguf_file",
-           "devices", "in_own_thread", "json_schema_grammar", "llama_cpp", "memory_facts", "serve_rpc",
+           "devices", "in_own_thread", "json_schema_grammar", "llama_build", "llama_cpp", "memory_facts", "serve_rpc",
            "supports_gpu_offload", "supports_rpc", "system_info"]
 
 

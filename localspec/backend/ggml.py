@@ -54,6 +54,16 @@ def build_info() -> str:
     return f"llama-cpp-python {llama_cpp.__version__}; {system_info().strip()}"
 
 
+@functools.lru_cache(maxsize=None)
+def llama_build() -> str:
+    """llama.cpp's build in llama-server's `b<build>-<commit>` shape (its system_fingerprint and build_info). The
+    wheel keeps the commit it was built from (ggml_commit) but not llama.cpp's build number: that reads 0."""
+    f = _ggml().ggml_commit
+    f.restype = ctypes.c_char_p
+    commit = (f() or b"unknown").decode().removesuffix("-dirty")
+    return f"b0-{commit}"
+
+
 # -- devices and RPC (ggml's backend registry, through the libggml that libllama uses) -----------------------------
 #
 # Which devices a model's offloaded layers (and their KV cache) go to is llama.cpp's `llama_model_params.devices`,

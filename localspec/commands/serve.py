@@ -94,6 +94,9 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
     if not hosts:
         raise click.BadParameter("give at least one address", param_hint="--host")
     routing = router_mode.wanted(engine_config, router, models_preset)
+    if not routing and sleep_idle_seconds is not None:  # llama-server sleeps its one model; not done here yet
+        raise click.UsageError("--sleep-idle-seconds unloads idle models in router mode only: a single-model server "
+                               "keeps its model loaded (drop --model to serve in router mode)")
     socks = _bind_all(bind, hosts, port)
     real_port = socks[0].getsockname()[1]
     if routing:

@@ -99,8 +99,8 @@ def _is_local(origin: str) -> bool:
 
 class CorsMiddleware:
     """llama-server's CORS rule. `origins`: "localhost" (the default) reflects an Origin on localhost and
-    skips others; "*" allows every origin; else a comma-separated list of allowed origins. A preflight
-    (OPTIONS) is answered here, 200 with no body, whatever the route and the API key."""
+    skips others; "*" allows every origin (echoed, as llama-server does); else a comma-separated list of allowed
+    origins. A preflight (OPTIONS) is answered here, 200 with no body, whatever the route and the API key."""
 
     METHODS = "GET, POST, DELETE, OPTIONS"  # llama-server's
 
@@ -112,8 +112,8 @@ class CorsMiddleware:
     def allow(self, origin: str) -> str | None:
         if not origin:
             return None
-        if self.origins == "*":
-            return "*"
+        if self.origins == "*":  # the origin itself: browsers refuse "*" together with allow-credentials
+            return origin
         if self.origins == "localhost":
             return origin if _is_local(origin) else None
         return origin if origin.rstrip("/") in self.allowed else None

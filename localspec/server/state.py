@@ -50,13 +50,14 @@ class State:
 
     @property
     def model_name(self) -> str:
-        """The name clients see: the first --alias, else the served model's."""
-        return self.config.alias or next(iter(self.config.aliases), "") or self.engine.name
+        """The name clients see: the first --alias in alphabetical order (llama-server keeps them in a sorted
+        set), else the served model's."""
+        return self.config.alias or min(self.config.aliases, default="") or self.engine.name
 
     @property
     def aliases(self) -> list[str]:
         """Every --alias, the reported name first (llama-server's `aliases`)."""
-        names = [n for n in (self.config.alias, *self.config.aliases) if n]
+        names = [n for n in (self.model_name, self.config.alias, *self.config.aliases) if n]
         return list(dict.fromkeys(names)) or [self.engine.name]
 
     def check_model(self, name: str | None) -> None:

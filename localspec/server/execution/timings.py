@@ -16,7 +16,10 @@ if TYPE_CHECKING:
 
 def predicted_rate(s: Stats, first: Stats | None) -> float:
     """Generated tokens per second after the first round, as llama-server counts it: its first token comes out
-    of the pass that evaluates the prompt's last token (prompt time), ours out of the first verify round."""
+    of the pass that evaluates the prompt's last token (prompt time), ours out of the first verify round. One
+    token alone has no generation step to time: 0, as llama-server reports it."""
+    if s.n_generated <= 1:
+        return 0.0
     if first is None or s.n_generated <= first.n_generated or s.gen_ms <= first.gen_ms:
         return s.tokens_per_second
     return (s.n_generated - first.n_generated) / ((s.gen_ms - first.gen_ms) / 1e3)
@@ -38,7 +41,7 @@ def timings(s: Stats, first: Stats | None = None) -> dict[str, Any]:
         "prompt_per_second": s.prompt_per_second,
         "predicted_n": s.n_generated,
         "predicted_ms": s.gen_ms,
-        "predicted_per_token_ms": s.gen_ms / s.n_generated if s.n_generated else 0.0,
+        "predicted_per_token_ms": s.gen_ms / s.n_generated if s.n_generated > 1 else 0.0,
         "predicted_per_second": predicted_rate(s, first),
         "draft_n": s.draft_n,
         "draft_n_accepted": s.draft_n_accepted,

@@ -92,10 +92,9 @@ class Completion:
                             "tokens_predicted": 0, "tokens_evaluated": n_eval,
                             "prompt_progress": progress(run.job.first)})
         async for piece, stop_type, ch in policed(run, self.rules[choice.index]):
-            if piece or (req.return_tokens and ch.step.tokens):
-                d = {"index": choice.index, "content": piece,
-                     "tokens": list(ch.step.tokens) if req.return_tokens else [], "stop": False, "id_slot": 0,
-                     "tokens_predicted": run.stats.n_generated, "tokens_evaluated": n_eval}
+            if piece or ch.step.tokens:  # a chunk's token ids come whatever return_tokens says, as llama-server's
+                d = {"index": choice.index, "content": piece, "tokens": list(ch.step.tokens), "stop": False,
+                     "id_slot": 0, "tokens_predicted": run.stats.n_generated, "tokens_evaluated": n_eval}
                 if req.timings_per_token:
                     d["timings"] = run.timings
                 if req.n_probs:
@@ -115,9 +114,19 @@ class Completion:
                 "tokens_evaluated": started.n_prompt_tokens if started else 0,
                 "generation_settings": generation_settings(state, run, self.req),
                 "prompt": _prompt_text(state.engine, started.prompt_tokens) if started else "",
-                "tokens_cached": s.n_cached, "truncated": bool(started and started.truncated),
+                "tokens_cached": s.n_cached, "truncated": truncated(state, run),
                 "has_new_line": "\n" in content, "stop_type": stop_type, "stopping_word": "",
                 "timings": run.timings, "speculative": speculative(state, run)}
+
+
+def truncated(state: State, run: Run) -> bool:
+    """llama-server's `truncated`: the prompt was cut to fit, or the context shifted (the prompt and the answer
+    went past the context, which only a shift allows; the last token sampled is not in the context)."""
+    started = run.started
+    if started is None:
+        return False
+    shifted = started.n_prompt_tokens + run.stats.n_generated - 1 > state.n_ctx
+    return started.truncated or (state.config.context_shift and shifted)
 
 
 def n_choices(req: CompletionRequest) -> int:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ... import __version__
+from ...backend import llama_build
 from ...engine.engine import Engine
 from ..execution.timings import spec_policy
 from ..http import ApiError
@@ -61,7 +62,7 @@ async def props(state: StateDep) -> dict[str, Any]:
             "chat_template": e.chat_template or "",
             "bos_token": t.token_text(t.bos) if t.bos >= 0 else "",
             "eos_token": t.token_text(t.eos) if t.eos >= 0 else "",
-            "build_info": f"localspec {__version__}", "is_sleeping": False,
+            "build_info": llama_build(), "localspec_version": __version__, "is_sleeping": False,
             "model": state.model_name, "n_ctx": state.n_ctx, "drafter": e.drafter_name, "k": spec_policy(e)[0],
             "fim": has_fim(e.metadata), "spec_max_queue": state.config.spec_max_queue, "devices": devices_in_use(e)}
 

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ... import __version__
+from ...backend import llama_build
 from ...engine.answer import AnswerStream, Reading, read_answer
 from ...engine.tools import ToolCall
 from ...sampling.logprobs import TokenLogprob
@@ -34,8 +34,6 @@ from ..request.schemas import OAIChatRequest, OAICompletionRequest
 from ..request.structured import request_extras
 from ..state import State, StateDep
 from .probs import openai_chat, openai_completion
-
-FINGERPRINT = f"localspec-{__version__}"  # system_fingerprint: changes when the serving code does
 
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0}  # OpenAI's
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop", None: None}
@@ -149,7 +147,7 @@ class OpenAIAnswer:
                 out[-1].update(message=openai_message(answer, legacy=self.legacy),
                                finish_reason=openai_finish(out[-1]["finish_reason"], answer.calls, legacy=self.legacy))
         return JSONResponse({"id": self.ident, "object": self.object, "created": self.created,
-                             "model": self.state.model_name, "system_fingerprint": FINGERPRINT, "choices": out,
+                             "model": self.state.model_name, "system_fingerprint": llama_build(), "choices": out,
                              **self.extras()})
 
     def choice(self, index: int, text: str | None, lps: Any, finish: str | None, *, whole: bool = False,
@@ -188,7 +186,7 @@ class OpenAIAnswer:
     def chunk(self, choice: dict[str, Any] | None) -> dict[str, Any]:
         """A streamed chunk around one choice (none: the usage chunk)."""
         return {"id": self.ident, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.state.model_name, "system_fingerprint": FINGERPRINT,
+                "created": self.created, "model": self.state.model_name, "system_fingerprint": llama_build(),
                 "choices": [choice] if choice is not None else []}
 
     async def stream(self) -> AsyncIterator[str]:
@@ -198,8 +196,8 @@ class OpenAIAnswer:
             yield event
         if not self.choices.complete:
             return  # a later choice could not start: the stream ended with its error event
-        if include_usage:  # OpenAI: a last chunk with no choices, carrying usage
-            yield sse_data(self.chunk(None) | {"usage": self.usage()})
+        if include_usage:  # OpenAI: a last chunk with no choices, carrying usage (llama-server's: and timings)
+            yield sse_data(self.chunk(None) | self.extras())
         yield "data: [DONE]\n\n"
 
     async def sse(self, choice: Choice, run: Run) -> AsyncIterator[str]:
