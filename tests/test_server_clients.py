@@ -151,13 +151,16 @@ def test_n_probs_post_sampling_shape(http):
 def test_progress_and_timings_per_token(http):
     events = _events(http, "/completion", {"prompt": "Tell me a story.", "n_predict": 4, "temperature": 0,
                                            "return_progress": True, "timings_per_token": True})
-    prog = events[0]["prompt_progress"]
+    cached, prog = events[0]["prompt_progress"], events[1]["prompt_progress"]  # llama-server's: the cached part first
+    assert cached["processed"] == cached["cache"] == prog["cache"] and cached["total"] == prog["total"]
     assert prog["total"] == prog["processed"] == events[-1]["tokens_evaluated"] and prog["time_ms"] >= 0
-    assert all("timings" in e for e in events[1:])
+    assert all("timings" in e for e in events[2:])
     chat = _events(http, "/v1/chat/completions", {"messages": HI, "max_tokens": 3, "temperature": 0,
                                                   "return_progress": True, "timings_per_token": True})
     assert chat[0]["choices"][0]["delta"] == {"role": "assistant", "content": None} and "prompt_progress" in chat[0]
-    assert all("timings" in c for c in chat[1:])
+    assert [c["prompt_progress"]["processed"] for c in chat[:2]] == [chat[0]["prompt_progress"]["cache"],
+                                                                     chat[1]["prompt_progress"]["total"]]
+    assert all("timings" in c for c in chat[2:])
 
 
 def test_assistant_prefill_and_continue_final_message(http, client):

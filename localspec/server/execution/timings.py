@@ -25,10 +25,12 @@ def predicted_rate(s: Stats, first: Stats | None) -> float:
     return (s.n_generated - first.n_generated) / ((s.gen_ms - first.gen_ms) / 1e3)
 
 
-def progress(first: Stats) -> dict[str, Any]:
-    """llama-server's `prompt_progress` once the prompt is in the cache (one event: one prefill)."""
+def progress_events(first: Stats) -> list[dict[str, Any]]:
+    """llama-server's `prompt_progress` events: the cached part first (processed = cache), then the whole prompt.
+    Both are sent once the prompt is evaluated: it is one prefill here, where llama-server reports each batch."""
     total = first.n_prompt + first.n_cached
-    return {"total": total, "cache": first.n_cached, "processed": total, "time_ms": first.prompt_ms}
+    return [{"total": total, "cache": first.n_cached, "processed": first.n_cached, "time_ms": 0.0},
+            {"total": total, "cache": first.n_cached, "processed": total, "time_ms": first.prompt_ms}]
 
 
 def timings(s: Stats, first: Stats | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ...engine.engine import Engine
 from ...sampling.logprobs import TokenLogprob
 from ..execution.run import Choice, Choices, Run, plan, sse_data
-from ..execution.timings import progress, spec_policy, speculative
+from ..execution.timings import progress_events, spec_policy, speculative
 from ..execution.worker import Build, Job
 from ..http import ApiError
 from ..request.samplers import ORDER, chained, parse_samplers
@@ -88,9 +88,9 @@ class Completion:
         req, stop_type = self.req, "none"
         n_eval = run.started.n_prompt_tokens if run.started else 0
         if req.return_progress and run.job.first is not None:
-            yield sse_data({"index": choice.index, "content": "", "tokens": [], "stop": False, "id_slot": 0,
-                            "tokens_predicted": 0, "tokens_evaluated": n_eval,
-                            "prompt_progress": progress(run.job.first)})
+            for p in progress_events(run.job.first):
+                yield sse_data({"index": choice.index, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+                                "tokens_predicted": 0, "tokens_evaluated": n_eval, "prompt_progress": p})
         async for piece, stop_type, ch in policed(run, self.rules[choice.index]):
             if piece or ch.step.tokens:  # a chunk's token ids come whatever return_tokens says, as llama-server's
                 d = {"index": choice.index, "content": piece, "tokens": list(ch.step.tokens), "stop": False,

@@ -21,7 +21,7 @@ from ...engine.answer import AnswerStream, Reading, read_answer
 from ...engine.tools import ToolCall
 from ...sampling.logprobs import TokenLogprob
 from ..execution.run import Choice, Choices, Run, plan, sse_data
-from ..execution.timings import progress, speculative
+from ..execution.timings import progress_events, speculative
 from ..execution.worker import Build, Job
 from ..http import ApiError
 from ..request.chat import chat_messages_prompt, system_tokens
@@ -204,9 +204,10 @@ class OpenAIAnswer:
         """One choice's chunks: the role first (chat), a chunk per round with text or logprobs, its finish."""
         req = self.req
         head = self.chunk(self.choice(choice.index, "", None, None, role=True))
-        if req.return_progress and run.job.first is not None:
-            head["prompt_progress"] = progress(run.job.first)
-        if self.chat or req.return_progress:  # OpenAI's first chat delta: the role, content null (llama-server's)
+        if req.return_progress and run.job.first is not None:  # each progress event repeats the head, as there
+            for p in progress_events(run.job.first):
+                yield sse_data(head | {"prompt_progress": p})
+        elif self.chat or req.return_progress:  # OpenAI's first chat delta: the role, content null (llama-server's)
             yield sse_data(head)
         offset = 0
         answer = AnswerStream(self.reading) if self.chat else None
