@@ -156,12 +156,13 @@ _told: set[str] = set()
 
 def settle(model, log: Callable[[str], object] = print) -> Verdict | None:
     """Test flash attention on `model`'s device (once per device, build and attention shape) and turn it off on
-    `model` where the test died, saying so once per process. Call right after the load, before anything is decoded."""
+    `model` where the test died, saying so when the test ran (a cached verdict is applied quietly). Call right
+    after the load, before anything is decoded."""
     v = check(model)
     if v is not None and not v.ok:
         model.set_flash_attn(False)
         notice = v.notice()
-        if notice and notice not in _told:
+        if notice and v.source == "probe" and notice not in _told:  # said when found, as the CPU fast paths are
             _told.add(notice)
             log(f"localspec: {notice}")
     return v
