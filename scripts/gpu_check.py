@@ -110,9 +110,9 @@ def cmd_env(a) -> int:
     tok = Path(a.results).parents[1] / "bundle1" / "tok.gguf"
     show = _run([_bin("localspec"), "models", "show", "--device", str(tok)])
     d["models_show_device"] = show.stdout if show.returncode == 0 else show.stderr
-    cuda_devs = [x for x in d["devices"] if "CUDA" in json.dumps(x)]
+    gpu_devs = [x for x in d["devices"] if x["type"] in ("GPU", "IGPU") and x["backend"] != "RPC"]  # any backend
     d["checks"] = {"offload support as built": d["supports_gpu_offload"] == gpu,
-                   "a CUDA device listed" if gpu else "no GPU device listed": bool(cuda_devs) == gpu}
+                   "a GPU device listed" if gpu else "no GPU device listed": bool(gpu_devs) == gpu}
     _save(Path(a.results) / "env.json", d)
     print(json.dumps({k: v for k, v in d.items() if k != "models_show_device"}, indent=1))
     print(d["models_show_device"])
