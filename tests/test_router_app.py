@@ -336,8 +336,10 @@ def test_runners_get_the_per_request_options_the_user_gave():
                                        "--api-key", "k"])
     assert serve_args(ctx) == ("--max-predict", "64", "--n-predict", "12", "--context-shift")
     template = Path(__file__).parent / "templates" / "qwen2.5.jinja"
-    ctx = serve.make_context("serve", ["--chat-template-file", str(template), "--reasoning-format", "none"])
-    assert serve_args(ctx) == ("--chat-template-file", str(template), "--reasoning-format", "none")
+    ctx = serve.make_context("serve", ["--chat-template-file", str(template), "--reasoning-format", "none",
+                                       "--reasoning", "off"])
+    assert serve_args(ctx) == ("--chat-template-file", str(template), "--reasoning-format", "none",
+                               "--reasoning", "off")
     assert keep_alive_seconds("5m") == 300.0 and keep_alive_seconds("-1") == FOREVER
     with pytest.raises(click.BadParameter):
         keep_alive_seconds("later")

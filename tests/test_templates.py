@@ -113,3 +113,24 @@ def test_each_protocols_reasoning_history_reaches_the_template():
     for msgs in (anthropic, ollama):
         assert msgs[-1]["reasoning_content"] == thought
         assert f"<think>\n{thought}\n</think>" in render_chat(template("qwen3"), msgs, add_generation_prompt=False)
+
+
+def test_serve_reasoning_off_is_the_engines_default_and_a_request_wins():
+    """`serve --reasoning off` (llama-server's option) sets the template's enable_thinking to false; a request's
+    chat_template_kwargs (or Ollama's think) still decides for itself."""
+    from fakes import FakeModel
+
+    from localspec.engine.engine import Engine
+
+    class Target(FakeModel):
+        bos = eos = -1
+        path = Path("fake.gguf")
+
+        def metadata(self) -> dict[str, str]:
+            return {}
+
+    engine = Engine(Target(lambda c: 1), name="fake", chat_template=template("qwq"))
+    assert engine.chat_prompt(ASK).endswith("<think>\n")
+    engine.thinking = False
+    assert engine.chat_prompt(ASK).endswith("<think>\n</think>")
+    assert engine.chat_prompt(ASK, enable_thinking=True).endswith("<think>\n")

@@ -22,7 +22,8 @@ from .common import log_err
 ROUTER_ONLY = {"host", "port", "api_key", "alias", "tags", "cors_origins", "models_max", "sleep_idle_seconds",
                "models_preset", "keep_alive", "default_model", "router"}
 _SERVE_PASSED = {"spec_max_queue": "--spec-max-queue", "max_predict": "--max-predict", "n_predict": "--n-predict",
-                 "chat_template_file": "--chat-template-file", "reasoning_format": "--reasoning-format"}
+                 "chat_template_file": "--chat-template-file", "reasoning_format": "--reasoning-format",
+                 "reasoning": "--reasoning"}
 _DURATION = re.compile(r"^-?\d+(\.\d+)?(ns|us|µs|ms|s|m|h)?$")
 
 

@@ -67,13 +67,16 @@ def _url(host: str, port: int) -> str:
 @click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek"]), default="auto",
               show_default=True, help="<think> text: auto and deepseek move it to reasoning_content (Ollama's "
               "thinking), none leaves it in the content (llama-server's option).")
+@click.option("--reasoning", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Thinking in chat templates that have a switch (enable_thinking): on unless off (llama-server's "
+                   "option); a request's chat_template_kwargs wins.")
 @click.option("--behind-router", is_flag=True, hidden=True,
               help="Set by the router for its runners: a stream's head goes out with its first piece.")
 @engine_options
 @click.pass_context
 def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
           router, models_max, models_preset, sleep_idle_seconds, keep_alive, models_autoload, default_model,
-          chat_template_file, reasoning_format, behind_router, engine_config):
+          chat_template_file, reasoning_format, reasoning, behind_router, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
@@ -107,6 +110,7 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
     engine = load_engine(engine_config, log=log_err)
     if chat_template_file:  # wins over models.toml's template and the GGUF's
         engine.chat_template = chat_template_file.read_text(encoding="utf-8")
+    engine.thinking = reasoning != "off"
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
                           aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,

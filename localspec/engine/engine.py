@@ -88,6 +88,7 @@ class Engine:
         self.drafter_name = drafter_name or (drafter.name if drafter else NO_DRAFTER)
         self._meta = target.metadata()
         self._chat_template = chat_template  # models.toml override; else the GGUF's own
+        self.thinking = True  # the template's enable_thinking unless a request says (serve --reasoning off: False)
 
     def close(self) -> None:
         if self.drafter:
@@ -121,6 +122,7 @@ class Engine:
             raise ChatTemplateError(f"{self.name} has no chat template in its GGUF metadata; "
                                     "use a plain prompt (no --chat) or an instruct model")
         t = self.target
+        context = {"enable_thinking": self.thinking, **context}
         return render_chat(tpl, messages, bos=t.token_text(t.bos) if t.bos >= 0 else "",
                            eos=t.token_text(t.eos) if t.eos >= 0 else "", **context)
 
