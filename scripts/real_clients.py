@@ -101,7 +101,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         size, head = 0, b""
         while chunk := r.read1(65536) if hasattr(r, "read1") else r.read(65536):
             size += len(chunk)
-            head = (head + chunk)[-2000:] if r.status >= 400 or b"error" in chunk else head
+            head = (head + chunk)[-2000:] if r.status >= 400 or b"event: error" in chunk else head
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
