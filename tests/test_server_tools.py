@@ -109,7 +109,7 @@ def test_tool_results_go_back_through_the_template(request, which: str) -> None:
                                            max_tokens=4, temperature=0)
     m = r.choices[0].message
     assert (m.content or (m.model_extra or {}).get("reasoning_content")) and not m.tool_calls
-    assert r.usage.prompt_tokens > asked.usage.prompt_tokens + 4  # the call and its result are in the prompt (continuing a call alone is a 400, as in llama-server)
+    assert r.usage.prompt_tokens > asked.usage.prompt_tokens + 4  # the call and its result are in the prompt
 
 
 def test_bad_tool_choice_is_a_400(server: ServerProcess) -> None:
