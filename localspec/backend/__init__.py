@@ -9,7 +9,8 @@ the load on them, read from /proc) serves the thread controller without loading 
 reading a GGUF header.
 
   model.py    Model (one GGUF + its llama context: decode, rewind, tokenize, threads, flash attention),
-              in_own_thread, memory_facts
+              in_own_thread
+  facts.py    memory_facts: a model's memory kind and the rollback method a load chooses (models show)
   rollback.py rewinding a recurrent or hybrid memory: checkpoints (spare sequence or host copy), replay
   loading.py  LoadOptions, check_gguf_file, and what a load builds (context parameters, weight placement)
   ggml.py     backend start-up and llama.cpp's log, system and build info, ggml devices, RPC servers and
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import llama_cpp
 
+    from .facts import memory_facts
     from .ggml import (
         add_rpc_servers,
         build_info,
@@ -44,13 +46,13 @@ if TYPE_CHECKING:
     )
     from .grammar import Grammar, GrammarError, json_schema_grammar
     from .loading import LoadOptions, check_gguf_file
-    from .model import Model, in_own_thread, memory_facts
+    from .model import Model, in_own_thread
 
 _HOME = {"add_rpc_servers": ".ggml", "build_info": ".ggml", "devices": ".ggml", "llama_build": ".ggml",
          "serve_rpc": ".ggml",
          "supports_gpu_offload": ".ggml", "supports_rpc": ".ggml", "system_info": ".ggml", "Grammar": ".grammar",
          "GrammarError": ".grammar", "json_schema_grammar": ".grammar", "LoadOptions": ".loading",
-         "Model": ".model", "check_gguf_file": ".loading", "in_own_thread": ".model", "memory_facts": ".model"}
+         "Model": ".model", "check_gguf_file": ".loading", "in_own_thread": ".model", "memory_facts": ".facts"}
 
 # spelled out (not built from _HOME) so linters see the lazily loaded names as exported; tests/test_lint.py
 # checks the two agree

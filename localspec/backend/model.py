@@ -73,27 +73,6 @@ def _address_of(name: str) -> Callable[..., int]:
 _logits_address = _address_of("llama_get_logits")
 
 
-def memory_facts(path: str | Path) -> RollbackInfo:
-    """The model's memory kind and, for a recurrent or hybrid one, the rollback method a load chooses here
-    (a load with a small context and the timings of rollback.choose); an attention model is not loaded."""
-    p = check_gguf_file(path)
-    _init_backend(False)
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.vocab_only = True  # llama.cpp knows the architecture, and so the memory kind, from the header
-    vocab = _internals.LlamaModel(path_model=str(p), params=mparams, verbose=False)
-    try:
-        kind = memory_kind(vocab.model)
-    finally:
-        vocab.close()
-    if kind == "attention":
-        return RollbackInfo(kind, "cut")
-    m = Model.load(p, LoadOptions(n_ctx=512))
-    try:
-        return m.rollback_info
-    finally:
-        m.close()
-
-
 @dataclass
 class Model:
     """A loaded GGUF with its KV cache; see the module docstring for the `tokens` invariant."""
