@@ -74,7 +74,7 @@ echo "trimmed: $(du -sh "$S" | cut -f1) unpacked, $(mib "$(size_of "$B1/$TARBALL
 step "2. wheels (no network on the device): Python $PYVERS"
 # what the checks import (localspec is installed with --no-deps: no server, TUI, plots or hub client), the
 # build backend of llama-cpp-python and localspec (both built without isolation), and pytest for tests/test_gpu.py
-RUNTIME="click jinja2 markupsafe platformdirs diskcache typing-extensions gguf pyyaml tqdm"
+RUNTIME="click jinja2 markupsafe platformdirs diskcache typing-extensions gguf pyyaml tqdm pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection"
 BUILD="scikit-build-core packaging pathspec setuptools wheel pip"  # pip: for a Python without ensurepip
 TEST="pytest iniconfig pluggy pygments"
 for py in $PYVERS; do

@@ -408,7 +408,7 @@ def collect(results: Path) -> dict:
         v = _load(results / f"{name}.json")
         if v is not None:
             doc[name] = v
-    for name in ("pytest.txt", "llama_bench_devices.txt"):
+    for name in ("pytest.txt", "pytest_smollm2.txt", "llama_bench_devices.txt"):
         p = results / name
         if p.exists():
             doc[name.replace(".txt", "")] = p.read_text()[-4000:]
@@ -424,6 +424,8 @@ def checks(doc: dict) -> dict[str, bool]:
     steps = doc.get("steps", {})
     if "pytest_rc" in steps:
         c["tests/test_gpu.py passed"] = steps["pytest_rc"] == 0
+    if "pytest_smollm2_rc" in steps:
+        c["tests/test_gpu.py with SmolLM2 passed"] = steps["pytest_smollm2_rc"] == 0
     off = doc.get("offload")
     if off and "models" in off:
         for label, m in off["models"].items():
@@ -542,6 +544,9 @@ def markdown(doc: dict) -> str:
         out += ["Stage times (s): " + ", ".join(f"{k} {v}" for k, v in doc["timing"].items()), ""]
     if doc.get("pytest"):
         out += ["## tests/test_gpu.py", "", "```", doc["pytest"].strip()[-1500:], "```", ""]
+    if doc.get("pytest_smollm2"):
+        out += ["## tests/test_gpu.py with SmolLM2 (phase 2)", "", "```", doc["pytest_smollm2"].strip()[-2500:],
+                "```", ""]
     return "\n".join(out)
 
 

@@ -143,6 +143,7 @@ phase1() {
   step "1.2 Python: $PY, carried wheels -> $SITE"
   "$PY" -c "import numpy; print('numpy', numpy.__version__)" || fail "no numpy in $PY"
   pip_t scikit-build-core packaging pathspec setuptools wheel click jinja2 markupsafe platformdirs diskcache \
+        pydantic pydantic-core annotated-types typing-inspection \
         typing-extensions gguf pyyaml tqdm pytest iniconfig pluggy pygments || fail "carried wheels did not install"
 
   step "1.3 llama-cpp-python $VERSION (${MODE})"
@@ -218,7 +219,16 @@ phase2() {
   SMOL=$("$PY" scripts/gpu_check.py join --bundles "$DIR" --models "$WORK/models") || fail "SmolLM2 could not be put together"
   echo "$SMOL"
 
-  step "2.2 random-weight targets: $SHAPES"
+  step "2.2 tests/test_gpu.py with SmolLM2 (the tests phase 1 skipped: router estimate, models show, run)"
+  set +e
+  GPU_CHECK_TOKENIZER=$DIR/bundle1/tok.gguf GPU_CHECK_SMOLLM2=$SMOL timeout 240 "$PY" -m pytest -q -p no:cacheprovider \
+    -o addopts= -rxXfE tests/test_gpu.py > "$WORK/results/pytest_smollm2.txt" 2>&1
+  local rc=$?
+  set -e
+  tail -25 "$WORK/results/pytest_smollm2.txt"
+  note pytest_smollm2_rc=$rc
+
+  step "2.3 random-weight targets: $SHAPES"
   local targets=()
   for s in $SHAPES; do
     local f=$WORK/models/random-$s-q4_k.gguf
@@ -226,7 +236,7 @@ phase2() {
     targets+=("$f")
   done
 
-  step "2.3 measurements"
+  step "2.4 measurements"
   "$PY" scripts/gpu_check.py measure --mode "$MODE" --results "$WORK/results" --smol "$SMOL" \
       --llama-bench "$WORK/llama-bench" --work "$WORK" "${targets[@]}" || fail "measurements failed"
 }
