@@ -21,7 +21,7 @@ from faults import segv
 from faults.segv import FAULT_ENV
 
 from localspec.crash import WATCH_ENV, crash_line
-from localspec.models.model_facts import kv_cache_bytes
+from localspec.models.footprint import footprint
 from localspec.router.discover import (
     GLOBAL_SECTION,
     ModelSpec,
@@ -31,7 +31,7 @@ from localspec.router.discover import (
     preset_args,
     read_presets,
 )
-from localspec.router.memory import PROCESS_BYTES, Estimate, compute_bytes, estimate
+from localspec.router.memory import PROCESS_BYTES, Estimate, estimate
 from localspec.router.pool import FAILED, LOADED, SLEEPING, UNLOADED, Pool
 from localspec.router.process import Runner, exit_cause
 from localspec.router.refusals import RunnerFailed, UnknownModel, WontFit
@@ -218,14 +218,13 @@ def test_engine_args_carry_the_routers_engine_options():
                     "--flash-attn", "off", "--cache-type-k", "q8_0", "--mmap", "--no-repack")
 
 
-def test_the_memory_estimate_is_weights_plus_kv_cache_split_by_offload(smollm2_path):
-    size = smollm2_path.stat().st_size
-    kv = kv_cache_bytes(smollm2_path, 1024) + compute_bytes(smollm2_path, 1024)
-    assert kv > compute_bytes(smollm2_path, 1024) > 0
-    assert estimate(smollm2_path, 1024, 0) == Estimate(size + kv + PROCESS_BYTES, 0)
-    assert estimate(smollm2_path, 1024, -1) == Estimate(PROCESS_BYTES, size + kv)
+def test_the_memory_estimate_is_weights_kv_cache_and_compute_split_by_offload(smollm2_path):
+    f = footprint(smollm2_path, 1024)
+    assert f.kv > 0 and f.compute > 0 and f.state == 0
+    assert estimate(smollm2_path, 1024, 0) == Estimate(f.total + PROCESS_BYTES, 0)
+    assert estimate(smollm2_path, 1024, -1) == Estimate(PROCESS_BYTES, f.total)
     with_draft = estimate(smollm2_path, 1024, 0, draft=smollm2_path)
-    assert with_draft.ram_bytes == 2 * (size + kv) + PROCESS_BYTES
+    assert with_draft.ram_bytes == 2 * f.total + PROCESS_BYTES
 
 
 async def test_unknown_model_and_a_load_that_cannot_fit_are_refused_before_any_process(smollm2_path):

@@ -15,14 +15,15 @@ _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _LAYER = re.compile(r"layer +(\d+) assigned to device (\S+?),")
 _MODEL_BUF = re.compile(r"load_tensors: +(\S+) model buffer size = +([\d.]+) MiB")
 _KV_BUF = re.compile(r"llama_kv_cache: +(\S+) KV buffer size = +([\d.]+) MiB")
+_RS_BUF = re.compile(r"llama_memory_recurrent: +(\S+) RS buffer size = +([\d.]+) MiB")
 _COMPUTE_BUF = re.compile(r"sched_reserve: +(\S+) compute buffer size = +([\d.]+) MiB")
 _USING = re.compile(r"using device (\S+) \((.*)\) \([^()]*\) - (\d+) MiB free")
 
 
 def parse_load_log(text: str) -> list[dict]:
     """One dict per model load, in load order: path, the GPU devices it was given (name -> description, free
-    MiB), layers offloaded (GPU builds), the device of every layer, model buffers (MiB per buffer type), KV cache
-    and compute buffers (first context of that load)."""
+    MiB), layers offloaded (GPU builds), the device of every layer, model buffers (MiB per buffer type), KV cache,
+    recurrent state ("RS") and compute buffers (first context of that load)."""
     loads: list[dict] = []
     cur: dict | None = None
     using: dict[str, dict] = {}  # "using device X (description) (id) - N MiB free" seen before a load
@@ -36,7 +37,7 @@ def parse_load_log(text: str) -> list[dict]:
             continue
         if m := _LOAD.search(line):
             cur = {"path": m.group(1), "offloaded": None, "layers": {}, "model_buffers": {}, "kv_buffers": {},
-                   "compute_buffers": {}, "devices": using}
+                   "rs_buffers": {}, "compute_buffers": {}, "devices": using}
             loads.append(cur)
             using = {}
             continue
@@ -48,8 +49,9 @@ def parse_load_log(text: str) -> list[dict]:
             cur["layers"][int(m.group(1))] = m.group(2)
         elif m := _MODEL_BUF.search(line):
             cur["model_buffers"][m.group(1)] = float(m.group(2))
-        elif (m := _KV_BUF.search(line)) and not cur.get("_kv_done"):
-            cur["kv_buffers"][m.group(1)] = float(m.group(2))
+        elif (m := (_KV_BUF.search(line) or _RS_BUF.search(line))) and not cur.get("_kv_done"):
+            into = cur["kv_buffers" if "KV buffer" in line else "rs_buffers"]  # a sliding-window model has two caches
+            into[m.group(1)] = into.get(m.group(1), 0.0) + float(m.group(2))
         elif (m := _COMPUTE_BUF.search(line)) and not cur.get("_compute_done"):
             cur["compute_buffers"][m.group(1)] = float(m.group(2))
             cur["_kv_done"] = cur["_compute_done"] = True  # later contexts (flash-attention timing) repeat these

@@ -2,31 +2,32 @@
 or refuses the load when the estimate does not fit, instead of letting the kernel's OOM killer choose.
 
     weights  = the file's size, split between RAM and VRAM by the share of layers offloaded (--ngl)
-    KV cache = model_facts.kv_cache_bytes(n_ctx): Σ_layers n_ctx · n_head_kv · (d_k + d_v) · 2 bytes (f16),
-               on the GPU for offloaded layers (llama.cpp's default), split the same way
-    compute  = n_ctx · n_ubatch · n_head · 4 bytes: the attention scores of one prompt batch (without flash
-               attention), the part of llama.cpp's compute buffer that grows with the context
+    KV cache = the attention layers' cache at n_ctx, and a recurrent model's state, split the same way
+               (llama.cpp keeps each layer's cache on that layer's device)
+    compute  = llama.cpp's compute buffer for one micro-batch (the logits of 512 rows, or the attention scores
+               of a long context), on the GPU when any layer is offloaded and in RAM when any is not
     process  = a fixed allowance for Python, numpy, the HTTP server and llama.cpp's code
 
-A drafter (a pair's, or --draft) is added the same way. The figure is an estimate: mmap'd weights share the
-page cache, and a sliding-window model (Gemma 3) uses less KV cache than its n_ctx implies.
+The first three come from models/footprint.py, which says how llama.cpp sizes each buffer. A drafter (a pair's,
+or --draft) is added the same way. The figure is an estimate: mmap'd weights share the page cache.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..models.footprint import footprint
 from ..models.gguf_header import read_header
-from ..models.model_facts import kv_cache_bytes
 from .discover import ModelSpec, context_for
 
 # A SmolLM2-135M runner measured 105 MB resident beside its weights and KV cache at n_ctx 256, 122 MB at 2048
-# (VmHWM after an answer); with the compute term below the estimate is 1.2-1.3x what it used.
+# (VmHWM after an answer).
 PROCESS_BYTES = 150_000_000
-N_UBATCH = 512  # llama.cpp's default micro-batch: the prompt rows one compute pass holds
 
 
 @dataclass(frozen=True)
@@ -50,22 +51,18 @@ def offloaded_share(path: str | Path, ngl: int | None) -> float:
     return ngl / (n_layer + 1)
 
 
-def compute_bytes(path: str | Path, n_ctx: int) -> int:
-    """The attention scores of one micro-batch of prompt rows against the whole context, in f32."""
-    kv = read_header(path, tokens=False).kv
-    heads = kv.get(f"{kv.get('general.architecture', '?')}.attention.head_count") or 0
-    n_head = max(heads) if isinstance(heads, (tuple, list)) else int(heads)
-    return n_ctx * min(N_UBATCH, n_ctx) * n_head * 4
-
-
 def model_estimate(path: str | Path, n_ctx: int, ngl: int | None = 0, *, type_k: int | None = None,
                    type_v: int | None = None) -> Estimate:
-    """One model's weights and KV cache, split by the offloaded share (no process allowance)."""
+    """One model's weights, KV cache (and recurrent state) and compute buffer, placed by the offloaded share
+    (no process allowance). With some layers on each side both llama.cpp's CPU and GPU compute buffers exist;
+    each is counted whole, which is high rather than low."""
     p = Path(path)
     share = offloaded_share(p, ngl)
-    total = p.stat().st_size + kv_cache_bytes(p, n_ctx, type_k=type_k, type_v=type_v) + compute_bytes(p, n_ctx)
-    vram = int(total * share)
-    return Estimate(total - vram, vram)
+    f = footprint(p, n_ctx, type_k=type_k, type_v=type_v)
+    layered = f.weights + f.kv + f.state
+    vram = int(layered * share) + (f.compute if share > 0 else 0)
+    ram = layered - int(layered * share) + (f.compute if share < 1 else 0)
+    return Estimate(ram, vram)
 
 
 def estimate(path: str | Path, n_ctx: int, ngl: int | None = 0, *, draft: str | Path | None = None,
@@ -78,9 +75,33 @@ def estimate(path: str | Path, n_ctx: int, ngl: int | None = 0, *, draft: str | 
     return total
 
 
+# The device list, read in a child process: asking a CUDA device for its free memory creates a CUDA context,
+# which would hold a few hundred MB of that GPU in the router for as long as it runs.
+_DEVICES = ("import json; from localspec.backend.ggml import devices; "
+            "print(json.dumps([d for d in devices() if d['type'] in ('GPU', 'IGPU') and d['backend'] != 'RPC']))")
+
+
 def free_vram_bytes() -> int | None:
-    """Free memory over the NVIDIA GPUs this machine shows (llama.cpp splits offloaded layers over all of them),
-    from nvidia-smi; None where there is none to ask (the router never loads llama.cpp to find out)."""
+    """Free memory over the GPUs this machine shows (llama.cpp splits offloaded layers over all of them): ggml's
+    own device list, whatever the backend (CUDA, Vulkan, Metal), else nvidia-smi; None where neither can say."""
+    free = ggml_free_bytes()
+    return free if free is not None else nvidia_smi_free_bytes()
+
+
+def ggml_free_bytes(timeout: float = 60.0) -> int | None:
+    """The free memory ggml reports for its local GPU devices (RPC servers are not this machine's), from a short
+    child process; None when it lists none (a CPU build) or cannot run."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _DEVICES], capture_output=True, text=True, timeout=timeout,
+                             check=True).stdout
+        gpus = json.loads(out.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return sum(int(d["free"]) for d in gpus) if gpus else None
+
+
+def nvidia_smi_free_bytes() -> int | None:
+    """Free memory over the NVIDIA GPUs, from nvidia-smi; None where there is none to ask."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -110,5 +131,6 @@ def fits(wanted: int, free: int | None) -> bool:
 
 def refusal(name: str, what: str, wanted: int, free: int | None, n_ctx: int | None) -> str:
     """The one line a caller reads when a model cannot be loaded for lack of `what` (memory, GPU memory)."""
-    return (f"cannot load {name}: it needs about {gb(wanted)} of {what} (weights, KV cache at n_ctx {n_ctx}), "
-            f"{gb(free)} is free and no idle model is left to unload; try a smaller --ctx or fewer models")
+    return (f"cannot load {name}: it needs about {gb(wanted)} of {what} (weights, KV cache and compute buffer at "
+            f"n_ctx {n_ctx}), {gb(free)} is free and no idle model is left to unload; try a smaller --ctx or fewer "
+            "models")
