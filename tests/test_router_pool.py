@@ -73,6 +73,23 @@ def test_exit_cause_names_a_crash_a_kill_and_an_exit():
     assert exit_cause(2, "error: model file not found") == "runner exited with code 2: error: model file not found"
 
 
+async def test_a_runners_crash_names_the_suspect_the_runner_noted():
+    """A runner that noted what it runs on a GPU device (devicefa.py) and then crashed is blamed for that, not
+    for the CPU's fast paths, and every caller reads the same line (the note is taken once)."""
+    code = ("import os, signal; from localspec.crash import note_suspect; "
+            "note_suspect('flash attention on Vulkan0', '--flash-attn off'); os.kill(os.getpid(), signal.SIGSEGV)")
+
+    class Crashing(Runner):
+        @property
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", code]
+
+    runner = Crashing("fa", ())
+    with pytest.raises(RunnerFailed, match="most likely in flash attention on Vulkan0: try again with --flash-attn"):
+        await runner.start()
+    assert "AMX" not in runner.failure() and runner.failure() == await runner.died()
+
+
 def test_a_runner_runs_unwatched_and_without_the_routers_api_key(monkeypatch):
     monkeypatch.setenv("LOCALSPEC_API_KEY", "secret")
     r = Runner("tiny", ("--model", "x.gguf"), env={FAULT_ENV: MARKER})

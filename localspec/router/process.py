@@ -59,12 +59,13 @@ def _own_group(parent: int | None) -> None:
         die_with(parent)
 
 
-def exit_cause(returncode: int, last_line: str) -> str:
+def exit_cause(returncode: int, last_line: str, pid: int | None = None) -> str:
     """Why a runner ended, in one line: crash_line() for a crash or a kill (the OOM killer's SIGKILL),
-    otherwise its signal or exit code and the last line it printed."""
+    otherwise its signal or exit code and the last line it printed. `pid` is the runner's, so that a crash is
+    blamed on what that runner noted it ran (flash attention on a GPU device) rather than the CPU's fast paths."""
     if returncode < 0:
         sig = signal.Signals(-returncode)
-        return crash_line(sig) if sig in _CRASH_SIGNALS else f"runner killed by {sig.name}"
+        return crash_line(sig, pid) if sig in _CRASH_SIGNALS else f"runner killed by {sig.name}"
     return f"runner exited with code {returncode}" + (f": {last_line}" if last_line else "")
 
 
@@ -84,6 +85,7 @@ class Runner:
         self.started_at: float | None = None  # time.time() when it answered /health
         self._proc: subprocess.Popen | None = None
         self._stopping = False
+        self._crash: str | None = None  # the crash line, made once
         self._ready: asyncio.Event | None = None
         self._exited = threading.Event()
 
@@ -113,6 +115,9 @@ class Runner:
         rc = self.returncode
         if rc is None or self._stopping:
             return None
+        if rc < 0:  # made once: crash_line takes the runner's suspect note, and the proxy and the pool both ask
+            self._crash = self._crash or exit_cause(rc, "", self.pid)
+            return self._crash
         return exit_cause(rc, next((ln for ln in reversed(tuple(self.lines)) if ln.strip()), ""))
 
     async def died(self, timeout: float = 2.0) -> str | None:
@@ -126,6 +131,7 @@ class Runner:
         exits first or takes longer than start_timeout."""
         loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
+        self._crash = None
         self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, env=self.env, preexec_fn=_child_setup(os.getpid()))
         threading.Thread(target=self._drain, args=(loop, self._ready), daemon=True,
