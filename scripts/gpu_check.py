@@ -380,7 +380,8 @@ def cmd_measure(a) -> int:
     all_models = {"smollm2": smol, **{Path(t).stem: t for t in targets}}
     pvb = stage("plain vs llama-bench", lambda: plain_vs_bench(all_models, a.llama_bench, gpu))
     _save(results / "plain_vs_llama_bench.json", pvb)
-    lb = stage("lookup bench", lambda: lookup_bench(smol, gpu, results, quick=not gpu))
+    quick = not gpu or bool(os.environ.get("GPU_CHECK_QUICK"))  # one prompt per task, 64 tokens
+    lb = stage("lookup bench", lambda: lookup_bench(smol, gpu, results, quick=quick))
     _save(results / "lookup_bench.json", lb)
     print(f"\nmeasure: {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
