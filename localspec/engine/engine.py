@@ -22,6 +22,7 @@ from ..speculative.loop import generate
 from ..speculative.types import NO_DRAFTER, Controller, Drafter, Step
 from ..tuning.controller import DEFAULT_K, FixedK
 from ..tuning.threads import ThreadControl
+from .chatplan import ChatPlan
 from .outcome import Outcome, outcome
 from .stats import Stats, StatsCounter
 from .template import ChatTemplateError, render_chat
@@ -125,6 +126,25 @@ class Engine:
         context = {"enable_thinking": self.thinking, **context}
         return render_chat(tpl, messages, bos=t.token_text(t.bos) if t.bos >= 0 else "",
                            eos=t.token_text(t.eos) if t.eos >= 0 else "", **context)
+
+    def render(self, plan: ChatPlan) -> str:
+        """A chat request's prompt text: its plan's messages through the chat template, then the prefill. The
+        request's own template variables win over the plan's generation prompt, as render_chat lets them."""
+        context = {"add_generation_prompt": plan.add_generation_prompt, **plan.context}
+        return self.chat_prompt(plan.messages, **context) + plan.prefill
+
+    def system_tokens(self, plan: ChatPlan, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (the plan's prompt) belong to its leading system messages: what a context shift
+        keeps (llama-server's "drop the oldest tokens after the system prompt"). 0 without a system message, or
+        when the template cannot render the system messages alone (Llama 3.1 puts tools in the first user turn)."""
+        head = plan.system_head()
+        if head is None:
+            return 0
+        try:
+            ids = self.tokenize(self.render(head))
+        except ChatTemplateError:
+            return 0
+        return next((i for i, (a, b) in enumerate(zip(ids, tokens)) if a != b), min(len(ids), len(tokens)))
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         """Prompt text -> tokens, BOS added per the GGUF, special-token text parsed (chat templates use it)."""

@@ -5,8 +5,9 @@ Formats, as llama-server detects them: `hermes` (Hermes 2/3, Qwen 2.5/3: `<tool_
 `llama3` (Llama 3.x: a JSON call, maybe after `<|python_tag|>`), `mistral` (`[TOOL_CALLS][...]`), `gemma`
 (FunctionGemma: `<start_function_call>call:name{...}<end_function_call>`), and `generic` for a template with no
 tool syntax: the tools go into a system message and the output is constrained to JSON (toolgrammar.py).
-Servers call `plan_tools` once per request, render `tool_messages(...)` with `template_context(...)`, constrain
-with `plan.grammar`, and read the answer with `plan.parse` or `plan.stream()`.
+A request's ChatPlan (chatplan.py) calls `plan_tools` once and renders `tool_messages(...)` with
+`template_context(...)`; servers constrain with `plan.grammar` and read the answer with `plan.parse` or
+`plan.stream()`.
 """
 
 from __future__ import annotations
