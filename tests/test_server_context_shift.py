@@ -40,6 +40,11 @@ def test_context_shift_goes_past_the_context(smollm2_path, shift):
         assert "".join(e["content"] for e in events) == r["content"]  # a shift is deterministic: greedy, same text
         at_shift = next(e["timings"]["draft_n_accepted"] for e in events if e["tokens_predicted"] > CTX - n_prompt)
         assert events[-1]["timings"]["draft_n_accepted"] > at_shift  # drafts accepted after the shift too
+        chat = {"messages": [{"role": "system", "content": "Count on."}, {"role": "user", "content": BODY["prompt"]}],
+                "max_tokens": 16, "temperature": 0}
+        c = httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=300).json()
+        n = httpx.post(srv.url + "/v1/chat/completions/input_tokens", json=chat, timeout=30).json()["input_tokens"]
+        assert c["usage"]["prompt_tokens"] == n  # tokenized once in the route (its system tokens): the same tokens
 
 
 def test_engine_shift_keeps_the_head_and_drafts_after_it():

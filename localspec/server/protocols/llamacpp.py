@@ -19,8 +19,7 @@ from ...backend import llama_build
 from ...engine.engine import Engine
 from ..execution.timings import spec_policy
 from ..http import ApiError
-from ..request.chat import chat_messages_prompt
-from ..request.chat_tools import openai_setup
+from ..request.chat import chat_prompt, openai_plan
 from ..request.fim import Extra, has_fim, infill_build, require_fim
 from ..request.prompts import check_ids, checked_prompts, mixed_tokens, plain_build
 from ..request.schemas import CompletionRequest, DetokenizeRequest, InfillRequest, OAIChatRequest, TokenizeRequest
@@ -106,8 +105,7 @@ async def detokenize(req: DetokenizeRequest, state: StateDep) -> dict[str, str]:
 
 def chat_request_prompt(state: State, req: OAIChatRequest) -> str:
     """The prompt `/v1/chat/completions` would evaluate for `req`: its tools and template variables included."""
-    setup = openai_setup(state.engine, req, state.config.reasoning_format)
-    return chat_messages_prompt(state.engine, req, setup.messages, **setup.context)
+    return chat_prompt(state.engine, openai_plan(state.engine, req, state.config.reasoning_format))
 
 
 async def apply_template(req: OAIChatRequest, state: StateDep) -> dict[str, str]:

@@ -22,12 +22,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...engine.answer import AnswerDelta, AnswerStream, Reading, read_answer
+from ...engine.chatplan import ChatPlan
 from ...engine.engine import Engine
 from ..execution.run import Choices, Run, plan
 from ..execution.timings import speculative
 from ..execution.worker import Build, Job
-from ..request.chat import chat_prompt
-from ..request.chat_tools import ollama_calls, ollama_message, ollama_setup
+from ..request.chat import chat_prompt, ollama_plan
+from ..request.chat_tools import ollama_calls, ollama_message
 from ..request.fim import FimTokens, has_fim, infill_build, require_fim
 from ..request.sampling_fields import sampling, stops
 from ..request.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions, OllamaShowRequest
@@ -83,7 +84,8 @@ def _generate_build(state: State, req: OllamaGenerateRequest) -> Build:
         return lambda e: (prompt, False)
     msgs = ([{"role": "system", "content": req.system}] if req.system else []) + \
         [{"role": "user", "content": req.prompt}]
-    return lambda e: chat_prompt(e, msgs)
+    chat = ChatPlan(tuple(msgs))
+    return lambda e: (chat_prompt(e, chat), False)
 
 
 async def chat(req: OllamaChatRequest, request: Request, state: StateDep) -> Response:
@@ -92,10 +94,10 @@ async def chat(req: OllamaChatRequest, request: Request, state: StateDep) -> Res
     if not req.messages:
         return JSONResponse(_head(state) | {"message": {"role": "assistant", "content": ""}, "done": True,
                                             "done_reason": "load"})
-    setup = ollama_setup(state.engine, req, state.config.reasoning_format)  # bad tools: a 400 before the run
-    text = chat_prompt(state.engine, setup.messages, **setup.context)[0]
+    chat_plan = ollama_plan(state.engine, req, state.config.reasoning_format)  # bad tools: a 400 before the run
+    text = chat_prompt(state.engine, chat_plan)
     return await _answer(state, req.options, req.stream, request, lambda e: (text, False), chat=True,
-                         fmt=req.format, talk=Talk(setup.reading(text), req.think))
+                         fmt=req.format, talk=Talk(chat_plan.reading(text), req.think))
 
 
 def _model_entry(state: State) -> dict[str, Any]:

@@ -22,10 +22,10 @@ from ...engine.tools import ToolCall
 from ...sampling.logprobs import TokenLogprob
 from ..execution.run import Choice, Choices, Run, plan, sse_data
 from ..execution.timings import progress_events, speculative
-from ..execution.worker import Build, Job
+from ..execution.worker import Build, Job, Prompt
 from ..http import ApiError
-from ..request.chat import chat_messages_prompt, system_tokens
-from ..request.chat_tools import is_legacy, openai_delta, openai_finish, openai_message, openai_setup
+from ..request.chat import chat_prompt, openai_plan
+from ..request.chat_tools import is_legacy, openai_delta, openai_finish, openai_message
 from ..request.fim import infill_build, require_fim
 from ..request.prompts import One, checked_prompts, plain_build
 from ..request.samplers import chained, parse_samplers
@@ -74,11 +74,15 @@ async def chat(req: OAIChatRequest, request: Request, state: StateDep) -> Respon
     state.metrics.request("/v1/chat/completions")
     if req.max_completion_tokens is not None and req.max_tokens is None:
         req.max_tokens = req.max_completion_tokens
-    setup = openai_setup(state.engine, req, state.config.reasoning_format)  # bad tools: a 400 before anything runs
-    text = chat_messages_prompt(state.engine, req, setup.messages, **setup.context)
-    keep = system_tokens(state.engine, req, text) if state.config.context_shift else 0
-    return await OpenAIAnswer(state, req, request, [lambda e: (text, False)], chat=True, n_keep=keep,
-                              reading=setup.reading(text)).answer()
+    chat_plan = openai_plan(state.engine, req, state.config.reasoning_format)  # bad tools: a 400 before the run
+    text = chat_prompt(state.engine, chat_plan)
+    prompt: Prompt = text  # the worker tokenizes it, unless the system tokens need the tokens here
+    keep = 0
+    if state.config.context_shift:
+        prompt = state.engine.tokenize(text)
+        keep = state.engine.system_tokens(chat_plan, prompt)
+    return await OpenAIAnswer(state, req, request, [lambda e: (prompt, False)], chat=True, n_keep=keep,
+                              reading=chat_plan.reading(text)).answer()
 
 
 def _text(prompt: One) -> str:

@@ -27,14 +27,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...engine.answer import Answer, AnswerDelta, AnswerStream, Reading, read_answer
+from ...engine.chatplan import ChatPlan
 from ...engine.tools import ToolCall
 from ...errors import LocalspecError
 from ..execution.run import Run, error_event
 from ..execution.timings import speculative
 from ..execution.worker import Job
 from ..http import ApiError
-from ..request.chat import chat_prompt
-from ..request.chat_tools import ChatSetup, chat_setup
+from ..request.chat import chat_plan, chat_prompt
 from ..request.sampling_fields import sampling
 from ..request.schemas import MAX_TOKENS
 from ..request.structured import request_extras
@@ -145,15 +145,15 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
 
 
-def setup(state: State, req: ResponsesRequest) -> tuple[ChatSetup, str]:
-    """The tool plan and the prompt; a bad message list, tool or tool_choice is a 400 here."""
+def setup(state: State, req: ResponsesRequest) -> tuple[ChatPlan, str]:
+    """The chat plan and its prompt; a bad message list, tool or tool_choice is a 400 here."""
     tools = function_tools(req.tools)
-    chat = chat_setup(state.engine, input_messages(req), tools=tools, choice=chat_choice(req.tool_choice) if tools
-                      else "auto", parallel=req.parallel_tool_calls, reasoning=state.config.reasoning_format)
-    return chat, chat_prompt(state.engine, chat.messages, **chat.context)[0]
+    chat = chat_plan(state.engine, input_messages(req), tools=tools, choice=chat_choice(req.tool_choice) if tools
+                     else "auto", parallel=req.parallel_tool_calls, reasoning=state.config.reasoning_format)
+    return chat, chat_prompt(state.engine, chat)
 
 
-def job(state: State, req: ResponsesRequest, chat: ChatSetup, prompt: str) -> Job:
+def job(state: State, req: ResponsesRequest, chat: ChatPlan, prompt: str) -> Job:
     extra = request_extras(state.engine, response_format=response_format(req.text), tool_grammar=chat.grammar)
     params = sampling(req.temperature, req.top_k, req.top_p, req.min_p, None, defaults=DEFAULTS, **extra)
     return Job(lambda e: (prompt, False), params=params,

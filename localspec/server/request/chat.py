@@ -1,5 +1,10 @@
-"""Chat messages -> the prompt text, as llama-server builds it (`/v1/chat/completions`, `/apply-template`, the
-input-token count route).
+"""A chat request's translation into one `ChatPlan` (engine/chatplan.py), which the engine renders once: the
+prompt on `/v1/chat/completions`, `/api/chat`, `/v1/messages`, `/v1/responses`, `/apply-template` and the token
+count routes.
+
+Each protocol first puts its messages in OpenAI's terms (`chat_messages` here; Ollama's in chat_tools.py,
+Anthropic's in protocols/anthropic/convert.py, the Responses API's in protocols/responses.py); `chat_plan` then
+checks the tools and plans them once, with the messages and template variables the template reads.
 
 Assistant prefill: when the last message is the assistant's, the template is applied to the messages before it
 (with the generation prompt) and that message's text is appended, so the model continues it rather than
@@ -12,11 +17,15 @@ are, without the assistant's turn opening.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
 
+from ...engine.chatplan import ChatPlan, plan_chat
 from ...engine.engine import ChatTemplateError, Engine
+from ...engine.tools import ToolChoiceError
 from ..http import ApiError
-from .schemas import ChatMessage, OAIChatRequest
+from .chat_tools import check_tools, is_legacy, legacy_tools, ollama_messages, reasoning_format
+from .schemas import ChatMessage, OAIChatRequest, OllamaChatRequest
 
 
 def chat_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -26,15 +35,6 @@ def chat_text(content: str | list[dict[str, Any]] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-
-
-def chat_prompt(engine: Engine, messages: list[dict[str, Any]], **context: Any) -> tuple[str, bool]:
-    """The chat template over `messages` (with the generation prompt), as a job's build returns it; `context`:
-    what else the template reads (`tools`, `enable_thinking`). A template that cannot render them is a 400."""
-    try:
-        return engine.chat_prompt(messages, **context), False
-    except ChatTemplateError as e:
-        raise ApiError(400, str(e)) from None
 
 
 def chat_messages(req: OAIChatRequest) -> list[dict[str, Any]]:
@@ -61,32 +61,60 @@ def _message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def chat_messages_prompt(engine: Engine, req: OAIChatRequest, messages: list[dict[str, Any]] | None = None,
-                         **context: Any) -> str:
-    """The prompt for `messages` (default: the request's, as chat_messages reads them) with the template's
-    `context`; a trailing assistant message is a prefill (see above)."""
-    msgs = chat_messages(req) if messages is None else messages
-    trailing = msgs[-1]["role"] == "assistant"
+def chat_plan(engine: Engine, messages: Sequence[Mapping[str, Any]], *, tools: list[Any] | None = None,
+              choice: Any = "auto", parallel: bool = True, reasoning: str = "none",
+              context: Mapping[str, Any] | None = None) -> ChatPlan:
+    """The plan for OpenAI-style messages and tools on the served model's template; a bad tool or tool_choice is
+    a 400 here, before anything is rendered."""
+    try:
+        return plan_chat(engine.chat_template, messages, tools=check_tools(tools), choice=choice,
+                         parallel=parallel, reasoning=reasoning, context=context)
+    except ToolChoiceError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def chat_prompt(engine: Engine, plan: ChatPlan) -> str:
+    """The plan rendered by the engine; a template that cannot render it is a 400."""
+    try:
+        return engine.render(plan)
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def openai_plan(engine: Engine, req: OAIChatRequest, default_reasoning: str) -> ChatPlan:
+    """An OpenAI chat request's plan: its tools (or the legacy functions), `chat_template_kwargs`,
+    `reasoning_format`, and the prefill rules above."""
+    tools, choice, parallel = req.tools, req.tool_choice, req.parallel_tool_calls
+    if is_legacy(req):
+        (tools, choice), parallel = legacy_tools(req.functions, req.function_call), False
+    kwargs = req.chat_template_kwargs or {}
+    if not isinstance(kwargs.get("enable_thinking", False), bool):
+        raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got '
+                            f'{type(kwargs["enable_thinking"]).__name__})')
+    plan = chat_plan(engine, chat_messages(req), tools=tools, choice=choice, parallel=parallel,
+                     reasoning=reasoning_format(req.reasoning_format, default_reasoning), context=kwargs)
+    return _turn(plan, req)
+
+
+def _turn(plan: ChatPlan, req: OAIChatRequest) -> ChatPlan:
+    """Whether the answer opens a new turn or continues the final assistant message (see above)."""
+    trailing = plan.messages[-1]["role"] == "assistant"
     if req.continue_final_message and req.add_generation_prompt:
         raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.")
     if req.continue_final_message and not trailing:
         raise ApiError(400, "continue_final_message needs the last message to be the assistant's")
     if not trailing or req.continue_final_message is False:
-        return chat_prompt(engine, msgs, add_generation_prompt=req.add_generation_prompt is not False, **context)[0]
-    if len(msgs) > 1 and msgs[-2]["role"] == "assistant":
+        return replace(plan, add_generation_prompt=req.add_generation_prompt is not False)
+    if len(plan.messages) > 1 and plan.messages[-2]["role"] == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
     if req.messages[-1].tool_calls or req.messages[-1].function_call:
         raise ApiError(400, "Cannot continue an assistant message that contains tool calls.")
-    return chat_prompt(engine, msgs[:-1], **context)[0] + msgs[-1]["content"]
+    return plan.continuing()
 
 
-def system_tokens(engine: Engine, req: OAIChatRequest, prompt: str) -> int:
-    """Prompt tokens that belong to the leading system messages: what a context shift keeps (llama-server's
-    "drop the oldest tokens after the system prompt"). 0 without a system message."""
-    msgs = chat_messages(req)
-    n = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
-    if n == 0:
-        return 0
-    head = engine.tokenize(chat_prompt(engine, msgs[:n])[0])
-    full = engine.tokenize(prompt)
-    return next((i for i, (a, b) in enumerate(zip(head, full)) if a != b), min(len(head), len(full)))
+def ollama_plan(engine: Engine, req: OllamaChatRequest, default_reasoning: str) -> ChatPlan:
+    """An Ollama chat request's plan; `think` reaches the template as `enable_thinking` (Qwen 3's switch; other
+    templates ignore it)."""
+    msgs = ollama_messages([m.model_dump(exclude_none=True) for m in req.messages])
+    context = {} if req.think is None else {"enable_thinking": req.think is not False}
+    return chat_plan(engine, msgs, tools=req.tools, reasoning=default_reasoning, context=context)

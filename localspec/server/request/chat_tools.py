@@ -1,7 +1,6 @@
-"""Tools and reasoning on the OpenAI and Ollama chat routes: a request's `tools` and `tool_choice` (or the legacy
-`functions` / `function_call`) and its thinking options become the prompt (the chat template renders the tools,
-earlier calls and their results) and a `Reading` of the answer (engine/answer.py), which goes back in each
-protocol's shape.
+"""Tools and reasoning on the chat routes: the checks on a request's `tools` (or the legacy `functions` /
+`function_call`) and `reasoning_format` that chat.py applies while it builds the plan, Ollama's chat history in
+OpenAI's terms, and the answer (engine/answer.py) in each protocol's shape.
 
 OpenAI: `message.tool_calls` with ids and `finish_reason: "tool_calls"`; streamed, the first delta of a call
 carries index, id, type, name and empty arguments and later ones index and argument text; `<think>` blocks as
@@ -15,35 +14,13 @@ it from its first token, so a template that opens a think block does not start t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from ...engine.answer import Answer, AnswerDelta, Reading
-from ...engine.engine import Engine
-from ...engine.reasoning import REASONING_FORMATS, opens_thinking
-from ...engine.tools import ToolCall, ToolChoiceError, ToolPlan, plan_tools, template_context, tool_messages
+from ...engine.answer import Answer, AnswerDelta
+from ...engine.reasoning import REASONING_FORMATS
+from ...engine.tools import ToolCall
 from ..http import ApiError
-from .chat import chat_messages
-from .schemas import OAIChatRequest, OllamaChatRequest
-
-
-@dataclass(frozen=True)
-class ChatSetup:
-    """A chat request's messages as the template reads them, what else it reads (tools, chat_template_kwargs),
-    and the tool plan; `reading(prompt)` once the prompt is rendered."""
-
-    messages: list[dict]
-    context: dict[str, Any]
-    plan: ToolPlan | None
-    reasoning: str
-
-    @property
-    def grammar(self) -> str | None:
-        return self.plan.grammar if self.plan else None
-
-    def reading(self, prompt: str) -> Reading:
-        started = self.reasoning != "none" and self.grammar is None and opens_thinking(prompt)
-        return Reading(self.plan, self.reasoning, started)
+from .schemas import OAIChatRequest
 
 
 def check_tools(tools: list[Any] | None) -> list[dict] | None:
@@ -74,35 +51,11 @@ def reasoning_format(requested: str | None, default: str) -> str:
     return fmt
 
 
-def chat_setup(engine: Engine, messages: list[dict], *, tools: list[Any] | None, choice: Any = "auto",
-               parallel: bool = True, reasoning: str = "auto", context: dict[str, Any] | None = None) -> ChatSetup:
-    """Plan the tools and put the messages in the template's terms; a bad tool or tool_choice is a 400."""
-    tools = check_tools(tools)
-    try:
-        plan = plan_tools(engine.chat_template, tools, choice, parallel=parallel)
-    except ToolChoiceError as e:
-        raise ApiError(400, str(e)) from None
-    msgs = tool_messages(messages, plan, engine.chat_template)
-    return ChatSetup(msgs, {**(context or {}), **template_context(plan, tools)}, plan, reasoning)
-
-
 # -- OpenAI --------------------------------------------------------------------------------------------------------
 
 def is_legacy(req: OAIChatRequest) -> bool:
     """The request uses `functions` (answered with `function_call`), not `tools`."""
     return bool(req.functions) and not req.tools
-
-
-def openai_setup(engine: Engine, req: OAIChatRequest, default_reasoning: str) -> ChatSetup:
-    tools, choice, parallel = req.tools, req.tool_choice, req.parallel_tool_calls
-    if is_legacy(req):
-        (tools, choice), parallel = legacy_tools(req.functions, req.function_call), False
-    kwargs = req.chat_template_kwargs or {}
-    if not isinstance(kwargs.get("enable_thinking", False), bool):
-        raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got '
-                            f'{type(kwargs["enable_thinking"]).__name__})')
-    return chat_setup(engine, chat_messages(req), tools=tools, choice=choice, parallel=parallel,
-                      reasoning=reasoning_format(req.reasoning_format, default_reasoning), context=kwargs)
 
 
 def openai_message(answer: Answer, *, legacy: bool = False) -> dict[str, Any]:
@@ -142,13 +95,6 @@ def openai_finish(finish: str | None, calls: list[ToolCall], *, legacy: bool = F
 
 
 # -- Ollama --------------------------------------------------------------------------------------------------------
-
-def ollama_setup(engine: Engine, req: OllamaChatRequest, default_reasoning: str) -> ChatSetup:
-    """`think` reaches the template as `enable_thinking` (Qwen 3's switch; other templates ignore it)."""
-    msgs = ollama_messages([m.model_dump(exclude_none=True) for m in req.messages])
-    context = {} if req.think is None else {"enable_thinking": req.think is not False}
-    return chat_setup(engine, msgs, tools=req.tools, reasoning=default_reasoning, context=context)
-
 
 def ollama_message(answer: Answer, think: Any) -> dict[str, Any]:
     """The assistant message: content, `thinking` (unless `think` is false), the calls."""

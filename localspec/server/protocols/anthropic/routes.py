@@ -19,12 +19,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ....engine.answer import Answer, Reading, read_answer
-from ....engine.engine import ChatTemplateError
 from ...execution.run import Run
 from ...execution.timings import speculative
 from ...execution.worker import Job
-from ...http import ApiError
-from ...request.chat_tools import chat_setup
+from ...request.chat import chat_plan, chat_prompt
 from ...request.sampling_fields import sampling, stops
 from ...request.structured import request_extras
 from ...state import State, StateDep
@@ -55,21 +53,15 @@ class Prepared:
 
 def prepare(state: State, req: CountTokensRequest) -> Prepared:
     """The prompt and how to read its answer; a bad request is a 400 here, before anything is queued. The tools
-    and messages go through the chat routes' setup (chat_tools.chat_setup), in OpenAI's terms."""
-    engine = state.engine
+    and messages become the chat routes' plan (request/chat.py), in OpenAI's terms."""
     choice, parallel = tool_choice(req.tool_choice)
-    setup = chat_setup(engine, openai_messages(req), tools=openai_tools(req.tools), choice=choice,
-                       parallel=parallel, reasoning=state.config.reasoning_format)
-    msgs = setup.messages
-    prefill = ""
-    if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
-        prefill = msgs.pop()["content"]  # Anthropic's prefill: the answer continues this text
-    try:
-        text = engine.chat_prompt(msgs, **setup.context)
-    except ChatTemplateError as e:
-        raise ApiError(400, str(e)) from None
-    # a grammar holds the answer from its first token: a think block the template opened is not the answer's
-    return Prepared(text + prefill, setup.reading(text + prefill))
+    plan = chat_plan(state.engine, openai_messages(req), tools=openai_tools(req.tools), choice=choice,
+                     parallel=parallel, reasoning=state.config.reasoning_format)
+    last = plan.messages[-1] if plan.messages else {}
+    if last.get("role") == "assistant" and not last.get("tool_calls"):
+        plan = plan.continuing()  # Anthropic's prefill: the answer continues this text
+    text = chat_prompt(state.engine, plan)
+    return Prepared(text, plan.reading(text))
 
 
 def job(state: State, req: MessagesRequest, prep: Prepared) -> Job:
