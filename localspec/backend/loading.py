@@ -120,12 +120,17 @@ def _context(model: _internals.LlamaModel, p: Path, options: LoadOptions, *, rs_
 def place_weights(mparams: llama_cpp.llama_model_params, p: Path, options: LoadOptions) -> tuple[str, Any]:
     """("read", the load-progress callback that marks the buffers, to keep alive; None off Linux) where memory.py
     says reading into huge pages pays, else ("mmap", None) with llama.cpp's mmap as asked."""
-    on_cpu = options.n_gpu_layers == 0 or not supports_gpu_offload()
+    # Only a CPU-only build: a GPU build's load maps the driver's own anonymous regions (pinned host buffers,
+    # reserved address ranges) among those the advisor marks, and on CUDA that load died by SIGSEGV (an H100,
+    # docs/bench/gpu.md); there the weights are mapped, as llama.cpp does by default.
+    on_cpu = not supports_gpu_offload()
     if not read_into_huge_pages(p.stat().st_size, on_cpu, options.mmap):
         if options.mmap:
             mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
         return "mmap", None
     mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+    if not on_cpu:  # --no-mmap on a GPU build: read, without marking the driver's regions
+        return "read", None
     advisor = huge_page_advisor()
     if advisor is not None:
         mparams.progress_callback = advisor
