@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..crash import WATCH_ENV, crash_line, die_with
 from .refusals import RunnerFailed
@@ -153,10 +153,19 @@ class Runner:
         self.started_at = time.time()
 
     def _drain(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Event) -> None:
-        """The reader thread: output lines until EOF, then reap the child."""
+        """The reader thread: output lines until EOF, then close the pipe and reap the child. The pipe is closed
+        here rather than left to the garbage collector: a router that had restarted its runners a few dozen
+        times held the pipe of every dead one (docs/bench/soak.md)."""
         proc = self._proc
         assert proc is not None and proc.stdout is not None
-        for raw in proc.stdout:
+        with proc.stdout:
+            self._read(proc.stdout, loop, ready)
+        proc.wait()
+        self._exited.set()
+        _set_soon(loop, ready)
+
+    def _read(self, out: Iterable[bytes], loop: asyncio.AbstractEventLoop, ready: asyncio.Event) -> None:
+        for raw in out:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.lines.append(line)
             if self.port is None and (m := READY.search(line)):
@@ -167,9 +176,6 @@ class Runner:
                     self.on_line(line)
                 except Exception:  # an echo that fails must not stop the draining (and the reaping)
                     pass
-        proc.wait()
-        self._exited.set()
-        _set_soon(loop, ready)
 
     async def _healthy(self, deadline: float) -> None:
         while True:
