@@ -69,3 +69,17 @@ def test_mapped_and_read_weights_give_the_same_logits(smollm2_path):
         finally:
             m.close()
     assert np.array_equal(rows[0], rows[1])
+
+
+def test_a_gpu_build_maps_its_weights_even_with_every_layer_on_the_cpu(smollm2_path, monkeypatch):
+    """On a CUDA build (an H100) localspec's read into huge pages died in llama.cpp's load while its default
+    mapped load ran: a GPU build maps, and --no-mmap reads without marking the driver's regions."""
+    import llama_cpp
+
+    from localspec.backend import loading
+
+    monkeypatch.setattr(loading, "supports_gpu_offload", lambda: True)
+    mparams = llama_cpp.llama_model_default_params()
+    assert loading.place_weights(mparams, smollm2_path, LoadOptions(n_gpu_layers=0)) == ("mmap", None)
+    assert loading.place_weights(mparams, smollm2_path, LoadOptions(mmap=False)) == ("read", None)
+    assert mparams.load_mode == llama_cpp.LLAMA_LOAD_MODE_NONE
