@@ -14,7 +14,8 @@ from ..backend import LoadOptions, Model, add_rpc_servers, devicefa, in_own_thre
 from ..backend.machine import CpuMeter
 from ..errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
 from ..models import LOOKUP
-from ..models.model_facts import kv_cache_bytes, trained_context
+from ..models.footprint import footprint
+from ..models.model_facts import trained_context
 from ..models.pairing import check_pair
 from ..models.registry import load_registry
 from ..models.resolve import resolve_model
@@ -184,7 +185,7 @@ def check_context(path, name: str, n_ctx: int, load: LoadOptions) -> None:
     except ModelLoadError:  # not a readable GGUF: llama.cpp's load says why
         return
     if trained and n_ctx > trained:
-        gb = kv_cache_bytes(path, n_ctx, type_k=load.type_k, type_v=load.type_v) / 1e9
+        gb = footprint(path, n_ctx, type_k=load.type_k, type_v=load.type_v).kv / 1e9
         raise ContextTooLarge(f"--ctx {n_ctx} is above the trained context of {name} ({trained} tokens; a KV "
                               f"cache of {n_ctx} tokens would take {gb:.1f} GB): use --ctx {trained} or less")
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from .gguf_header import read_header
-from .model_facts import _per_layer, _type_bytes
 
 F32 = 4
+F16 = 1  # ggml type id of the default KV cache type
 N_UBATCH = 512  # backend/loading.py's n_batch, which it passes as the micro-batch too
 COMPUTE_MARGIN = 1.25
 # backend/rollback.py: a recurrent state is kept for 1 + SLOTS sequences, or for 1 + RS_DEPTH per-token snapshots
@@ -40,6 +40,18 @@ RS_ROLLBACK_ARCHS = ("kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", 
 RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")  # every layer recurrent
 ALL_LAYERS_BOTH = ("falcon-h1",)  # every layer has attention and a state
 PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_length", "attention.recurrent_layers")
+
+
+def _per_layer(v: Any, n_layer: int) -> list[int]:
+    """A per-layer count that GGUF stores either as one int or as an array (e.g. head_count_kv of hybrid models)."""
+    return [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)] * n_layer
+
+
+def _type_bytes(ggml_type: int | None) -> float:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(F16 if ggml_type is None else ggml_type)]
+    return size / block
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from .gguf_header import GGUFHeader, read_header
 
 _SPECIAL = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "mask",
             "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
-F16 = 1  # ggml type id of the default KV cache type
 
 
 def _file_type_name(v: int | None) -> str | None:
@@ -119,41 +118,3 @@ def trained_context(path: str | Path) -> int | None:
     kv = read_header(path, tokens=False).kv
     n = kv.get(f"{kv.get('general.architecture', '?')}.context_length")
     return int(n) if isinstance(n, int) and n > 0 else None
-
-
-def _per_layer(v: Any, n_layer: int) -> list[int]:
-    """A per-layer count that GGUF stores either as one int or as an array (e.g. head_count_kv of hybrid models)."""
-    return [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)] * n_layer
-
-
-def _type_bytes(ggml_type: int | None) -> float:
-    import gguf
-
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(F16 if ggml_type is None else ggml_type)]
-    return size / block
-
-
-def kv_cache_bytes(path: str | Path, n_ctx: int, *, type_k: int | None = None, type_v: int | None = None) -> int:
-    """Bytes of K and V cache for `n_ctx` tokens: Σ_layers n_ctx · n_head_kv · (d_k·|K| + d_v·|V|).
-
-    Uses block_count, attention.head_count(_kv), attention.key_length/value_length (else embedding/heads) from
-    the header; 0 when the header lacks them. A sliding-window model (Gemma 3) may use less in practice.
-    """
-    h = read_header(path, tokens=False)
-    kv = h.kv
-    arch = kv.get("general.architecture", "?")
-    g = lambda key: kv.get(f"{arch}.{key}")  # noqa: E731
-    n_layer, heads, emb = g("block_count"), g("attention.head_count"), g("embedding_length")
-    if not n_layer or heads is None:
-        return 0
-    heads_l = _per_layer(heads, n_layer)
-    kv_heads_l = _per_layer(g("attention.head_count_kv") if g("attention.head_count_kv") is not None else heads,
-                            n_layer)
-    total = 0.0
-    for n_head, n_kv in zip(heads_l, kv_heads_l):
-        if not n_head or not n_kv:
-            continue
-        d_k = g("attention.key_length") or (emb // n_head if emb else 0)
-        d_v = g("attention.value_length") or (emb // n_head if emb else 0)
-        total += n_ctx * n_kv * (d_k * _type_bytes(type_k) + d_v * _type_bytes(type_v))
-    return int(total)
