@@ -1,6 +1,6 @@
 """Which model load dies on a GPU build: localspec's `Model.load` (every layer on the CPU, and every layer on
 the device) and llama.cpp reading the weights with and without localspec's huge-page callback. Each load runs
-in a child; one line per load with its exit status (docs/bench/gpu.md, "Results on the GPU").
+in a child; one line per load with its exit status (docs/bench/gpu.md#cuda-h100).
 
     python scripts/gpu_load_check.py TOKENIZER.gguf /tmp/tiny.gguf   # the random tiny model is written once
 """
