@@ -242,3 +242,19 @@ def test_without_parallel_calls_the_grammar_allows_one_call(fmt: str) -> None:
     assert one.splitlines()[0].count("tool-call") == 1
     many = tool_grammar(fmt, fns, required=True, parallel=True) or ""
     assert fmt == "llama3" or "*" in many.splitlines()[0]
+
+
+def test_generic_format_joins_parallel_results_into_one_user_turn() -> None:
+    """Three calls at once (as Codex makes them) and their three results: the results are one user turn, so a
+    template that wants turns to alternate (Gemma's) renders the conversation."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": json.dumps({"city": c})}}
+             for i, c in enumerate(["Paris", "Rome", "Oslo"])]
+    results = [{"role": "tool", "tool_call_id": f"call_{i}", "content": f"{i} C"} for i in range(3)]
+    history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": calls},
+               *results, {"role": "assistant", "content": "Cold."}, {"role": "user", "content": "Thanks"}]
+    msgs = tool_messages(history, plan_tools(template("gemma-2"), [WEATHER]), template("gemma-2"))
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    lines = [json.loads(line)["tool_response"] for line in msgs[3]["content"].splitlines()]
+    assert lines == [{"tool": "get_weather", "content": f"{i} C"} for i in range(3)]
+    assert '"content": "2 C"' in render_chat(template("gemma-2"), msgs[1:])

@@ -133,6 +133,8 @@ def tool_messages(messages: list[dict], plan: ToolPlan | None, template: str | N
     names = {c.get("id"): (c.get("function") or {}).get("name") for m in messages for c in m.get("tool_calls") or []}
     out = [_generic_message(m, names, plan is not None) if fmt == "generic" else _native_message(m, names)
            for m in messages]
+    if fmt == "generic":
+        out = _join_results(messages, out)
     if plan is not None and plan.fmt == "generic":
         text = generic_instructions(plan.functions, required=plan.required, parallel=plan.parallel)
         if out and out[0]["role"] == "system":
@@ -193,6 +195,18 @@ def _generic_message(m: dict, names: dict, answers: bool) -> dict:
     if answers and m.get("role") == "assistant" and text and not text.lstrip().startswith("{"):
         return {"role": "assistant", "content": json.dumps({"response": text})}
     return {**m, "content": text}
+
+
+def _join_results(messages: list[dict], out: list[dict]) -> list[dict]:
+    """The results of parallel calls as one user turn, a JSON line each: templates that want user and assistant
+    turns in turn (Gemma's) refuse two user turns in a row, and Codex runs several calls at once."""
+    joined: list[dict] = []
+    for i, m in enumerate(out):
+        if i and messages[i].get("role") == "tool" and messages[i - 1].get("role") == "tool":
+            joined[-1] = {**joined[-1], "content": f"{joined[-1]['content']}\n{m['content']}"}
+        else:
+            joined.append(m)
+    return joined
 
 
 @dataclass
