@@ -209,7 +209,8 @@ class Soak:
         self.events[f"keep_alive 0 ({'answer' if with_prompt else 'unload request'})"] += 1
         old = (await self.status())[model][1]
         if with_prompt or not self.router:
-            r = self.plain(model, self.rng.choice(["ollama_generate", "ollama_chat"]), keep_alive=0)
+            ollama = [p for p in ("ollama_generate", "ollama_chat") if self.expect[(model, p)] == "answered"]
+            r = self.plain(model, self.rng.choice(ollama), keep_alive=0)
             await self.go(r, {"answered"}, book="last" if self.router else "gen")
         else:
             r = Req("ollama_generate", model, "", 0, False, keep_alive=0)
