@@ -25,6 +25,8 @@ class Gen:
     unread: Counter = field(default_factory=Counter)  # sent after its last reading: the request that ended it
     readings: int = 0
     last_counted: Counter = field(default_factory=Counter)
+    last_errors: int = 0  # jobs that ended in an error, at the last reading
+    last_cancelled: int = 0  # jobs cancelled by a caller that hung up, at the last reading
     mismatches: list[str] = field(default_factory=list)
 
 
@@ -88,6 +90,7 @@ class Ledger:
             return problem
         gen.readings += 1
         gen.last_counted = Counter(counts.routes)
+        gen.last_errors, gen.last_cancelled = counts.errors, counts.cancelled
         want = {r: n for r, n in gen.sent.items() if n}
         got = {r: n for r, n in counts.routes.items() if n}
         if want != got:
@@ -112,5 +115,7 @@ class Ledger:
                 "generations": len(started),
                 "readings": sum(g.readings for g in gens),
                 "mismatches": sum(len(g.mismatches) for g in gens),
+                "errors_read": sum(g.last_errors for g in gens),
+                "cancelled_read": sum(g.last_cancelled for g in gens),
             }
         return out

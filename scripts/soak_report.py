@@ -54,9 +54,10 @@ def markdown(result: dict) -> str:
         out += [f"First answer from a restarted runner: median {wakes[len(wakes) // 2]:.1f} s, "
                 f"max {wakes[-1]:.1f} s over {len(wakes)} restarts.", ""]
     heads = ["model", "sent", "counted (read)", "ended a runner (unread)", "lost in a crash", "generations",
-             "readings", "mismatches"]
-    keys = ["sent", "counted_read", "ended_runner_unread", "lost_in_crash", "generations", "readings", "mismatches"]
-    out += [_table(heads, [[m, *(t[k] for k in keys)] for m, t in result["counters"].items()]), ""]
+             "readings", "mismatches", "errors (read)", "cancelled (read)"]
+    keys = ["sent", "counted_read", "ended_runner_unread", "lost_in_crash", "generations", "readings", "mismatches",
+            "errors_read", "cancelled_read"]
+    out += [_table(heads, [[m, *(t.get(k, "") for k in keys)] for m, t in result["counters"].items()]), ""]
     if result["router_answered"]:
         out += [f"Answered by the router itself (not forwarded): {result['router_answered']}", ""]
     out += [_samples(result), "", "The " + ("router" if result["mode"] == "router" else "server")
