@@ -312,10 +312,11 @@ async def test_a_runner_that_crashes_mid_answer_is_named_and_restarted(smollm2_p
 
 @pytest.mark.slow
 async def test_models_max_evicts_the_least_recently_used_idle_model_and_keep_alive_0_unloads(smollm2_path):
-    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)], models_max=1, default_keep_alive=-1)
+    pool = Pool([_spec("a", smollm2_path), _spec("b", smollm2_path)], models_max=1, default_keep_alive=-1,
+                queue_wait_s=0.1)
     try:
         ra = await pool.acquire("a")
-        with pytest.raises(WontFit, match="busy"):  # a serves a request: it is never evicted
+        with pytest.raises(WontFit, match="busy .* in the load queue"):  # a serves a request: never evicted
             await pool.acquire("b")
         pool.release(ra)
         a_pid = ra.pid

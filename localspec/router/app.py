@@ -18,6 +18,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from .. import __version__
 from ..errors import LocalspecError
@@ -33,7 +34,7 @@ from .choice import (
     unload_answer,
 )
 from .pool import FAILED, UNLOADED
-from .proxy import Client, forward
+from .proxy import Client, HangUp, forward
 from .refusals import NotLoaded, RouterError, RunnerFailed, UnknownModel, WontFit
 
 log = logging.getLogger("localspec.router")
@@ -115,9 +116,29 @@ class Forwarder:
         if not autoload(scope, self.config) and pool.state(name) in (UNLOADED, FAILED) \
                 and not is_load_request(path, body):
             raise NotLoaded(name)  # Ollama's load request (no prompt) is the asking, as /models/load is
-        runner = await pool.acquire(name, keep_alive)
+        runner = await acquired(pool, name, keep_alive, receive)
+        if runner is None:  # the caller hung up while its model waited in the load queue
+            return await Response(status_code=499)(scope, receive, send)
         await forward(self.client, scope, receive, send, runner, raw, name,
                       lambda: pool.release(runner, keep_alive))
+
+
+async def acquired(pool: Any, name: str, keep_alive: float | None, receive: Callable) -> Any:
+    """The pool's runner for `name`, or None when the caller hangs up first: a wait in the load queue can be
+    long, and a caller that left takes its place in line with it (its model's load is cancelled when no one
+    else waits for it)."""
+    task = asyncio.ensure_future(pool.acquire(name, keep_alive))
+    hang_up = HangUp(receive, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if hang_up.gone and task.cancelled():
+            return None
+        if task.done() and not task.cancelled() and task.exception() is None:
+            pool.release(task.result(), keep_alive)  # taken just as this request was cancelled: given back
+        raise
+    finally:
+        hang_up.close()
 
 
 async def _read_body(receive) -> bytes:
@@ -133,7 +154,7 @@ async def _read_body(receive) -> bytes:
 
 def router_error(path: str, exc: RouterError) -> JSONResponse:
     """A pool refusal in the caller's shape: an unknown model is a 404, one not loaded under
-    --no-models-autoload a 400, one that will not fit a 503 (nothing idle can make room now), a runner that
+    --no-models-autoload a 400, one that will not fit a 503 (after its wait in the load queue), a runner that
     failed to start a 500 naming its cause."""
     if isinstance(exc, UnknownModel):
         known = ", ".join(exc.known) or "none"

@@ -8,7 +8,8 @@ runner did not start or died; the next request starts it again). Requests hold a
 the expiry is set when the last request on a model ends (now + keep_alive; 0 unloads at once; negative keeps
 it forever), and --sleep-idle-seconds puts any model to sleep after that long idle. Everything runs on the
 event loop; loads of different models run side by side, one load at a time per model, and only admitting a
-load (eviction, the memory check) is serialised.
+load (eviction, the memory check) is serialised: by the load queue (queue.py), where a model waits, first in,
+first out, while the models that hold its room are busy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..errors import LocalspecError
 from .discover import ModelSpec, canonical
 from .memory import Estimate, fits, free_vram_bytes, gb, refusal, spec_estimate
 from .process import START_TIMEOUT, Runner
+from .queue import QUEUE_WAIT_S, LoadQueue
 from .refusals import RunnerFailed, UnknownModel, WontFit
 from .slot import FAILED, LOADED, LOADING, SLEEPING, UNLOADED, ModelStatus, Slot
 
@@ -39,7 +41,8 @@ class Pool:
                  available: Callable[[], int | None] = available_bytes,
                  available_vram: Callable[[], int | None] = free_vram_bytes, log: Callable[[str], None] | None = None,
                  env: dict[str, str] | None = None, server_args: tuple[str, ...] = (),
-                 echo: Callable[[str, str], None] | None = None, start_timeout: float = START_TIMEOUT) -> None:
+                 echo: Callable[[str, str], None] | None = None, start_timeout: float = START_TIMEOUT,
+                 queue_wait_s: float = QUEUE_WAIT_S) -> None:
         values = specs.values() if isinstance(specs, dict) else specs
         self.specs = {s.name: s for s in values}
         self.models_max = max(1, models_max)
@@ -53,9 +56,10 @@ class Pool:
         self.server_args = tuple(server_args)
         self.echo = echo  # (model name, line) for each line a runner prints
         self.start_timeout = start_timeout
+        self.queue_wait_s = queue_wait_s
         self._slots = {n: Slot(s) for n, s in self.specs.items()}
         self._retired: dict[str, Slot] = {}  # gone from the catalog, stopped when their requests end
-        self._admit = asyncio.Lock()
+        self._queue = LoadQueue(self.log)
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
 
@@ -99,11 +103,16 @@ class Pool:
     def loaded(self) -> list[str]:
         return [n for n, s in self._slots.items() if s.state == LOADED and s.runner is not None]
 
+    def queued(self) -> list[str]:
+        """The models waiting for room to load, the next one first."""
+        return self._queue.waiting
+
     # -- requests -----------------------------------------------------------------------------------------------
 
     async def acquire(self, name: str, keep_alive: float | None = None) -> Runner:
-        """A running runner for the model, started if need be; the caller must `release` it. Raises
-        UnknownModel, WontFit (no room and nothing idle to evict) or RunnerFailed (it would not start)."""
+        """A running runner for the model, started if need be (after its turn in the load queue); the caller
+        must `release` it. Raises UnknownModel, WontFit (no room after queue_wait_s, or none that waiting could
+        make) or RunnerFailed (it would not start)."""
         slot = self._slots[self.resolve(name)]
         return self._take(slot, await self._ready(slot), keep_alive)  # no await in between: nothing evicts it
 
@@ -129,6 +138,7 @@ class Pool:
             self._mark_dead(slot)
         elif slot.busy == 0 and slot.runner is runner:
             self._idle(slot)
+        self._queue.changed()
 
     async def load(self, name: str) -> Runner:
         """POST /models/load: start the model (if it is not running) and leave it idle."""
@@ -142,7 +152,7 @@ class Pool:
         """POST /models/unload, Ollama's keep_alive 0: stop the model now, or when its requests end if it is
         serving some. False when it was not running."""
         slot = self._slots[self.resolve(name)]
-        if slot.loading is not None:
+        if slot.loading is not None and slot.runner is not None:  # a model still in the load queue is not running
             try:
                 await asyncio.shield(slot.loading)
             except Exception:
@@ -171,6 +181,8 @@ class Pool:
             return await asyncio.shield(slot.loading)  # a waiter that goes away leaves the load to the others
         finally:
             slot.waiting -= 1
+            if not slot.waiting and slot.loading is not None and slot.runner is None:
+                slot.loading.cancel()  # the last waiter left while its model was still in the load queue
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -186,13 +198,9 @@ class Pool:
     async def _load(self, slot: Slot) -> Runner:
         name = slot.spec.name
         try:
-            async with self._admit:
-                await self._make_room(slot)
-                echo = self.echo
-                runner = Runner(name, (*slot.spec.args, *self.server_args), env=self.env,
-                                on_line=(lambda line: echo(name, line)) if echo is not None else None,
-                                start_timeout=self.start_timeout)
-                slot.runner, slot.state, slot.failure = runner, LOADING, None
+            await self._queue.turn(name, lambda: self._admit(slot), self.queue_wait_s)
+            runner = slot.runner
+            assert runner is not None
             self.log(f"router: loading {name}")
             await runner.start()
         except RunnerFailed as e:
@@ -205,10 +213,27 @@ class Pool:
             raise
         finally:
             slot.loading = None
+            self._queue.changed()
         slot.state = LOADED
         self._idle(slot)  # its idle clock runs until a request takes it (one whose client left may never come)
         self.log(f"router: {name} loaded (pid {runner.pid}, {runner.url})")
         return runner
+
+    async def _admit(self, slot: Slot) -> str | None:
+        """At the head of the load queue: make room and give the slot its runner (None), or say why it must wait
+        for a busy model. WontFit at once when nothing else runs, so that waiting cannot make room."""
+        try:
+            await self._make_room(slot)
+        except WontFit as e:
+            if not self._running(slot):
+                raise
+            return str(e)
+        name, echo = slot.spec.name, self.echo
+        runner = Runner(name, (*slot.spec.args, *self.server_args), env=self.env,
+                        on_line=(lambda line: echo(name, line)) if echo is not None else None,
+                        start_timeout=self.start_timeout)
+        slot.runner, slot.state, slot.failure = runner, LOADING, None
+        return None
 
     def _running(self, but: Slot) -> list[Slot]:
         return [s for s in self._slots.values() if s is not but and s.runner is not None
@@ -235,8 +260,7 @@ class Pool:
         WontFit when only busy models are left to evict."""
         name, m = slot.spec.name, self.models_max
         await self._evict_until(slot, lambda: len(self._running(slot)) < m, f"--models-max {m}", lambda: (
-            f"cannot load {name}: {len(self._running(slot))} models are running and busy (--models-max {m}); "
-            "retry when one is idle"))
+            f"cannot load {name}: {len(self._running(slot))} models are running and busy (--models-max {m})"))
         need = self._need(slot)
         if need is None:
             return
@@ -251,7 +275,8 @@ class Pool:
             victim = self._lru_idle(slot)
             if victim is None:
                 raise WontFit(refusal())
-            await self._stop(victim, UNLOADED, f"evicted for {slot.spec.name} ({why})")
+            stop = self._spawn(self._stop(victim, UNLOADED, f"evicted for {slot.spec.name} ({why})"))
+            await asyncio.shield(stop)  # a waiter that leaves the queue does not cut an eviction short
 
     # -- unloading ----------------------------------------------------------------------------------------------
 
@@ -271,6 +296,7 @@ class Pool:
         slot.failure = (r.failure() if r else None) or "runner exited"
         slot.runner, slot.state, slot.expires, slot.sleep_at = None, FAILED, None, None
         self.log(f"router: {slot.spec.name}: {slot.failure}")
+        self._queue.changed()
 
     async def _stop(self, slot: Slot, state: str, why: str) -> None:
         """Stop the slot's runner (the caller checked that no request holds it)."""
@@ -280,7 +306,10 @@ class Pool:
         slot.runner, slot.state, slot.expires, slot.sleep_at = None, state, None, None
         slot.keep_alive = None
         self.log(f"router: stopping {slot.spec.name} ({why})")
-        await r.stop()
+        try:
+            await r.stop()
+        finally:
+            self._queue.changed()  # its memory is free now
 
     async def reap(self) -> None:
         """One pass: mark dead runners failed, put idle ones to sleep or unload them when their time is up."""
