@@ -168,6 +168,30 @@ def test_llama_server_path_and_raw_event_names(server):
     assert names[:4] == STREAM_EVENTS
 
 
+@pytest.mark.slow
+def test_a_stream_with_llama_servers_progress_and_timings(server):
+    """llama-server's test_responses_stream_with_llama_telemetry: `response.in_progress` events carry the prompt's
+    progress (its cached part, then all of it), each round's last event its `timings`, the last event too."""
+    body = {"input": "This is a test" * 10, "max_output_tokens": 8, "temperature": 0.8, "stream": True,
+            "timings_per_token": True, "return_progress": True}
+    with httpx.stream("POST", server.url + "/responses", json=body, timeout=120) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert {e["type"] for e in events if "prompt_progress" in e} == {"response.in_progress"}
+    assert len(progress) == 2 and progress[0]["processed"] == progress[0]["cache"]
+    assert progress[-1]["processed"] == progress[-1]["total"] > 0
+    assert any(e["type"] == "response.output_text.delta" and "predicted_per_second" in e.get("timings", {})
+               for e in events)
+    last = events[-1]
+    assert last["type"] == "response.incomplete"  # the budget ran out: OpenAI's name (llama-server: completed)
+    assert "usage" in last["response"] and "prompt_per_second" in last["timings"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    plain = {"input": ASK, "max_output_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/responses", json=plain, timeout=120) as r:
+        quiet = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert not any("prompt_progress" in e or "timings" in e for e in quiet[:-1])
+
+
 def test_input_forms_become_chat_messages():
     assert input_messages(ResponsesRequest(input="hi", instructions="sys")) == [
         {"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]

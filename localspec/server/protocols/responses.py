@@ -12,7 +12,9 @@ named function) and `parallel_tool_calls`; tools this server cannot run (`web_se
 order (`output_item.added`, `function_call_arguments.delta` / `.done`, `output_item.done`). `text.format`
 (json_schema, json_object) constrains the output as `response_format` does there. A budget that runs out ends the
 response `incomplete` (`incomplete_details.reason: "max_output_tokens"`, the stream's last event
-`response.incomplete`), as OpenAI reports it; llama-server says `completed` either way.
+`response.incomplete`), as OpenAI reports it; llama-server says `completed` either way. llama-server's stream
+options work as on its chat route: `return_progress` adds `response.in_progress` events carrying
+`prompt_progress`, and `timings_per_token` a `timings` block on the last event of each round.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ...engine.chatplan import ChatPlan
 from ...engine.tools import ToolCall
 from ...errors import LocalspecError
 from ..execution.run import Run, error_event
-from ..execution.timings import speculative
+from ..execution.timings import progress_events, speculative
 from ..execution.worker import Job
 from ..http import ApiError
 from ..request.chat import chat_plan, chat_prompt
@@ -61,6 +63,8 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    timings_per_token: bool = False  # llama-server's: a `timings` block on each round's last streamed event
+    return_progress: bool = False  # llama-server's: `response.in_progress` events with `prompt_progress`
 
 
 def _content(content: Any, where: str) -> str:
@@ -246,6 +250,13 @@ class Events:
         self.n += 1
         return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
 
+    @staticmethod
+    def adding(event: str, **data: Any) -> str:
+        """`event` (one of ours) with more fields in its data: llama-server puts a round's `timings` on its last
+        event."""
+        head, body = event.split("data: ", 1)
+        return f"{head}data: {json.dumps({**json.loads(body), **data})}\n\n"
+
 
 class Items:
     """The stream's output items, each opened when the answer reaches it and closed before the next: the
@@ -332,10 +343,16 @@ async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids, readin
     begun = response_body(state, req, ids, run, [], False)
     yield ev("response.created", response=begun)
     yield ev("response.in_progress", response=begun)
+    if req.return_progress and run.job.first is not None:
+        for p in progress_events(run.job.first):
+            yield ev("response.in_progress", response=begun, prompt_progress=p)
     items, answer = Items(ev, ids), AnswerStream(reading)
     try:
         async for ch in run.chunks():
-            for event in items.push(answer.push(ch.text)):
+            out = items.push(answer.push(ch.text))
+            if out and req.timings_per_token:
+                out[-1] = Events.adding(out[-1], timings=run.timings)
+            for event in out:
                 yield event
     except LocalspecError as e:
         err = error_event(e)["error"]
