@@ -63,10 +63,10 @@ async def drive(soak: Soak, a: argparse.Namespace, t_end: float) -> dict:
         if time.monotonic() > t_end:
             break
         await soak.traffic(a.round, 1 + i % 4)
+        await soak.check()  # after every round: the counters, and the server's own descriptors and memory
         rounds += 1
         done = i * a.round
         if i == n_rounds // 2:
-            await soak.check()
             await soak.take_samples("middle")
         if a.mode == "router" and done % a.crash_every < a.round:
             await soak.crash(soak.models[crashes % len(soak.models)], external=crashes % 4 in (1, 2))
