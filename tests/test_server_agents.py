@@ -7,6 +7,9 @@ captures (tests/captures/, long texts cut) came from the real clients through a 
   session-title request constrains the answer with `output_config.format`'s JSON schema.
 - Codex's first request: a streamed `POST /v1/responses` with function tools, a `namespace` of tools,
   `web_search`, developer messages, `reasoning`, `include`, `store: false` and `prompt_cache_key`.
+- A later Codex turn on Gemma-3-270M (scripts/real_clients.py --codex-lean --save): three calls made at once and
+  their three results, then a call, the text the model wrote beside it, and its result. Gemma's template refuses
+  two turns of one role in a row, and this request got a 400 for it twice.
 
 Whole, Claude Code's first request is longer than this server's context: the answer is the context error in
 Anthropic's shape, after everything else was accepted. Codex's runs whole (with a budget of 8 tokens), and both
@@ -23,9 +26,14 @@ import httpx
 import pytest
 from servers import ServerProcess
 
+from localspec.engine.chatplan import plan_chat
+from localspec.engine.template import render_chat
+from localspec.server.protocols.responses import ResponsesRequest, chat_choice, function_tools, input_messages
+
 pytestmark = pytest.mark.slow
 
 CAPTURES = Path(__file__).parent / "captures"
+GEMMA = Path(__file__).parent / "templates" / "gemma-2.jinja"
 
 
 def _capture(name: str) -> tuple[str, dict[str, Any]]:
@@ -36,6 +44,14 @@ def _capture(name: str) -> tuple[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def server(smollm2_path) -> Iterator[ServerProcess]:
     with ServerProcess(["--ctx", "2048", "--threads", "2"]) as srv:
+        yield srv
+        assert srv.alive, "".join(srv.log[-20:])
+
+
+@pytest.fixture(scope="module")
+def gemma_server(smollm2_path) -> Iterator[ServerProcess]:
+    """A server whose chat template wants user and assistant turns in turn, as Gemma's does."""
+    with ServerProcess(["--ctx", "2048", "--threads", "2", "--chat-template-file", str(GEMMA)]) as srv:
         yield srv
         assert srv.alive, "".join(srv.log[-20:])
 
@@ -102,6 +118,27 @@ def test_codex_request_with_fewer_tools_calls_one_streamed(server):
         assert isinstance(json.loads(call["arguments"])["cmd"], str)
     else:
         assert kinds[-1] == "response.incomplete"
+
+
+def test_codex_later_turn_is_one_turn_of_each_role_in_turn():
+    """The results of parallel calls join one user turn, and the text beside a call joins the call's turn."""
+    _, body = _capture("codex_later_turn")
+    req = ResponsesRequest(**body)
+    template = GEMMA.read_text()
+    plan = plan_chat(template, input_messages(req), tools=function_tools(req.tools),
+                     choice=chat_choice(req.tool_choice), parallel=req.parallel_tool_calls)
+    roles = [m["role"] for m in plan.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"], roles
+    assert len(plan.messages[5]["content"].splitlines()) == 3  # the three results, a JSON line each
+    assert render_chat(template, list(plan.messages)).count("<start_of_turn>user") == 4
+
+
+def test_codex_later_turn_streams_on_a_template_that_wants_turns_in_turn(gemma_server):
+    path, body = _capture("codex_later_turn")
+    status, events = _events(gemma_server.url + path, {**body, "max_output_tokens": 8})
+    kinds = [e["type"] for e in events]
+    assert status == 200 and kinds[0] == "response.created", events
+    assert kinds[-1] in ("response.completed", "response.incomplete")
 
 
 def test_anthropic_client_with_annotation_only_schema_and_system_message(server):

@@ -108,8 +108,19 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         elif ROLES[role] == "system":
             system.append(_content(item.get("content"), f"input.{i}.content"))
         else:
-            msgs.append({"role": ROLES[role], "content": _content(item.get("content"), f"input.{i}.content")})
+            _add_message(msgs, ROLES[role], _content(item.get("content"), f"input.{i}.content"))
     return _with_system(system, msgs)
+
+
+def _add_message(msgs: list[dict[str, Any]], role: str, text: str) -> None:
+    """Adds a message; assistant text right after the same turn's calls joins that turn. Codex echoes a turn's
+    call and the text beside it as two items, and templates that want turns to alternate refuse two assistant
+    turns in a row."""
+    last = msgs[-1] if msgs else None
+    if role == "assistant" and last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+        last["content"] = "\n\n".join(t for t in (last["content"], text) if t)
+    else:
+        msgs.append({"role": role, "content": text})
 
 
 def _with_system(system: list[str], msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
