@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import http.server
+import json
 import os
 import re
 import shutil
@@ -42,7 +43,25 @@ name = "localspec"
 base_url = "{url}/v1"
 wire_api = "responses"
 stream_idle_timeout_ms = 3600000
+request_max_retries = 0
+stream_max_retries = 0
 """
+# Codex's built-in prompt is ~41 KB (~10k tokens): 17 KB of instructions, a 11 KB multi-agent namespace, goal,
+# image, skill and web-search tools. `--codex-lean` drops those for a ~6 KB prompt that a 2-core CPU reads in
+# a minute; the shell tool (exec_command) stays.
+CODEX_LEAN = """model_instructions_file = "{instructions}"
+web_search = "disabled"
+include_permissions_instructions = false
+include_environment_context = false
+agents.enabled = false
+features.goals = false
+features.view_image = false
+features.apps = false
+features.plugins = false
+skills.bundled.enabled = false
+"""
+LEAN_INSTRUCTIONS = ("You are a coding agent in a terminal. First run a shell command with the exec_command tool, "
+                     "then answer briefly from its output.\n")
 
 
 @dataclass
@@ -54,6 +73,25 @@ class Hit:
     size: int
     seconds: float
     error: str
+    asked: str = ""
+
+    def row(self) -> str:
+        error = self.error.replace("|", "/").replace(chr(10), " ")[:160]
+        return (f"| {self.client} | {self.method} {self.path} | {self.asked} | {self.status} | {self.size} | "
+                f"{self.seconds:.1f} | {error} |")
+
+
+def asked(body: bytes) -> str:
+    """What a request asked for, in a few words: the kinds of its last input items and how many tools it had."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    items = data.get("input") if isinstance(data.get("input"), list) else data.get("messages") or []
+    kinds = [str(i.get("type") or i.get("role")) for i in items[-3:] if isinstance(i, dict)]
+    return f"{len(body) // 1024} KB, {len(data.get('tools') or [])} tools, last items: {' '.join(kinds)}"
 
 
 class Proxy(http.server.ThreadingHTTPServer):
@@ -64,6 +102,7 @@ class Proxy(http.server.ThreadingHTTPServer):
         self.upstream = urlsplit(upstream)
         self.hits: list[Hit] = []
         self.client = ""
+        self.save: Path | None = None  # a folder for every request's body, for captures
 
     @property
     def url(self) -> str:
@@ -81,6 +120,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _forward(self) -> None:
         t0 = time.monotonic()
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.server.save and body:
+            n = len(list(self.server.save.glob("*.json")))
+            (self.server.save / f"{n:03d}-{self.server.client}.json").write_bytes(body)
         up = http.client.HTTPConnection(self.server.upstream.hostname or "127.0.0.1", self.server.upstream.port,
                                         timeout=3600)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
@@ -106,8 +148,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
         error = head.decode("utf-8", "replace").strip()[-300:] if head else ""
-        self.server.hits.append(Hit(self.server.client, self.command, self.path, r.status, size,
-                                    time.monotonic() - t0, error))
+        hit = Hit(self.server.client, self.command, self.path, r.status, size, time.monotonic() - t0, error,
+                  asked(body))
+        self.server.hits.append(hit)
+        print(hit.row(), flush=True)
 
     do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _forward
 
@@ -154,10 +198,16 @@ def main() -> int:
     ap.add_argument("--claude-arg", action="append", default=[], help="one more `claude` argument, e.g. "
                     "--claude-arg=--tools=Bash for a short prompt on a slow machine")
     ap.add_argument("--codex-arg", action="append", default=[], help="one more `codex exec` argument")
+    ap.add_argument("--save", help="a folder to write every request's body into (NNN-client.json)")
+    ap.add_argument("--codex-lean", action="store_true", help="Codex without its long instructions and the "
+                    "tools it does not need here (a ~6 KB prompt instead of ~41 KB)")
     args = ap.parse_args()
 
     server, url = start_server(args)
     proxy = Proxy(url)
+    if args.save:
+        proxy.save = Path(args.save)
+        proxy.save.mkdir(parents=True, exist_ok=True)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     results = {}
     try:
@@ -178,7 +228,11 @@ def main() -> int:
                 cmd = [exe, "-p", args.prompt, "--max-turns", "4", "--allowedTools", "Bash(ls:*)", *args.claude_arg]
             else:
                 (home / ".codex").mkdir()
-                (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(model=args.model, url=proxy.url))
+                config = CODEX_CONFIG.format(model=args.model, url=proxy.url)
+                if args.codex_lean:
+                    (home / "instructions.md").write_text(LEAN_INSTRUCTIONS)
+                    config = CODEX_LEAN.format(instructions=home / "instructions.md") + config
+                (home / ".codex" / "config.toml").write_text(config)
                 env |= {"CODEX_HOME": str(home / ".codex")}
                 cmd = [exe, "exec", "--skip-git-repo-check", *args.codex_arg, args.prompt]
             proxy.client = name
@@ -189,10 +243,9 @@ def main() -> int:
         server.wait(30)
         proxy.shutdown()
 
-    print("\n| client | request | status | bytes | seconds | error |\n|---|---|---|---|---|---|")
+    print("\n| client | request | asked | status | bytes | seconds | error |\n|---|---|---|---|---|---|---|")
     for h in proxy.hits:
-        print(f"| {h.client} | {h.method} {h.path} | {h.status} | {h.size} | {h.seconds:.1f} | "
-              f"{h.error.replace('|', '/').replace(chr(10), ' ')[:160]} |")
+        print(h.row())
     for name, (code, out) in results.items():
         tail = "\n    ".join(out.splitlines()[-8:])
         print(f"\n{name}: exit {code}\n    {tail}")
