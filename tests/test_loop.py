@@ -70,6 +70,15 @@ def test_a_long_prompt_tail_gets_its_own_pass_a_short_one_shares_the_first_verif
         assert steps[0].n_prompt == n and (steps[0].t_verify == 0) == merged  # a shared pass is prompt time
 
 
+def test_prefill_reports_the_reused_prefix_then_each_batch():
+    target = FakeModel(counting())
+    _run(target, list(range(1, 22)), max_tokens=1)  # the cache keeps 1..21
+    heard: list[int] = []
+    _, out = _run(target, list(range(1, 41)), max_tokens=1, progress=heard.append, batch=8)
+    assert heard == [21, 29, 37, 39] and out == list(range(1, 42))  # the prefix, then each batch of 22..39
+    assert target.calls[-4:] == [(list(range(22, 30)), 0), (list(range(30, 38)), 0), ([38, 39], 0), ([40], 1)]
+
+
 def test_first_draft_rejected_emits_target_token():
     target = FakeModel(counting())
     drafter = Scripted(lambda ctx: [40, 41, 42])

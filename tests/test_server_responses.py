@@ -178,7 +178,8 @@ def test_a_stream_with_llama_servers_progress_and_timings(server):
         events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
     progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
     assert {e["type"] for e in events if "prompt_progress" in e} == {"response.in_progress"}
-    assert len(progress) == 2 and progress[0]["processed"] == progress[0]["cache"]
+    assert progress[0]["processed"] == progress[0]["cache"] and len(progress) >= 2
+    assert all(a["processed"] < b["processed"] and a["total"] == b["total"] for a, b in zip(progress, progress[1:]))
     assert progress[-1]["processed"] == progress[-1]["total"] > 0
     assert any(e["type"] == "response.output_text.delta" and "predicted_per_second" in e.get("timings", {})
                for e in events)
@@ -186,6 +187,11 @@ def test_a_stream_with_llama_servers_progress_and_timings(server):
     assert last["type"] == "response.incomplete"  # the budget ran out: OpenAI's name (llama-server: completed)
     assert "usage" in last["response"] and "prompt_per_second" in last["timings"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    long = {**body, "input": "This is a test. " * 150}  # past one batch of 512 tokens
+    with httpx.stream("POST", server.url + "/responses", json=long, timeout=120) as r:
+        marks = [json.loads(ln[6:]).get("prompt_progress") for ln in r.iter_lines() if ln.startswith("data: ")]
+    done = [m["processed"] - m["cache"] for m in marks if m]
+    assert done[0] == 0 and 512 in done and done[-1] > 512  # the cached part, a batch, the rest
     plain = {"input": ASK, "max_output_tokens": 3, "stream": True}
     with httpx.stream("POST", server.url + "/responses", json=plain, timeout=120) as r:
         quiet = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Generator, Sequence
 
 from ..backend import Model
 from ..sampling.params import SamplingParams
-from ..speculative.loop import generate
+from ..speculative.loop import Progress, generate
 from ..speculative.types import NO_DRAFTER, Controller, Drafter, Step
 from ..tuning.controller import DEFAULT_K, FixedK
 from ..tuning.threads import ThreadControl
@@ -157,10 +157,12 @@ class Engine:
     def generate(self, prompt: str | Sequence[int], *, params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: Sequence[str] = (), speculate: bool = True,
                  controller: Controller | None = None, should_stop: Callable[[], bool] | None = None,
-                 context_shift: bool = False, n_keep: int = 0) -> Generator[Chunk, None, None]:
+                 context_shift: bool = False, n_keep: int = 0,
+                 progress: Progress | None = None) -> Generator[Chunk, None, None]:
         """Stream a completion. Closing the iterator early (or `should_stop()` turning true) ends generation
         after the current round; caches stay consistent either way. `context_shift`: a full context drops old
-        tokens and goes on (`_shifting`), keeping the first `n_keep` (-1: the whole prompt)."""
+        tokens and goes on (`_shifting`), keeping the first `n_keep` (-1: the whole prompt). `progress` hears
+        the prompt tokens evaluated so far, once for the reused prefix and once a batch (loop.prefill)."""
         t_start = time.perf_counter()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         drafter = self.drafter if speculate else None
@@ -168,11 +170,12 @@ class Engine:
         text = TextStream(stop)
         ctl = controller or self.controller
         before = ctl.state() if drafter else None
+        batch = self.target.options.n_batch if progress is not None else 0
         if context_shift:
-            steps = self._shifting(tokens, drafter, ctl, params, max_tokens, n_keep)
+            steps = self._shifting(tokens, drafter, ctl, params, max_tokens, n_keep, progress, batch)
         else:
             steps = generate(self.target, tokens, drafter=drafter, controller=ctl, params=params,
-                             max_tokens=max_tokens)
+                             max_tokens=max_tokens, progress=progress, batch=batch)
         if self.threads is not None:
             steps = self.threads.follow(steps)  # thread counts chosen between rounds
         with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
@@ -192,7 +195,8 @@ class Engine:
                     return
 
     def _shifting(self, prompt: list[int], drafter: Drafter | None, ctl: Controller, params: SamplingParams,
-                  max_tokens: int, n_keep: int) -> Generator[Step, None, None]:
+                  max_tokens: int, n_keep: int, progress: Progress | None = None,
+                  batch: int = 0) -> Generator[Step, None, None]:
         """llama-server's --context-shift: when the context fills, keep its first n_keep tokens (BOS at least),
         drop the older half of the rest, and go on. Each segment is an ordinary `generate` (its prefill reuses
         the kept head from the cache and evaluates the kept tail again), so the loop's KV invariant and the
@@ -203,7 +207,8 @@ class Engine:
         left = max_tokens
         while True:
             with closing(generate(self.target, context, drafter=drafter, controller=ctl, params=params,
-                                  max_tokens=left, rng=rng)) as steps:
+                                  max_tokens=left, rng=rng, progress=progress, batch=batch)) as steps:
+                progress = None  # a shift's prefill is not the prompt's
                 for step in steps:
                     context.extend(step.tokens)
                     left -= len(step.tokens)

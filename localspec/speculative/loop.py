@@ -30,13 +30,16 @@ from .types import EMPTY, Controller, Draft, Drafter, Step, Target
 from .verify import verify, verify_greedy
 
 MERGE_MAX = 8  # a prompt tail this short is evaluated in the first verify pass, not a pass of its own
+Progress = Callable[[int], None]  # prompt tokens in the target's cache so far, during prefill
 
 
-def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0) -> tuple[int, int, list[int]]:
+def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0, *, progress: Progress | None = None,
+            batch: int = 0) -> tuple[int, int, list[int]]:
     """Bring the target cache to prompt[:-1], reusing the longest common prefix. Returns (evaluated, cached,
     pending): a tail of at most `merge_max` new tokens is left pending for the first verify pass, which then
     evaluates it with the last token and the drafts in one batch (an editor's keystroke changes a few tokens;
-    a pass of their own would cost a whole extra forward)."""
+    a pass of their own would cost a whole extra forward). `progress` hears how many prompt tokens the cache
+    holds: the reused prefix first, then after each `batch` tokens evaluated (llama-server's prompt progress)."""
     if not prompt:
         raise ValueError("empty prompt: nothing to condition on (models add BOS; pass at least one token)")
     if len(prompt) >= target.n_ctx:
@@ -44,8 +47,14 @@ def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0) -> tuple[
                               "shorten it or raise --ctx")
     keep = target.restore(min(common_prefix(target.tokens, prompt), len(prompt) - 1))  # a recurrent state: <=
     rest = list(prompt[keep:-1])
+    if progress is not None:
+        progress(keep)
     if len(rest) > merge_max:
-        target.decode(rest, 0)
+        step = batch if progress is not None and batch > 0 else len(rest)  # the backend batches the same way
+        for start in range(0, len(rest), step):
+            target.decode(rest[start:start + step], 0)
+            if progress is not None:
+                progress(keep + min(start + step, len(rest)))
         rest = []
     # where a later request can start: another answer to this prompt, or to the one before (a follow-up's)
     target.checkpoint("prompt", keep_last=True)
@@ -54,14 +63,16 @@ def prefill(target: Target, prompt: Sequence[int], merge_max: int = 0) -> tuple[
 
 def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None = None,
              controller: Controller | None = None, params: SamplingParams = SamplingParams(),
-             max_tokens: int = 256, rng: np.random.Generator | None = None) -> Generator[Step, None, None]:
+             max_tokens: int = 256, rng: np.random.Generator | None = None, progress: Progress | None = None,
+             batch: int = 0) -> Generator[Step, None, None]:
     """Yield one `Step` per round until end-of-generation, `max_tokens`, or a full context.
     The controller decides how much to draft (none given: nothing is drafted); the loop only caps it by what
-    is left."""
+    is left. `progress` and `batch`: see `prefill`."""
     rng = rng if rng is not None else params.rng()
     t0 = time.perf_counter()
     # a recurrent state keeps its prompt's end only as a checkpoint taken there: no tail joins the first pass
-    n_prompt, n_cached, pending = prefill(target, prompt, MERGE_MAX if target.cuts_in_place else 0)
+    n_prompt, n_cached, pending = prefill(target, prompt, MERGE_MAX if target.cuts_in_place else 0,
+                                          progress=progress, batch=batch)
     t_prompt = time.perf_counter() - t0
     context = list(prompt)
     emitted = 0

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ...engine.engine import Engine
 from ...engine.stats import Stats
 from ..state import State
-from .worker import Started
+from .worker import Job, Started
 
 if TYPE_CHECKING:
     from .run import Run
@@ -25,12 +25,19 @@ def predicted_rate(s: Stats, first: Stats | None) -> float:
     return (s.n_generated - first.n_generated) / ((s.gen_ms - first.gen_ms) / 1e3)
 
 
-def progress_events(first: Stats) -> list[dict[str, Any]]:
-    """llama-server's `prompt_progress` events: the cached part first (processed = cache), then the whole prompt.
-    Both are sent once the prompt is evaluated: it is one prefill here, where llama-server reports each batch."""
-    total = first.n_prompt + first.n_cached
-    return [{"total": total, "cache": first.n_cached, "processed": first.n_cached, "time_ms": 0.0},
-            {"total": total, "cache": first.n_cached, "processed": total, "time_ms": first.prompt_ms}]
+def progress_events(job: Job) -> list[dict[str, Any]]:
+    """llama-server's `prompt_progress` events: the cached part first (processed = cache), then one a prefill
+    batch, the last one the whole prompt (its last tokens are evaluated with the first round). They are sent once
+    the first round is done, where llama-server sends each as its batch ends: the same events, later."""
+    first = job.first
+    assert first is not None, "progress_events after the job started"
+    total, cache = first.n_prompt + first.n_cached, first.n_cached
+    marks = job.prefill or [(cache, 0.0)]
+    t0 = marks[0][1]
+    out = [{"total": total, "cache": cache, "processed": n, "time_ms": (t - t0) * 1e3} for n, t in marks]
+    if out[-1]["processed"] < total:
+        out.append({"total": total, "cache": cache, "processed": total, "time_ms": first.prompt_ms})
+    return out
 
 
 def timings(s: Stats, first: Stats | None = None) -> dict[str, Any]:

@@ -98,12 +98,18 @@ class Job:
     ended_by_server: bool = False  # cancelled because the server stops: its client still reads the answer
     t_submit: float = field(default_factory=time.perf_counter)
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
+    prefill: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens in the cache, perf_counter)
     _loop: asyncio.AbstractEventLoop | None = None
     _events: asyncio.Queue | None = None
     _held: list[Event] = field(default_factory=list)  # events not yet sent (live=False)
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def prefilled(self, n: int) -> None:
+        """The prompt's prefill has `n` tokens in the cache: the reused prefix, then after each batch
+        (loop.prefill). Kept for llama-server's `prompt_progress` events (timings.progress_events)."""
+        self.prefill.append((n, time.perf_counter()))
 
     async def next_event(self, timeout: float | None = None) -> Event:
         assert self._events is not None, "job was not submitted"
@@ -210,7 +216,7 @@ class Worker:
                               tuple(tokens))
             gen = self.engine.generate(tokens, params=job.params, max_tokens=job.max_tokens, stop=job.stop,
                                        speculate=speculate, should_stop=job.cancelled.is_set,
-                                       context_shift=job.context_shift, n_keep=job.n_keep)
+                                       context_shift=job.context_shift, n_keep=job.n_keep, progress=job.prefilled)
             first = True
             with closing(gen):  # leaving early (job.until) rewinds the caches now
                 for chunk in gen:

@@ -88,7 +88,7 @@ class Completion:
         req, stop_type = self.req, "none"
         n_eval = run.started.n_prompt_tokens if run.started else 0
         if req.return_progress and run.job.first is not None:
-            for p in progress_events(run.job.first):
+            for p in progress_events(run.job):
                 yield sse_data({"index": choice.index, "content": "", "tokens": [], "stop": False, "id_slot": 0,
                                 "tokens_predicted": 0, "tokens_evaluated": n_eval, "prompt_progress": p})
         async for piece, stop_type, ch in policed(run, self.rules[choice.index]):

@@ -209,7 +209,7 @@ class OpenAIAnswer:
         req = self.req
         head = self.chunk(self.choice(choice.index, "", None, None, role=True))
         if req.return_progress and run.job.first is not None:  # each progress event repeats the head, as there
-            for p in progress_events(run.job.first):
+            for p in progress_events(run.job):
                 yield sse_data(head | {"prompt_progress": p})
         elif self.chat or req.return_progress:  # OpenAI's first chat delta: the role, content null (llama-server's)
             yield sse_data(head)

@@ -355,7 +355,7 @@ async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids, readin
     yield ev("response.created", response=begun)
     yield ev("response.in_progress", response=begun)
     if req.return_progress and run.job.first is not None:
-        for p in progress_events(run.job.first):
+        for p in progress_events(run.job):
             yield ev("response.in_progress", response=begun, prompt_progress=p)
     items, answer = Items(ev, ids), AnswerStream(reading)
     try:
