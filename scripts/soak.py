@@ -126,7 +126,7 @@ def main() -> None:
               "expect": {f"{m} {p}": v for (m, p), v in soak.expect.items()}, "events": dict(soak.events),
               "counters": soak.ledger.totals(), "router_answered": dict(soak.ledger.router_answered),
               "samples": soak.samples, "series": soak.series, "wakes_s": [round(w, 2) for w in soak.wakes],
-              "examples": soak.examples, "shutdown": shutdown, "server_log_tail": srv.log[-15:],
+              "examples": soak.examples, "shutdown": shutdown, "server_log": srv.log,
               "tree": tree}
     if a.out:
         a.out.write_text(json.dumps(result, indent=1))

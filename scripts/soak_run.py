@@ -183,8 +183,10 @@ class Soak:
             pid = (await self.status())[model][1]
             assert pid is not None
             r = self.plain(model, protocol, stream=True, n=LONG, on_first=lambda: os.kill(pid, signal.SIGSEGV))
-            await self.go(r, {"crashed"}, book="last")
+            out = await self.go(r, {"crashed"}, book="last")
             self.ledger.end(model)
+            await self.gone(pid, f"kill -SEGV after the first event of a {r.route} stream that was {out.kind}: "
+                                 f"{model}'s runner")
         else:
             r = Req(protocol, model, f"Repeat after me: {MARKER} {MARKER}", 64, self.rng.random() < 0.5)
             task = asyncio.ensure_future(self.go(r, {"crashed"}, book="none"))
