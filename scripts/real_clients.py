@@ -47,7 +47,7 @@ request_max_retries = 0
 stream_max_retries = 0
 """
 # Codex's built-in prompt is ~41 KB (~10k tokens): 17 KB of instructions, a 11 KB multi-agent namespace, goal,
-# image, skill and web-search tools. `--codex-lean` drops those for a ~6 KB prompt that a 2-core CPU reads in
+# image, skill, question and web-search tools. `--codex-lean` drops those for a ~4 KB prompt that a 2-core CPU reads in
 # a minute; the shell tool (exec_command) stays.
 CODEX_LEAN = """model_instructions_file = "{instructions}"
 web_search = "disabled"
@@ -59,9 +59,16 @@ features.view_image = false
 features.apps = false
 features.plugins = false
 skills.bundled.enabled = false
+tools.experimental_request_user_input.enabled = false
 """
-LEAN_INSTRUCTIONS = ("You are a coding agent in a terminal. First run a shell command with the exec_command tool, "
-                     "then answer briefly from its output.\n")
+LEAN_INSTRUCTIONS = """You are a coding agent in a terminal. Run one shell command with the exec_command tool, then \
+answer the user from its output in one sentence, without another tool. For example:
+
+user: How many files are there?
+you: {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": "ls"}}]}
+user: {"tool_response": {"tool": "exec_command", "content": "a.txt\\nb.txt"}}
+you: {"response": "There are 2 files: a.txt and b.txt."}
+"""
 
 
 @dataclass
@@ -74,11 +81,20 @@ class Hit:
     seconds: float
     error: str
     asked: str = ""
+    tokens: str = ""
 
     def row(self) -> str:
         error = self.error.replace("|", "/").replace(chr(10), " ")[:160]
-        return (f"| {self.client} | {self.method} {self.path} | {self.asked} | {self.status} | {self.size} | "
-                f"{self.seconds:.1f} | {error} |")
+        return (f"| {self.client} | {self.method} {self.path} | {self.asked} | {self.status} | {self.tokens} | "
+                f"{self.size} | {self.seconds:.1f} | {error} |")
+
+
+def prompt_tokens(tail: bytes) -> str:
+    """The prompt's size and its part read from the prompt cache, from the usage at the end of an answer."""
+    text = tail.decode("utf-8", "replace")
+    total = re.findall(r'"(?:input|prompt)_tokens":\s*(\d+)', text)
+    cached = re.findall(r'"(?:cached_tokens|cache_read_input_tokens)":\s*(\d+)', text)
+    return f"{total[-1]} ({cached[-1] if cached else 0} cached)" if total else ""
 
 
 def asked(body: bytes) -> str:
@@ -103,6 +119,7 @@ class Proxy(http.server.ThreadingHTTPServer):
         self.hits: list[Hit] = []
         self.client = ""
         self.save: Path | None = None  # a folder for every request's body, for captures
+        self.temperature: float | None = None  # set on requests that name none (Codex has no setting for it)
 
     @property
     def url(self) -> str:
@@ -111,6 +128,19 @@ class Proxy(http.server.ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client dropping a kept-alive
             super().handle_error(request, client_address)                     # connection is no news
+
+
+def with_temperature(body: bytes, temperature: float | None) -> bytes:
+    """The body with `temperature` set when it is a JSON object that names none."""
+    if temperature is None or not body:
+        return body
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict) or "temperature" in data:
+        return body
+    return json.dumps({**data, "temperature": temperature}).encode()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -125,7 +155,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             (self.server.save / f"{n:03d}-{self.server.client}.json").write_bytes(body)
         up = http.client.HTTPConnection(self.server.upstream.hostname or "127.0.0.1", self.server.upstream.port,
                                         timeout=3600)
+        body = with_temperature(body, self.server.temperature)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        if body:
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-length"}
+            headers["Content-Length"] = str(len(body))
         try:
             up.request(self.command, self.path, body or None, headers)
             r = up.getresponse()
@@ -140,16 +174,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.send_header(k, v)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        size, head = 0, b""
+        size, head, tail = 0, b"", b""
         while chunk := r.read1(65536) if hasattr(r, "read1") else r.read(65536):
             size += len(chunk)
             head = (head + chunk)[-2000:] if r.status >= 400 or b"event: error" in chunk else head
+            tail = (tail + chunk)[-8000:]
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
         error = head.decode("utf-8", "replace").strip()[-300:] if head else ""
         hit = Hit(self.server.client, self.command, self.path, r.status, size, time.monotonic() - t0, error,
-                  asked(body))
+                  asked(body), prompt_tokens(tail))
         self.server.hits.append(hit)
         print(hit.row(), flush=True)
 
@@ -198,13 +233,16 @@ def main() -> int:
     ap.add_argument("--claude-arg", action="append", default=[], help="one more `claude` argument, e.g. "
                     "--claude-arg=--tools=Bash for a short prompt on a slow machine")
     ap.add_argument("--codex-arg", action="append", default=[], help="one more `codex exec` argument")
+    ap.add_argument("--temperature", type=float, help="the proxy sets this temperature on requests that name "
+                    "none: Codex sends none (OpenAI's default is 1.0) and has no setting for it")
     ap.add_argument("--save", help="a folder to write every request's body into (NNN-client.json)")
     ap.add_argument("--codex-lean", action="store_true", help="Codex without its long instructions and the "
-                    "tools it does not need here (a ~6 KB prompt instead of ~41 KB)")
+                    "tools it does not need here (a ~4 KB prompt instead of ~41 KB)")
     args = ap.parse_args()
 
     server, url = start_server(args)
     proxy = Proxy(url)
+    proxy.temperature = args.temperature
     if args.save:
         proxy.save = Path(args.save)
         proxy.save.mkdir(parents=True, exist_ok=True)
@@ -243,7 +281,8 @@ def main() -> int:
         server.wait(30)
         proxy.shutdown()
 
-    print("\n| client | request | asked | status | bytes | seconds | error |\n|---|---|---|---|---|---|---|")
+    print("\n| client | request | asked | status | prompt tokens | bytes | seconds | error |\n"
+          "|---|---|---|---|---|---|---|---|")
     for h in proxy.hits:
         print(h.row())
     for name, (code, out) in results.items():
