@@ -76,6 +76,7 @@ async def drive(soak: Soak, a: argparse.Namespace, t_end: float) -> dict:
             unloads += 1
         if a.mode == "router" and done % a.sleep_every < a.round:
             await soak.sleep(a.sleep_idle)
+        await soak.unscheduled()
     await soak.check()
     await soak.take_samples("end")
     return {"rounds": rounds, "rounds_planned": n_rounds, "stopped_early": rounds < n_rounds}
@@ -105,7 +106,8 @@ def main() -> None:
     ap.add_argument("--crash-every", type=int, default=250)
     ap.add_argument("--unload-every", type=int, default=400)
     ap.add_argument("--sleep-every", type=int, default=1000)
-    ap.add_argument("--sleep-idle", type=float, default=5.0, help="the router's --sleep-idle-seconds")
+    ap.add_argument("--sleep-idle", type=float, default=15.0, help="the router's --sleep-idle-seconds (longer "
+                    "than an event takes, or the model an event leaves alone sleeps meanwhile)")
     ap.add_argument("--max-seconds", type=float, default=2400, help="no new round after this long")
     ap.add_argument("--seed", type=int, default=53)
     ap.add_argument("--out", type=Path, help="write every number as JSON here")

@@ -43,6 +43,7 @@ class Soak:
         self.ports: set[int] = set()
         self.wakes: list[float] = []  # seconds of the first answer from a new runner (its start included)
         self.sent = 0
+        self.log_at = 0  # the server's log lines read by `unscheduled`
         self.client = httpx.AsyncClient(base_url=srv.url, timeout=None,
                                         limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
 
@@ -183,7 +184,7 @@ class Soak:
             pid = (await self.status())[model][1]
             assert pid is not None
             r = self.plain(model, protocol, stream=True, n=LONG, on_first=lambda: os.kill(pid, signal.SIGSEGV))
-            out = await self.go(r, {"crashed"}, book="last")
+            out = await self.go(r, {"crashed", "answered"}, book="last")  # answered: ended with its 1st event
             self.ledger.end(model)
             await self.gone(pid, f"kill -SEGV after the first event of a {r.route} stream that was {out.kind}: "
                                  f"{model}'s runner")
@@ -234,7 +235,20 @@ class Soak:
             self.ledger.end(model)
         for model, (_, pid) in old.items():
             await self.gone(pid, f"sleep: {model}'s runner")
+        self.log_at = len(self.srv.log)
         await asyncio.gather(*(self.wake(m) for m in self.models))
+
+    async def unscheduled(self) -> None:
+        """After an event: a model the event did not touch may have slept meanwhile (it was idle for longer than
+        --sleep-idle-seconds), or been evicted; the router's log says so. Its runner's generation ends there,
+        and it is woken before the traffic goes on."""
+        lines, self.log_at = self.srv.log[self.log_at:], len(self.srv.log)
+        for model in self.models:
+            if any(ln.startswith(f"router: stopping {model} (") and ("(idle" in ln or "(evicted" in ln)
+                   for ln in lines):
+                self.events["idle sleep or eviction during another event"] += 1
+                self.ledger.end(model)
+                await self.wake(model)
 
     async def gone(self, pid: int | None, what: str) -> None:
         """The process `pid` ends within GONE_S (the router marks a model unloaded, then stops its runner:

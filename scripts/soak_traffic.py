@@ -176,10 +176,10 @@ async def _streamed(client: httpx.AsyncClient, r: Req) -> Outcome:
         reader = StreamReader(r.protocol)
         async for line in resp.aiter_lines():
             reader.line(line)
+            if reader.events == 1 and r.on_first is not None:  # even when that event ended the answer
+                r.on_first()
+                r.on_first = None
             if reader.events == 1 and not reader.done:
-                if r.on_first is not None:
-                    r.on_first()
-                    r.on_first = None
                 if r.hang_up == "stream":  # leaving the block closes the connection mid-stream
                     return Outcome(r, "hung_up", 200, "after the first event", events=1)
         kind, detail = reader.outcome()
