@@ -133,6 +133,15 @@ def test_codex_later_turn_is_one_turn_of_each_role_in_turn():
     assert render_chat(template, list(plan.messages)).count("<start_of_turn>user") == 4
 
 
+def test_codex_first_request_is_one_user_turn():
+    """Codex sends its environment and the prompt as two user messages: they join one user turn."""
+    _, body = _capture("codex_first")
+    req = ResponsesRequest(**body)
+    plan = plan_chat(GEMMA.read_text(), input_messages(req), tools=function_tools(req.tools))
+    assert [m["role"] for m in plan.messages] == ["system", "user"]
+    assert render_chat(GEMMA.read_text(), list(plan.messages)).count("<start_of_turn>user") == 1
+
+
 def test_codex_later_turn_streams_on_a_template_that_wants_turns_in_turn(gemma_server):
     path, body = _capture("codex_later_turn")
     status, events = _events(gemma_server.url + path, {**body, "max_output_tokens": 8})

@@ -258,3 +258,6 @@ def test_generic_format_joins_parallel_results_into_one_user_turn() -> None:
     lines = [json.loads(line)["tool_response"] for line in msgs[3]["content"].splitlines()]
     assert lines == [{"tool": "get_weather", "content": f"{i} C"} for i in range(3)]
     assert '"content": "2 C"' in render_chat(template("gemma-2"), msgs[1:])
+    then = tool_messages([*history[:3], {"role": "user", "content": "And Rome?"}], None, template("gemma-2"))
+    assert [m["role"] for m in then] == ["user", "assistant", "user"]  # a message after a result joins it
+    assert then[2]["content"].endswith('"0 C"}}\nAnd Rome?')

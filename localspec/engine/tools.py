@@ -198,11 +198,12 @@ def _generic_message(m: dict, names: dict, answers: bool) -> dict:
 
 
 def _join_results(messages: list[dict], out: list[dict]) -> list[dict]:
-    """The results of parallel calls as one user turn, a JSON line each: templates that want user and assistant
-    turns in turn (Gemma's) refuse two user turns in a row, and Codex runs several calls at once."""
+    """The results of parallel calls, and a user message right after them, as one user turn, a JSON line each:
+    templates that want user and assistant turns in turn (Gemma's) refuse two user turns in a row, and Codex runs
+    several calls at once."""
     joined: list[dict] = []
     for i, m in enumerate(out):
-        if i and messages[i].get("role") == "tool" and messages[i - 1].get("role") == "tool":
+        if i and messages[i - 1].get("role") == "tool" and m["role"] == "user":
             joined[-1] = {**joined[-1], "content": f"{joined[-1]['content']}\n{m['content']}"}
         else:
             joined.append(m)

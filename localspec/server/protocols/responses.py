@@ -113,11 +113,11 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 
 def _add_message(msgs: list[dict[str, Any]], role: str, text: str) -> None:
-    """Adds a message; assistant text right after the same turn's calls joins that turn. Codex echoes a turn's
-    call and the text beside it as two items, and templates that want turns to alternate refuse two assistant
-    turns in a row."""
+    """Adds a message; one right after a message of the same role joins it (assistant text after its turn's
+    calls too). Codex sends its environment and the prompt as two user messages, and echoes a call and the text
+    beside it as two items; templates that want turns to alternate (Gemma's) refuse two of one role in a row."""
     last = msgs[-1] if msgs else None
-    if role == "assistant" and last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+    if last is not None and last["role"] == role:
         last["content"] = "\n\n".join(t for t in (last["content"], text) if t)
     else:
         msgs.append({"role": role, "content": text})
