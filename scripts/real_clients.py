@@ -2,7 +2,7 @@
 request's status (issue 52).
 
     python scripts/real_clients.py --model gemma3-270m --ctx 32768 \
-        --serve-arg=--chat-template-file=tests/templates/gemma3.jinja --timeout 900
+        --serve-arg=--chat-template-file=tests/templates/gemma-3.jinja --timeout 900
 
 The clients come from npm (`npm install -g @anthropic-ai/claude-code @openai/codex`, or `--bin DIR` for a
 folder with `claude` and `codex`). Each runs in a fresh temporary HOME (no user settings, no network beyond
@@ -12,6 +12,9 @@ starts once, with `--ctx` large enough for Claude Code's first prompt (~21k toke
 2-core CPU takes many minutes over that prompt, where `--claude-arg=--tools=Bash` leaves ~2k tokens:
 
     python scripts/real_clients.py --model smollm2-135m --ctx 8192 --claude-arg=--tools=Bash
+
+`--codex-lean` and `--claude-lean` cut both clients' prompts to ~1k tokens, with one call-then-answer example
+for a tiny model; docs/server.md ("Real clients") has the last run's command and results.
 """
 
 from __future__ import annotations
@@ -61,13 +64,15 @@ features.plugins = false
 skills.bundled.enabled = false
 tools.experimental_request_user_input.enabled = false
 """
-LEAN_INSTRUCTIONS = """You are a coding agent in a terminal. Run one shell command with the exec_command tool, then \
+# A tiny model copies what it sees: one call, then an answer, shown in the JSON a template without tool syntax
+# gets (engine/toolgrammar.py). Without the example Gemma-3-270M mostly answered at once or called tools forever.
+LEAN_INSTRUCTIONS = """You are a coding agent in a terminal. Run one shell command with the {tool} tool, then \
 answer the user from its output in one sentence, without another tool. For example:
 
 user: How many files are there?
-you: {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": "ls"}}]}
-user: {"tool_response": {"tool": "exec_command", "content": "a.txt\\nb.txt"}}
-you: {"response": "There are 2 files: a.txt and b.txt."}
+you: {{"tool_calls": [{{"name": "{tool}", "arguments": {{"{arg}": "ls"}}}}]}}
+user: {{"tool_response": {{"tool": "{tool}", "content": "a.txt\\nb.txt"}}}}
+you: {{"response": "There are 2 files: a.txt and b.txt."}}
 """
 
 
@@ -235,6 +240,8 @@ def main() -> int:
     ap.add_argument("--codex-arg", action="append", default=[], help="one more `codex exec` argument")
     ap.add_argument("--temperature", type=float, help="the proxy sets this temperature on requests that name "
                     "none: Codex sends none (OpenAI's default is 1.0) and has no setting for it")
+    ap.add_argument("--claude-lean", action="store_true", help="Claude Code with the Bash tool alone and a short "
+                    "system prompt with one example (a ~1k-token prompt instead of ~21k)")
     ap.add_argument("--save", help="a folder to write every request's body into (NNN-client.json)")
     ap.add_argument("--codex-lean", action="store_true", help="Codex without its long instructions and the "
                     "tools it does not need here (a ~4 KB prompt instead of ~41 KB)")
@@ -264,11 +271,13 @@ def main() -> int:
                 env |= {"ANTHROPIC_BASE_URL": proxy.url, "ANTHROPIC_API_KEY": "x", "API_TIMEOUT_MS": "3600000",
                         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}  # a CPU takes minutes on its 21k tokens
                 cmd = [exe, "-p", args.prompt, "--max-turns", "4", "--allowedTools", "Bash(ls:*)", *args.claude_arg]
+                if args.claude_lean:
+                    cmd += ["--tools", "Bash", "--system-prompt", LEAN_INSTRUCTIONS.format(tool="Bash", arg="command")]
             else:
                 (home / ".codex").mkdir()
                 config = CODEX_CONFIG.format(model=args.model, url=proxy.url)
                 if args.codex_lean:
-                    (home / "instructions.md").write_text(LEAN_INSTRUCTIONS)
+                    (home / "instructions.md").write_text(LEAN_INSTRUCTIONS.format(tool="exec_command", arg="cmd"))
                     config = CODEX_LEAN.format(instructions=home / "instructions.md") + config
                 (home / ".codex" / "config.toml").write_text(config)
                 env |= {"CODEX_HOME": str(home / ".codex")}
