@@ -10,7 +10,7 @@ import json
 import pytest
 
 from localspec.backend import Grammar, GrammarError, json_schema_grammar
-from localspec.backend.grammar import MAX_DEPTH, MAX_NESTING, check_gbnf
+from localspec.backend.grammar import MAX_DEPTH, MAX_NESTING, check_gbnf, repeats_an_empty_match
 
 
 def _root(schema: dict) -> str:
@@ -111,3 +111,17 @@ def test_a_crash_while_llama_cpp_parses_a_grammar_names_the_grammar(monkeypatch)
     with pytest.raises(GrammarError):
         Grammar(fake, 'root ::= "a"')  # type: ignore[arg-type]
     assert not _suspect_path(os.getppid(), os.getpid()).exists()  # nothing left noted for this process
+
+
+@pytest.mark.parametrize("pattern", ["^((a?){0,1999}){0,1999}$", "(a?)*", "^(a?){0,9}$", "(a|)+", "^(\\s*)+$"])
+def test_a_pattern_that_repeats_an_empty_match_is_refused(pattern):
+    assert repeats_an_empty_match(pattern)
+    with pytest.raises(GrammarError, match="repeats a part that can match nothing"):
+        json_schema_grammar({"type": "string", "pattern": pattern})
+
+
+@pytest.mark.parametrize("pattern", ["^[a-z]*$", "^\\d{3}-\\d{4}$", "^(-\\d+)*$", "^(\\s*,\\s*)*$", "^(ab)?$",
+                                     "^(foo|bar)+$"])
+def test_ordinary_patterns_still_make_grammars(pattern):
+    assert not repeats_an_empty_match(pattern)
+    assert json_schema_grammar({"type": "string", "pattern": pattern})

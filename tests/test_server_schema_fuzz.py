@@ -132,6 +132,15 @@ def test_the_schemas_that_crashed_it(server, route):
         assert _alive(server)
 
 
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_pattern_repeating_an_empty_match_is_a_400(server, route):
+    """A fuzzed schema's pattern: llama.cpp's grammar for it held the generation thread for minutes."""
+    path, body = ROUTES[route]
+    status, answer = _post(server.url + path, body({"type": "string", "pattern": "^((a?){0,1999}){0,1999}$"}))
+    assert status in (400, 422) and _error_shaped(path, answer), (route, status, answer)
+    assert _alive(server)
+
+
 @pytest.mark.parametrize("gbnf", ["root ::= " + "(" * 100_000 + '"a"' + ")?" * 100_000,
                                   "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(60_000))
                                   + 'r60000 ::= "a"'])

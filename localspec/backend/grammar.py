@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+import re._parser as sre  # type: ignore[import-not-found]  # Python's regex parser: what a pattern's parts match
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp
@@ -61,7 +62,35 @@ class _Converter(port.SchemaConverter):
             return self._add_rule(rule, self._add_primitive("value", port.PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
             raise GrammarError(f"cannot use this JSON schema: a schema must be an object or true, got {schema!r}")
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str) and repeats_an_empty_match(pattern):
+            raise GrammarError(f"cannot use this JSON schema: the pattern {pattern[:80]!r} repeats a part that can "
+                               "match nothing (as in (a?)* or (a?){0,9}); write the part so it matches something")
         return super().visit(schema, name)
+
+
+def repeats_an_empty_match(pattern: str) -> bool:
+    """True when a quantifier allowing more than one repeat applies to a part that can match nothing, as in
+    `(a?)*` or `((a?){0,19}){0,19}`. llama.cpp's grammar engine follows every way of matching nothing at each
+    step, and such a grammar held the generation thread for minutes at its first token (a fuzzed schema)."""
+    try:
+        return _empty_repeat(sre.parse(pattern))
+    except Exception:  # a pattern Python cannot read: the converter says what it cannot use
+        return False
+
+
+def _empty_repeat(sub: Any) -> bool:
+    for op, av in sub:
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            _, hi, item = av
+            if (hi > 1 and item.getwidth()[0] == 0) or _empty_repeat(item):
+                return True
+        elif op in (sre.SUBPATTERN, sre.ATOMIC_GROUP):
+            if _empty_repeat(av[-1]):
+                return True
+        elif op == sre.BRANCH and any(_empty_repeat(alt) for alt in av[1]):
+            return True
+    return False
 
 
 def _repetition(item: str, min_items: Any, max_items: Any, separator_rule: str | None = None,
