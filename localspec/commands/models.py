@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from .common import FullHelpGroup, friendly_errors, log_err
+from .show_facts import cpu_paths, device_info, memory, print_device, print_facts
 
 
 def _human(n: float | None) -> str:
@@ -172,91 +173,18 @@ def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None
     info = {}
     if spec is not None:
         ref = _local_path(spec)
-        info = {"model": ref.name, **describe(ref.path), **_cpu_paths(ref.path), **_memory(ref.path)}
+        info = {"model": ref.name, **describe(ref.path), **cpu_paths(ref.path), **memory(ref.path)}
     if rpc and not device:
         raise click.UsageError("--rpc goes with --device")
     if device:
-        info["device"] = _device_info(rpc)
+        info["device"] = device_info(rpc)
     if as_json:
         click.echo(json.dumps(info))
         return
     if spec is not None:
-        _print_facts(info)
+        print_facts(info)
     if device:
-        _print_device(info["device"])
-
-
-def _print_facts(d: dict) -> None:
-    rows = [
-        ("model", d["model"]), ("file", d["path"]), ("size", _human(d["size_bytes"])),
-        ("name", d["name"] or "-"), ("arch", d["arch"]),
-        ("params", f"{d['params'] / 1e6:.1f} M" + (f" ({d['size_label']})" if d["size_label"] else "")),
-        ("layers", d["n_layers"]), ("quant", d["quant"] or "-"), ("context", d["context_length"]),
-        ("vocab", f"{d['n_vocab']} ({d['vocab_type']}, pre {d['vocab_pre'] or '-'})"),
-        ("add bos/eos", f"{d['add_bos']}/{d['add_eos']}"),
-        ("special", ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in d["special_tokens"].items()) or "-"),
-        ("fim", "yes" if d["fim"] else "no"), ("chat template", "yes" if d["chat_template"] else "no"),
-        ("verify on CPU", _verify_kind(d["row_by_row"])), ("memory", d["memory_text"]),
-        ("cpu fast paths", d["fast_path_text"]), ("system", d["system_info"]),
-    ]
-    _echo_facts(rows)
-
-
-def _echo_facts(rows: list[tuple[str, object]]) -> None:
-    """'name: value' lines, the names aligned right (a header-less rich table)."""
-    from ..bench import tables
-
-    t = tables.facts()
-    for k, v in rows:
-        tables.add(t, f"{k}:", v)
-    tables.echo(t)
-
-
-def _cpu_paths(path) -> dict:
-    """Which of llama.cpp's extra CPU buffer types this model loads with here (a test load in a child process
-    the first time, backend/fastpath.py), and llama.cpp's system info line (the CPU features the build uses)."""
-    from ..backend import fastpath, system_info
-
-    fp = fastpath.choose(path)
-    return {"fast_path": fp.to_dict(), "fast_path_text": fp.describe(), "system_info": system_info().strip()}
-
-
-def _memory(path) -> dict:
-    """The memory kind (attention, recurrent, hybrid) and how a rejected draft is rewound (backend/rollback.py)."""
-    from ..backend import memory_facts
-
-    m = memory_facts(path)
-    return {"memory": {"kind": m.kind, "rollback": m.method, "rs_depth": m.rs_depth,
-                       "timings_ms": {k: list(v) for k, v in m.timings_ms.items()}},
-            "memory_text": m.describe()}
-
-
-def _verify_kind(slow: dict[str, float]) -> str:
-    """How llama.cpp's CPU backend multiplies a verify batch by these weights (model_facts.ROW_BY_ROW)."""
-    if not slow:
-        return "batched"
-    return "row by row: " + ", ".join(f"{t} ({100 * x:.0f} % of weights)" for t, x in slow.items())
-
-
-def _device_info(rpc: str | None = None) -> dict:
-    """What llama.cpp can offload to; `rpc` servers are probed and registered first (one line if one is down)."""
-    from .. import backend
-
-    endpoints = [x.strip() for x in (rpc or "").split(",") if x.strip()]
-    if endpoints:
-        backend.add_rpc_servers(endpoints)
-    return {"gpu_offload": backend.supports_gpu_offload(), "rpc": backend.supports_rpc(),
-            "devices": backend.devices(), "system_info": backend.system_info().strip()}
-
-
-def _print_device(d: dict) -> None:
-    rows: list[tuple[str, object]] = [
-        ("gpu offload", "yes" if d["gpu_offload"] else "no (CPU-only build; see docs/models.md)"),
-        ("rpc", "yes" if d["rpc"] else "no (build with -DGGML_RPC=on)")]
-    for dev in d["devices"]:
-        where = f"rpc server {dev['description']}" if dev["backend"] == "RPC" else dev["description"]
-        rows.append(("device", f"{dev['name']} - {where} ({_human(dev['free'])} free of {_human(dev['total'])})"))
-    _echo_facts([*rows, ("system", d["system_info"])])
+        print_device(info["device"])
 
 
 @models.command()
