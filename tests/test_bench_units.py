@@ -14,6 +14,7 @@ from localspec.bench.runner import PLAIN, Plan, Run, TargetResult
 from localspec.bench.summary import ALL, rows_for, verdict, winners
 from localspec.bench.tasks import TASKS, BenchInputError, builtin_prompts, parse_jsonl, select
 from localspec.bench.theory import best_gamma, expected_tokens, predicted_speedup
+from localspec.bench.versus import auto_vs_fixed
 from localspec.tuning.costs import Costs
 
 # -- theory ----------------------------------------------------------------------------------------------------
@@ -142,3 +143,33 @@ def test_read_log_is_defensive(tmp_path):
 def test_read_log_missing_file(tmp_path):
     with pytest.raises(BenchInputError, match="not found"):
         read_log(tmp_path / "nope.jsonl")
+
+
+# -- auto against its fixed neighbours (versus.py) ---------------------------------------------------------------
+
+def _rep(drafter, k, task, ms, repeat):
+    return replace(_run(drafter, k, task, 100, ms), repeat=repeat, prompt_id=f"{task}-{repeat}")
+
+
+def test_auto_against_the_best_fixed_choice_with_its_spread_over_repeats():
+    # plain 100 tok/s; k=2 200 and 250 (best); k=8 150; auto 250 then 200: 1.00 in repeat 0, 0.80 in repeat 1
+    runs = [_rep(PLAIN, 0, "edit", 1000.0, 0), _rep(PLAIN, 0, "edit", 1000.0, 1),
+            _rep("lookup", 2, "edit", 500.0, 0), _rep("lookup", 2, "edit", 400.0, 1),
+            _rep("lookup", 8, "edit", 666.7, 0), _rep("lookup", 8, "edit", 666.7, 1),
+            _rep("lookup", "auto", "edit", 400.0, 0), _rep("lookup", "auto", "edit", 500.0, 1)]
+    res = _result(runs)
+    (edit, overall) = auto_vs_fixed(res)
+    assert (edit.task, overall.task) == ("edit", ALL)
+    assert edit.best == "k=2" and edit.ratio == pytest.approx(1.0)
+    assert edit.per_repeat == pytest.approx((1.25, 0.8))
+    text = text_table(Report.build(Plan((), ()), [res], "cmd"))
+    assert "auto against its fixed neighbours" in text
+    assert "lookup T=0 edit: auto 222.2 tok/s, best fixed k=2 222.2: 1.00× (per repeat 0.80-1.25)  <- below" in text
+
+
+def test_plain_is_a_fixed_choice_and_no_auto_row_means_no_comparison():
+    runs = [_run(PLAIN, 0, "prose", 100, 500.0), _run("lookup", 4, "prose", 100, 1000.0),
+            _run("lookup", "auto", "prose", 100, 550.0)]
+    (prose, _) = auto_vs_fixed(_result(runs))
+    assert prose.best == "plain" and prose.ratio == pytest.approx(500 / 550)
+    assert auto_vs_fixed(_result(runs[:2])) == []

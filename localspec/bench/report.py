@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..models.model_facts import verify_hint
-from . import tables
+from . import tables, versus
 from .runner import PLAIN, Plan, TargetResult
 from .summary import ALL, Row, rows_for, verdict, winners
 
@@ -33,11 +33,13 @@ class Report:
     verdict: str
     command: str
     partial: bool = False  # interrupted (Ctrl-C): only the runs that finished, no agreement check
+    versus: tuple[versus.AutoVsFixed, ...] = ()  # auto against its fixed neighbours (versus.py)
 
     @classmethod
     def build(cls, plan: Plan, results: Sequence[TargetResult], command: str, *, partial: bool = False) -> "Report":
         rows = tuple(r for res in results for r in rows_for(res))
-        return cls(plan, tuple(results), rows, verdict(rows), command, partial)
+        vs = tuple(x for res in results for x in versus.auto_vs_fixed(res))
+        return cls(plan, tuple(results), rows, verdict(rows), command, partial, vs)
 
     @property
     def n_runs(self) -> int:
@@ -69,6 +71,7 @@ def to_json(rep: Report) -> dict:
                      "costs": r.costs.to_dict()} for r in rep.results],
         "results": [r.to_dict() for r in rep.rows],
         "best": [b.to_dict() for b in winners(rep.rows)],
+        "auto_vs_fixed": [x.to_dict() for x in rep.versus],
         "agreement": [a.to_dict() for r in rep.results for a in r.agreement],
         "runs": [_run_dict(run) for r in rep.results for run in r.runs],
         "verdict": rep.verdict,
@@ -155,6 +158,8 @@ def text_table(rep: Report) -> str:
             out.append("  " + hint)
         out.append(_table(head, body))
         out.append("  " + _threads_line(res, temp))
+        out += ["  " + line for line in versus.lines([x for x in rep.versus
+                                                        if (x.target, x.temp) == (res.label, temp)])]
         lost = [r for r in rows if r.drafter != PLAIN and r.task != ALL and r.speedup < 1.0]
         if lost:
             out.append(f"  speculation lost in {len(lost)} of {sum(r.drafter != PLAIN and r.task != ALL for r in rows)}"
@@ -210,7 +215,8 @@ def markdown(rep: Report, plot_name: str | None = None, note: str | None = None)
             "| target | T | task | best | speedup | worst | speedup |", "|---|---|---|---|---|---|---|"]
     out += [f"| {b['target']} | {b['temp']:g} | {b['task']} | {b['config']} | {b['speedup']:.2f} | "
             f"{b['worst_config']} | {b['worst_speedup']:.2f} |" for b in j["best"]]
-    out += ["", "## Greedy agreement (spec on vs off)", ""] + (_agreement_lines(rep) or ["(no greedy runs)"])
+    out += ["", *versus.markdown(rep.versus)]
+    out += ["## Greedy agreement (spec on vs off)", ""] + (_agreement_lines(rep) or ["(no greedy runs)"])
     out += ["", "Batched verify logits differ slightly from single-token logits on CPU, so greedy texts may "
             "diverge at near-ties (top-2 logit gap below 1.0); every emitted token is still the target's own "
             "argmax of the logits it computed.", ""]
