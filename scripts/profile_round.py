@@ -17,14 +17,13 @@ copy-heavy prompt of the bench's lookup tasks. Per round, in ms:
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import time
 from collections import defaultdict
 from typing import Any, Callable
 
 import llama_cpp
+from compare_lookup import cpp_run, cpp_text, prompt_text  # scripts/: the same llama.cpp run and prompt text
 
 from localspec.bench.samples import LOOKUP_TASKS
 from localspec.engine.loader import EngineConfig, load_engine
@@ -81,36 +80,14 @@ def instrument(engine: Any, timers: Timers) -> None:
     engine_module.generate = generate
 
 
-def prompt_text(engine: Any, prompt: str) -> str:
-    """The prompt as text, as both programs get it: the chat template's rendering where the model has one."""
-    return engine.chat_prompt([{"role": "user", "content": prompt}]) if engine.chat_template else prompt
-
-
-def cpp_run(bin_dir: str, model: str, text: str, k: int, a: argparse.Namespace) -> dict[str, float] | None:
-    """llama-speculative-simple with n-gram drafts of at most k tokens: tok/s, drafted, accepted from its
-    own report. Its prompt tokenization adds BOS and parses special tokens, as Engine.tokenize does; a leading
-    BOS text from the template goes, or it would be there twice."""
-    cmd = [f"{bin_dir}/llama-speculative-simple", "-m", model, "-p", text, "-n", str(a.max_tokens), "--temp", "0",
-           "-t", str(a.threads), "-c", "4096", "-s", "1", "--spec-type", a.cpp_type, "--spec-draft-n-max", str(k)]
-    if a.cpp_type in ("ngram-simple", "ngram-map-k", "ngram-map-k4v"):  # its drafts are size-m long (default 48):
-        # --spec-draft-n-max does not cap them; and a key longer than the draft drafts nothing
-        cmd += [f"--spec-{a.cpp_type}-size-m", str(k), f"--spec-{a.cpp_type}-size-n", str(min(k, a.cpp_key))]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    out = r.stdout + r.stderr
-    m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", out)
-    if r.returncode or not m:
-        print(f"llama.cpp failed ({r.returncode}): {out.strip()[-400:]}")
-        return None
-    return {"tokens": int(m.group(1)), "tok_s": float(m.group(3)),
-            "drafted": int(re.search(r"n_drafted\s*=\s*(\d+)", out).group(1)),
-            "accepted": int(re.search(r"n_accept\s*=\s*(\d+)", out).group(1))}
-
-
-def cpp_text(engine: Any, prompt: str) -> str:
-    """The text llama.cpp gets: llama.cpp adds BOS itself where the model asks for one."""
-    text, t = prompt_text(engine, prompt), engine.target
-    bos = t.token_text(t.bos) if t.add_bos and t.bos >= 0 else ""
-    return text[len(bos):] if bos and text.startswith(bos) else text
+def cpp_fixed(bin_dir: str, model: str, text: str, k: int, a: argparse.Namespace) -> dict[str, float] | None:
+    """llama-speculative-simple with n-gram drafts of exactly k tokens at most: `--spec-draft-n-max` does not cap
+    ngram-simple's and ngram-map's drafts (they are `size-m` long, 48 by default), and a key longer than the draft
+    drafts nothing, so both are set."""
+    extra: tuple[str, ...] = ("--spec-draft-n-max", str(k))
+    if a.cpp_type in ("ngram-simple", "ngram-map-k", "ngram-map-k4v"):
+        extra += (f"--spec-{a.cpp_type}-size-m", str(k), f"--spec-{a.cpp_type}-size-n", str(min(k, a.cpp_key)))
+    return cpp_run(bin_dir, model, text, a.max_tokens, a.threads, a.cpp_type, extra)
 
 
 def run_prompt(engine: Any, prompt: str, n: int, timers: Timers) -> dict[str, float]:
@@ -161,7 +138,7 @@ def main() -> None:
             rows, cpp, ratios = [], [], []
             for _ in range(a.reps):
                 for p in LOOKUP_TASKS[task]:
-                    c = cpp_run(a.cpp_bin, str(engine.target.path), cpp_text(engine, p), a.k, a) \
+                    c = cpp_fixed(a.cpp_bin, str(engine.target.path), cpp_text(engine, p), a.k, a) \
                         if a.cpp_bin else None
                     rows.append(run_prompt(engine, p, a.max_tokens, timers))
                     if c:
