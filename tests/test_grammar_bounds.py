@@ -125,3 +125,15 @@ def test_a_pattern_that_repeats_an_empty_match_is_refused(pattern):
 def test_ordinary_patterns_still_make_grammars(pattern):
     assert not repeats_an_empty_match(pattern)
     assert json_schema_grammar({"type": "string", "pattern": pattern})
+
+
+def test_a_string_holds_no_raw_control_character(smollm2_target):
+    """JSON forbids a raw newline inside a string: a schema's strings take it escaped only (llama.cpp's converter
+    writes `char` that way; the port's older rule let a title end a line mid-string, and the answer did not parse)."""
+    g = Grammar(smollm2_target, json_schema_grammar({"type": "object", "properties": {"title": {"type": "string"}}}))
+    for t in smollm2_target.tokenize('{"title": "Hello', add_special=False):
+        assert g.allows(t)
+        g.accept(t)
+    (newline,) = smollm2_target.tokenize("\n", add_special=False)
+    assert not g.allows(newline)
+    assert g.allows(smollm2_target.tokenize("\\n", add_special=False)[0])

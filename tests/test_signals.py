@@ -352,8 +352,8 @@ class _Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             try:
-                if hangup_ignored:  # as nohup starts it
-                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                # as nohup starts it, else as a terminal's shell does, whatever the test run itself inherited
+                signal.signal(signal.SIGHUP, signal.SIG_IGN if hangup_ignored else signal.SIG_DFL)
                 os.execvpe(argv[0], argv, env)
             finally:
                 os._exit(127)

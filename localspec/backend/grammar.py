@@ -133,6 +133,10 @@ def _count(v: Any, what: str) -> int:
 
 
 port._build_repetition = _repetition  # the port's converter calls it by this name (strings, arrays, patterns)
+# A string's character as llama.cpp's converter now writes it: no raw control character, which JSON forbids inside
+# a string. The port's older rule ([^"\\]) let a model end a line inside a string, and the answer did not parse.
+port.PRIMITIVE_RULES["char"] = port.BuiltinRule(
+    r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])', [])
 
 
 class Grammar:
