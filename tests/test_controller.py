@@ -335,3 +335,23 @@ def test_alphas_are_remembered_until_the_counts_change():
     assert e.alphas(8) == before and what_if.alphas(8) != before
     e.update(3, 1, 0.95)
     assert e.alphas(8) == SourceEstimate(alpha_prior=0.8, later=(0.9,), n=list(e.n), a=list(e.a)).alphas(8) != before
+
+
+def test_a_source_switched_off_on_one_request_is_weighed_nearer_its_prior_on_the_next():
+    """Acceptance belongs to the text: verbatim copies that failed on one request's answer are not taken to fail on
+    the next request's. At its first round the counts weigh half, the source is decided again, and it drafts; a
+    request whose own rounds fail it still turns it off."""
+    ctl = Adaptive(sources=("lookup:verbatim",), v=CPU_V, t1=0.005, c={"lookup:verbatim": 0.0},
+                   prior={"lookup:verbatim": (0.97, 0.95)}, learn_costs=False)
+    assert ctl.src["lookup:verbatim"].on
+    fails = 0
+    while ctl.src["lookup:verbatim"].on:  # this request's copies break at their first token, until it is off
+        ctl.choose_k()
+        ctl.observe(step(4, 0, source="lookup:verbatim"))
+        fails += 1
+    assert fails <= 4
+    ctl.choose_k()
+    ctl.observe(step(0, 0))  # more rounds of the same request: it stays off
+    assert not ctl.src["lookup:verbatim"].on
+    ctl.observe(replace(step(0, 0), n_prompt=120))  # the next request's first round
+    assert ctl.src["lookup:verbatim"].on and ctl.choose_k() > 0

@@ -15,6 +15,8 @@ on while the model drafter is off; each source's cost c starts from what its dra
 from the prior its drafter declares (`Drafter.prior`), else from `alpha_prior`.
 
 A source switches off when its best rate falls below `off_below` and back on above `on_above` (hysteresis).
+Acceptance belongs to the text, so a request's first round weighs every source's counts half (`_new_request`):
+a session's estimate from one request's answers leans less on the next request's.
 One that has not drafted yet starts only above `on_above` too: a prior is an average over tasks, and a failed
 first draft costs several steps. While off, a source is re-probed with a short draft, the interval doubling
 while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed probe of γ costs
@@ -129,6 +131,8 @@ class Adaptive:
         return k
 
     def observe(self, step: "Step") -> None:
+        if step.n_prompt:  # a request's first round: its content is new
+            self._new_request()
         d = step.drafted
         if not self.learn_costs or step.t_verify <= 0:  # no verify timing: the pass also evaluated the prompt's tail
             if d:
@@ -145,6 +149,19 @@ class Adaptive:
         est.c = (1 - self.w) * est.c + self.w * min(c_obs, 2 * est.c + 0.1)
         for source in self.src if moved else (step.source or "draft",):
             self._decide(source)
+
+    REQUEST_FADE = 0.5  # what a session's acceptance counts weigh when a new request's content begins
+
+    def _new_request(self) -> None:
+        """Acceptance is a property of the text, and a session's estimate carries it across requests: a server's
+        SmolLM2-135M turned verbatim copies off on JSON answers, then drafted 9-42 tokens of rewrites whose answers
+        copy 90 % of their tokens (docs/bench/adaptive.md#off-across-requests). So at a request's start every
+        source's counts weigh `REQUEST_FADE` of what they did, nearer its prior, and each source is decided
+        again; its own rounds in the new text then speak for it."""
+        for name, est in self.src.items():
+            if est.rounds:
+                est.fade(self.REQUEST_FADE)
+                self._decide(name)
 
     SCALE_WEIGHT = 0.25  # how far one round moves the whole v curve towards it (in log terms)
     SCALE_STEP = 1.5  # ... at most this factor a round before the weight: a one-off stall moves it ≤ 11 %

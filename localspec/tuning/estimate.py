@@ -58,6 +58,13 @@ class SourceEstimate:
         """The prior of draft position i ≥ 1: the value of `later` for its band (PRIOR_FROM), else the last one."""
         return self.later[min(bisect_right(PRIOR_FROM, i), len(self.later)) - 1]
 
+    def fade(self, weight: float) -> None:
+        """Weigh every count `weight` of what it did: the estimate moves toward its prior, by that much of its
+        distance, without forgetting which way the evidence pointed."""
+        self._alphas.clear()
+        self.n = [weight * x for x in self.n]
+        self.a = [weight * x for x in self.a]
+
     def update(self, drafted: int, accepted: int, decay: float) -> None:
         self.rounds += 1
         self._alphas.clear()
