@@ -352,8 +352,13 @@ class _Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             try:
-                # as nohup starts it, else as a terminal's shell does, whatever the test run itself inherited
-                signal.signal(signal.SIGHUP, signal.SIG_IGN if hangup_ignored else signal.SIG_DFL)
+                # the signals as a terminal's shell leaves them (SIGHUP as nohup leaves it, if asked), whatever the
+                # test run inherited: a run started in the background by a shell without job control ignores
+                # SIGINT and SIGQUIT, and under nohup SIGHUP, and a program inherits what is ignored
+                for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)
+                if hangup_ignored:
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 os.execvpe(argv[0], argv, env)
             finally:
                 os._exit(127)
