@@ -67,6 +67,13 @@ def _sum_lists(rows: Iterable[Sequence[int]]) -> list[int]:
     return out
 
 
+def decode_tok_s(runs: Sequence[Run]) -> float:
+    """Steady-state decoding tok/s of runs pooled: the tokens of the rounds after the first ÷ their time."""
+    n = sum(r.n_generated - r.first_tokens for r in runs)
+    ms = sum(r.gen_ms - r.first_ms for r in runs)
+    return n / (ms / 1e3) if ms else 0.0
+
+
 def _pool(runs: Sequence[Run]) -> dict:
     n = sum(r.n_generated - r.first_tokens for r in runs)
     ms = sum(r.gen_ms - r.first_ms for r in runs)
@@ -75,7 +82,7 @@ def _pool(runs: Sequence[Run]) -> dict:
     rounds = sum(r.rounds for r in runs)
     dn, da = sum(r.draft_n for r in runs), sum(r.draft_n_accepted for r in runs)
     drafted, accepted = _sum_lists(r.drafted_at for r in runs), _sum_lists(r.accepted_at for r in runs)
-    return dict(n_runs=len(runs), n_generated=n_all, tokens_per_second=n / (ms / 1e3) if ms else 0.0,
+    return dict(n_runs=len(runs), n_generated=n_all, tokens_per_second=decode_tok_s(runs),
                 per_token_ms=ms / n if n else 0.0, ttft_ms=sum(r.ttft_ms for r in runs) / len(runs),
                 e2e_tokens_per_second=n_all / (e2e_ms / 1e3) if e2e_ms else 0.0,
                 acceptance_rate=da / dn if dn else 0.0,

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from .runner import AUTO, PLAIN, Run, TargetResult
-from .summary import ALL
+from .summary import ALL, decode_tok_s
 
 GOOD = 0.97  # auto within 3 % of the best fixed choice: the promise that a user need not tune
 
@@ -43,13 +43,6 @@ class AutoVsFixed:
         return d
 
 
-def _tok_s(runs: Sequence[Run]) -> float:
-    """Steady-state decoding tok/s, pooled as the bench's rows pool it (rounds after the first)."""
-    n = sum(r.n_generated - r.first_tokens for r in runs)
-    ms = sum(r.gen_ms - r.first_ms for r in runs)
-    return n / (ms / 1e3) if ms > 0 else 0.0
-
-
 def _choice(r: Run) -> str:
     return "plain" if r.drafter == PLAIN else f"k={r.k}"
 
@@ -70,11 +63,11 @@ def auto_vs_fixed(result: TargetResult) -> list[AutoVsFixed]:
                     fixed.setdefault(_choice(r), []).append(r)
             if not auto or not fixed:
                 continue
-            best = max(fixed, key=lambda c: _tok_s(fixed[c]))
-            a, b = _tok_s(auto), _tok_s(fixed[best])
+            best = max(fixed, key=lambda c: decode_tok_s(fixed[c]))
+            a, b = decode_tok_s(auto), decode_tok_s(fixed[best])
             repeats = sorted({r.repeat for r in auto})
-            per = tuple(_tok_s([r for r in auto if r.repeat == i]) / t
-                        for i in repeats if (t := _tok_s([r for r in fixed[best] if r.repeat == i])) > 0)
+            per = tuple(decode_tok_s([r for r in auto if r.repeat == i]) / t
+                        for i in repeats if (t := decode_tok_s([r for r in fixed[best] if r.repeat == i])) > 0)
             out.append(AutoVsFixed(result.label, drafter, temp, task, a, best, b, a / b if b else 0.0, per))
     return out
 
