@@ -1,5 +1,5 @@
-"""A real `localspec serve` in a subprocess on a free port, for the tests and scripts/replay_editor.py (which puts
-this folder on its path), and the body llama.vim sends one."""
+"""A real `localspec serve` in a subprocess on a free port, for the tests and scripts/editor/replay_editor.py
+(which puts this folder on its path), and the body llama.vim sends one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A calibration a busy minute measured does not keep speculation off on a quiet machine (issue 53): the entry is
+"""A calibration a busy minute measured does not keep speculation off on a quiet machine: the entry is
 provisional and measured again at the next start that is not busy, and while every source is off the controller
 still probes a free one, so a verify cheaper than the calibration said turns speculation back on."""
 

@@ -1,4 +1,4 @@
-"""The GPU check's pieces (scripts/gpu_check.sh, scripts/vulkan_build.sh): the load-log parser
+"""The GPU check's pieces (scripts/gpu/gpu_check.sh, scripts/gpu/vulkan_build.sh): the load-log parser
 (localspec/bench/loadlog.py), the random-weight models (localspec/models/gguf_tools.py), where a model runs
 (backend/ggml.placement) and flash attention's test on a device (backend/devicefa.py); and, marked `gpu` and
 skipped where ggml has no GPU device, the GPU tier on whatever device there is (CUDA0, Metal, Vulkan0 - Mesa's
@@ -42,7 +42,7 @@ def _gpu_device() -> dict | None:
 
 GPU = _gpu_device()
 needs_gpu = pytest.mark.skipif(GPU is None, reason="ggml has no GPU device here (llama.cpp built without one, or "
-                               "no device: on lavapipe set GGML_VK_VISIBLE_DEVICES=0, scripts/vulkan_build.sh)")
+                               "no device: on lavapipe set GGML_VK_VISIBLE_DEVICES=0, scripts/gpu/vulkan_build.sh)")
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +330,7 @@ def test_gpu_logits_match_the_cpu(tiny_model):
 
     gpu, cpu = logits(-1), logits(0)
     assert np.corrcoef(gpu, cpu)[0, 1] > 0.99  # the kernels differ (and round activations differently), not the model
-    assert int(np.argmax(gpu)) in np.argsort(cpu)[-5:]  # greedy text over many tokens: scripts/gpu_check.py
+    assert int(np.argmax(gpu)) in np.argsort(cpu)[-5:]  # greedy text over many tokens: scripts/gpu/gpu_check.py
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """`--rpc`: the model really goes to llama.cpp's RPC devices, and a bad endpoint is one line before loading.
 
-The end-to-end tests start llama.cpp's `ggml-rpc-server` (from $LLAMA_CPP_BIN, else PATH; scripts/rpc_check.sh
+The end-to-end tests start llama.cpp's `ggml-rpc-server` (from $LLAMA_CPP_BIN, else PATH; scripts/gpu/rpc_check.sh
 builds one from the vendored sources) on a free loopback port, or without it the same server function from
 llama-cpp-python; they skip only where llama-cpp-python was built without RPC. The endpoint probe tests need
 neither. Anything that registers an RPC device runs in a subprocess: a registered device whose server is

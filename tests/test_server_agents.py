@@ -1,4 +1,4 @@
-"""What Claude Code 2.1 and Codex CLI 0.171 send, replayed against a real `localspec serve` (issue 52). The
+"""What Claude Code 2.1 and Codex CLI 0.171 send, replayed against a real `localspec serve`. The
 captures (tests/captures/, long texts cut) came from the real clients through a recording server:
 
 - Claude Code's first request: a streamed `POST /v1/messages?beta=true` with 25 tools (`Workflow` has a
@@ -7,7 +7,7 @@ captures (tests/captures/, long texts cut) came from the real clients through a 
   session-title request constrains the answer with `output_config.format`'s JSON schema.
 - Codex's first request: a streamed `POST /v1/responses` with function tools, a `namespace` of tools,
   `web_search`, developer messages, `reasoning`, `include`, `store: false` and `prompt_cache_key`.
-- A later Codex turn on Gemma-3-270M (scripts/real_clients.py --codex-lean --save): three calls made at once and
+- A later Codex turn on Gemma-3-270M (scripts/clients/real_clients.py --codex-lean --save): three calls made at once and
   their three results, then a call, the text the model wrote beside it, and its result. Gemma's template refuses
   two turns of one role in a row, and this request got a 400 for it twice.
 

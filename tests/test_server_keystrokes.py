@@ -1,7 +1,7 @@
 """Keystroke load: an editor sends a non-streaming /infill on every key and hangs up on the one in flight when
 the next key comes. After hundreds of such requests the server still answers at once, the KV cache and the
 drafter's caches are consistent (a greedy request gives its text from before the storm), and its memory has not
-grown. scripts/replay_editor.py --soak 1000 measures the same at 1,000 requests, with timings.
+grown. scripts/editor/replay_editor.py --soak 1000 measures the same at 1,000 requests, with timings.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No JSON schema takes the server down (issue 52): property-based schemas, huge bounds and deep patterns among
+"""No JSON schema takes the server down: property-based schemas, huge bounds and deep patterns among
 them, through every route that takes one (tool parameters, `response_format`, Anthropic's `input_schema` and
 `output_config.format`, Ollama's `format` and tools, the Responses API's `text.format` and function tools,
 llama.cpp's `json_schema` and `grammar`), to one real

@@ -1,4 +1,4 @@
-"""The soak's judgement (scripts/soak_traffic.py, scripts/soak_ledger.py) on hand-written answers: a stream with
+"""The soak's judgement (scripts/soak/: soak_traffic.py, soak_ledger.py) on hand-written answers: a stream with
 its closing event is answered, a last error event naming the SIGSEGV is a crash in each protocol's framing, a
 stream cut without one is a failure, and a runner's counters that differ from what it was sent are a mismatch.
 The soak itself runs by hand (docs/bench/soak.md).
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "soak"))
 from soak_ledger import Ledger, parse_metrics  # noqa: E402
 from soak_traffic import StreamReader  # noqa: E402
 

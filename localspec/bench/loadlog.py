@@ -1,6 +1,6 @@
 """Where llama.cpp put each model load, read from its verbose load log (`localspec run --verbose`).
 
-The GPU check (scripts/gpu_check.py) reads placement this way rather than trusting the options it passed: per
+The GPU check (scripts/gpu/gpu_check.py) reads placement this way rather than trusting the options it passed: per
 load, "offloaded N/M layers to GPU" (GPU builds only), "layer i assigned to device X", "X model buffer size",
 "X KV buffer size" and "X compute buffer size" are what llama.cpp actually did, whatever the backend names its
 device (CUDA0, Vulkan0, MTL0, ROCm0).

@@ -1,4 +1,4 @@
-"""The soak's bookkeeping of what each runner was sent (scripts/soak.py), checked against the runner's /metrics.
+"""The soak's bookkeeping of what each runner was sent (scripts/soak/soak.py), checked against the runner's /metrics.
 
 A runner's counters start at zero with its process, and a router's runners come and go (a crash, keep_alive 0,
 an idle sleep), so requests are booked per generation: one process of one model. Before anything that ends a

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Prepare what scripts/gpu_check.sh needs on a GPU machine that has no network and takes 64 MiB per call
+# Prepare what scripts/gpu/gpu_check.sh needs on a GPU machine that has no network and takes 64 MiB per call
 # (working tree + carried paths). Two bundles, one per call, under $GPU_CHECK_DIR (default build/gpu-check,
 # ignored by git):
 #   bundle1/  call 1: llama-cpp-python's sdist trimmed to what the build needs (.tar.gz), wheels for the Python
 #             3.12 (and this interpreter's) dependencies the checks use, the SmolLM2 tokenizer alone
-#             (tok.gguf, for scripts/gpu_model.py), and the first part of the shipped SmolLM2-135M Q4_1 file
+#             (tok.gguf, for scripts/gpu/gpu_model.py), and the first part of the shipped SmolLM2-135M Q4_1 file
 #   bundle2/  call 2: the rest of the SmolLM2 file (it is 98 MB: it cannot travel in one call)
 #   cpu/      only for a CPU rehearsal here: a numpy wheel for this interpreter (the device has its own numpy)
 # Each bundle has a manifest (sha256 per file); the split point is chosen so that each call, with the working
 # tree, stays under LIMIT_MIB (default 60, leaving 4 MiB of the 64 for what the tree gains before the call).
 #
-# usage: scripts/gpu_bundle.sh [SDIST]   SDIST: llama-cpp-python 0.3.36 sdist, a .tar.gz or its unpacked
+# usage: scripts/gpu/gpu_bundle.sh [SDIST]   SDIST: llama-cpp-python 0.3.36 sdist, a .tar.gz or its unpacked
 #        directory (default /tmp/src/llama_cpp_python-0.3.36 if there, else pip download)
 # env:   GPU_CHECK_DIR, LIMIT_MIB, PYVERS (default "3.12 <this interpreter>"), SMOL (path of the SmolLM2 GGUF)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 VERSION=0.3.36
 DIR=${GPU_CHECK_DIR:-build/gpu-check}
@@ -55,7 +55,7 @@ rm -f "$L"/convert_*.py "$L"/*.sh "$L"/pyrightconfig.json "$L"/poetry.lock
 # every tool but llama-bench (the plain-decoding baseline); tools/CMakeLists.txt rewritten to add only it
 find "$L/tools" -mindepth 1 -maxdepth 1 ! -name llama-bench ! -name CMakeLists.txt -exec rm -rf {} +
 cat > "$L/tools/CMakeLists.txt" <<'EOF'
-# trimmed by localspec's scripts/gpu_bundle.sh: llama-bench only (LLAMA_BUILD_TOOLS=ON builds it)
+# trimmed by localspec's scripts/gpu/gpu_bundle.sh: llama-bench only (LLAMA_BUILD_TOOLS=ON builds it)
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
@@ -88,7 +88,7 @@ pip download --quiet --no-deps --only-binary :all: -d "$CPU/wheels" numpy  # the
 step "3. SmolLM2 tokenizer (for the random-weight targets) and the split model"
 SMOL=${SMOL:-$(python3 -c "from localspec.models.resolve import resolve_model; print(resolve_model(None).path)")}
 [ -f "$SMOL" ] || fail "SmolLM2 not found: $SMOL"
-python3 scripts/gpu_model.py tokenizer "$SMOL" "$B1/tok.gguf"
+python3 scripts/gpu/gpu_model.py tokenizer "$SMOL" "$B1/tok.gguf"
 TREE=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 LIMIT=$((LIMIT_MIB * 1024 * 1024))
 FIXED=$(size_of "$B1")

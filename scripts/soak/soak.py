@@ -17,7 +17,7 @@ localspec_requests_total must equal what it was sent (soak_ledger.py). The serve
 the start, the middle and the end (descriptors, threads, RSS); after the server stops, none of its processes
 may be left and its port must be free.
 
-Usage: python scripts/soak.py [--mode router|single] [--requests 5000] [--max-seconds 2400] [--out FILE.json]
+Usage: python scripts/soak/soak.py [--mode router|single] [--requests 5000] [--max-seconds 2400] [--out FILE.json]
 Loopback only: the server listens on 127.0.0.1 on a free port.
 """
 
@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 from faults import segv  # noqa: E402  (the tests' fault hook: a runner dies of SIGSEGV on a marked prompt)
 from servers import ServerProcess  # noqa: E402  (the tests' helper: a real `localspec serve` on a free port)
 from soak_procs import left_over, loadavg, port_free  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
 
 def _git(*args: str) -> str:
     """The checkout the soak ran against: other work in the tree may not be committed yet."""
-    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE.parent).stdout
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE.parents[1]).stdout
 
 
 async def run(soak: Soak, a: argparse.Namespace, t_end: float) -> dict:

@@ -1,4 +1,4 @@
-"""The soak's result (scripts/soak.py) as Markdown tables, as docs/bench/soak.md shows them."""
+"""The soak's result (scripts/soak/soak.py) as Markdown tables, as docs/bench/soak.md shows them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The checks scripts/gpu_check.sh runs, and its reports. Run by the venv's Python (localspec installed there).
+"""The checks scripts/gpu/gpu_check.sh runs, and its reports. Run by the venv's Python (localspec installed there).
 
   note KEY=VALUE..        record a step's facts (build time, pytest exit) in results/steps.json
   env                     model-free: llama.cpp build, GPU offload support, devices       -> results/env.json
@@ -299,7 +299,7 @@ def lookup_bench(smol: str, gpu: bool, results: Path, quick: bool) -> dict:
     js, md = results / "bench.json", results / "bench.md"
     args = ["bench", "--model", smol, "--lookup", "--tasks", COPY_TASKS, "--k", BENCH_KS, "--json", str(js),
             "--markdown", str(md),
-            "--note", f"scripts/gpu_check.py on {'the GPU (all layers offloaded)' if gpu else 'the CPU'}"]
+            "--note", f"scripts/gpu/gpu_check.py on {'the GPU (all layers offloaded)' if gpu else 'the CPU'}"]
     if quick:
         args += ["--per-task", "1", "-n", "64"]
     p = _run([sys.executable, "-c", _BENCH, "-1" if gpu else "0", *args], timeout=900)
@@ -454,7 +454,7 @@ def markdown(doc: dict) -> str:
     env, steps = doc.get("env", {}), doc.get("steps", {})
     mode = env.get("mode") or steps.get("build_mode") or "?"
     out = [f"# localspec GPU check ({mode})", "",
-           f"Made by `scripts/gpu_check.sh` on {doc['created']}. "
+           f"Made by `scripts/gpu/gpu_check.sh` on {doc['created']}. "
            + ("**CPU rehearsal: nothing here was measured on a GPU.**" if mode != "cuda" else ""), ""]
     out += ["## Checks", "", _table(["check", "result"], [[k, "PASS" if v else "**FAIL**"]
                                                           for k, v in doc["checks"].items()]), ""]

@@ -12,7 +12,7 @@ Two sizes of each: the tests' own files (n_embd 32, ~5 MB: the Python loop's sha
 It prints one Markdown table (median tok/s, speedup over plain, acceptance, what the rewinds cost, the k chosen)
 and the save/restore times `models show` reports for each rollback method.
 
-    python scripts/bench_recurrent.py --repeats 3 --markdown /tmp/recurrent.md
+    python scripts/bench/bench_recurrent.py --repeats 3 --markdown /tmp/recurrent.md
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import tiny_gguf  # noqa: E402  (the tests' writer of these files)
 
 from localspec.backend.quantize import quantize  # noqa: E402

@@ -8,7 +8,7 @@ flight when the next key comes (the client hangs up). At a word's end the typist
 follows (llama.vim's next request, built as if the suggestion were accepted, `t_max_predict_ms` 1000). The same
 session runs against each server in turn, A B A B, so the ratio is measured in one run.
 
-Usage: python scripts/replay_editor.py [--model FIM.gguf] [--llama-server PATH] [--rounds 2] [--where end|middle]
+Usage: python scripts/editor/replay_editor.py [--model FIM.gguf] [--llama-server PATH] [--rounds 2] [--where end|middle]
        [--same-tokens | --readme-layout] [--soak N]
 (llama-server: built from the llama.cpp that llama-cpp-python vendors, `cmake --build build --target
 llama-server`; started as llama.vim's README suggests, `--cache-reuse 256`, one slot, the same threads.)
@@ -45,7 +45,7 @@ from localspec.models.gguf_header import read_header
 from localspec.models.paths import cache_dir
 from localspec.server.request.fim import Extra, FimTokens, build_infill
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from servers import ServerProcess, rss_mib  # noqa: E402  (the tests' helper: a real server on a free port)
 
 IDLE_S = 3.0  # --cpu-pid: how long each process's idle CPU rate is measured before the replay

@@ -2,11 +2,11 @@
 # llama-cpp-python (the version pyproject.toml pins) built with llama.cpp's Vulkan backend into a virtual
 # environment of its own, and localspec's GPU test tier (tests/test_gpu.py -m gpu) run on it. On a machine without
 # a GPU, Mesa's lavapipe (software Vulkan on the CPU) is the device: 40-50x slower than the CPU backend, so this
-# checks placement and correctness, never speed. A tier run by hand, like scripts/gpu_check.sh; results and build
+# checks placement and correctness, never speed. A tier run by hand, like scripts/gpu/gpu_check.sh; results and build
 # times: docs/bench/gpu.md ("Vulkan on lavapipe").
 #
 #   apt-get install mesa-vulkan-drivers libvulkan-dev glslc vulkan-tools   (Debian 12 / Ubuntu)
-#   scripts/vulkan_build.sh [build|test|all]        (default all)
+#   scripts/gpu/vulkan_build.sh [build|test|all]        (default all)
 #
 # env: VK_DIR     work dir outside the repo (default ~/.cache/localspec-vulkan): venv/, src/, cmake/ (the build
 #                 tree: a rerun resumes it), build.log, test.log
@@ -23,7 +23,7 @@
 # its dependencies come from the normal install; only llama_cpp is the venv's own.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PHASE=${1:-all}
 VERSION=$(python3 - <<'EOF'

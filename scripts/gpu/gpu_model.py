@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the GPU check's random-weight targets and the tokenizer they carry (scripts/gpu_check.sh, gpu_bundle.sh).
+"""Write the GPU check's random-weight targets and the tokenizer they carry (scripts/gpu/gpu_check.sh, gpu_bundle.sh).
 
 The GGUF writing lives in localspec/models/gguf_tools.py (write_tokenizer, write_random_model, SHAPES); this is
 its command line.

@@ -1,4 +1,4 @@
-"""The soak's run against one started server (scripts/soak.py): rounds of mixed requests at concurrency 1-4,
+"""The soak's run against one started server (scripts/soak/soak.py): rounds of mixed requests at concurrency 1-4,
 and between rounds the events that end a runner (a SIGSEGV from the fault hook or from outside, keep_alive 0,
 an idle sleep), each preceded by a reading of every runner's counters while nothing is in flight.
 """

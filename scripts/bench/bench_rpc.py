@@ -6,7 +6,7 @@ prints one Markdown table: tok/s, speedup over plain in the same placement, acce
 the calibrated v(γ) the adaptive controller used (measured on the loaded model, so over RPC it includes the
 network), and the target's ms per plain token. Every run is a fresh process (a fresh model load and calibration).
 
-    python scripts/bench_rpc.py --rpc-server /path/to/ggml-rpc-server --draft smollm2-135m \\
+    python scripts/bench/bench_rpc.py --rpc-server /path/to/ggml-rpc-server --draft smollm2-135m \\
         --model ~/.cache/localspec/fixtures/SmolLM2-135M-Instruct.F16.gguf --delay-ms 0,1,5 --markdown rpc.md
 
 The delay proxy models network latency without a bandwidth limit (every chunk is delivered D ms after it

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CUDA offload and speculation's costs on a real GPU, from llama-cpp-python's own vendored llama.cpp, on a
-# machine with no network. Prepare the carried files here first with scripts/gpu_bundle.sh; docs/bench/gpu.md
+# machine with no network. Prepare the carried files here first with scripts/gpu/gpu_bundle.sh; docs/bench/gpu.md
 # says what is measured and how to read it.
 #
 #   phase 1 (call 1, carry build/gpu-check/bundle1): check the bundle; a venv; llama-cpp-python built from the
@@ -8,19 +8,19 @@
 #     localspec installed --no-deps from this tree with the carried wheels; model-free checks (offload support,
 #     devices) and tests/test_gpu.py. A rerun resumes the build (ninja, the build tree under $WORK).
 #   phase 2 (call 2, carry build/gpu-check/bundle2): SmolLM2 put together from its two parts; random-weight
-#     targets of real shapes (scripts/gpu_model.py); offload placement from llama.cpp's log, CPU vs GPU greedy
+#     targets of real shapes (scripts/gpu/gpu_model.py); offload placement from llama.cpp's log, CPU vs GPU greedy
 #     text, --ngl-draft; v(γ) for γ = 1..16 and c by localspec's calibration; plain tok/s against llama-bench;
 #     prompt lookup on the copy-heavy bench tasks with α, γ and the formula's prediction; adaptive vs best fixed γ.
 #   Each call writes $OUT/gpu_check.json and $OUT/gpu_check.md (everything measured so far) and $OUT/gpu_check.log.
 #
-# usage: scripts/gpu_check.sh [1|2|all|report]    (or GPU_CHECK_PHASE)
+# usage: scripts/gpu/gpu_check.sh [1|2|all|report]    (or GPU_CHECK_PHASE)
 # env:   GPU_CHECK_CPU=1   CPU build and checks (the rehearsal; the default where there is no nvcc)
 #        GPU_CHECK_DIR     bundles and work dir (default build/gpu-check; $DIR/work holds venv, build, models)
 #        OUT               where the reports go (default $DIR/out); JOBS (default 16 with CUDA, else nproc)
 #        SHAPES            random targets to make (default "8b 1b" on a GPU, "cpu" on the CPU); CUDA_ARCH (90)
 set -euo pipefail
 export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 T0=$(date +%s)
 PHASE=${1:-${GPU_CHECK_PHASE:-all}}
@@ -42,14 +42,14 @@ SITE=$WORK/site
 W=$DIR/bundle1/wheels
 step() { printf '\n== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
 fail() { echo "FAIL: $*" >&2; report; exit 1; }
-report() { [ -n "${PY:-}" ] && "$PY" scripts/gpu_check.py report --results "$WORK/results" --out "$OUT" || true; }
-note() { "$PY" scripts/gpu_check.py note --results "$WORK/results" "$@"; }  # key=value into results/steps.json
+report() { [ -n "${PY:-}" ] && "$PY" scripts/gpu/gpu_check.py report --results "$WORK/results" --out "$OUT" || true; }
+note() { "$PY" scripts/gpu/gpu_check.py note --results "$WORK/results" "$@"; }  # key=value into results/steps.json
 
 echo "gpu_check: phase $PHASE, mode $MODE, jobs $JOBS, dir $DIR, out $OUT ($(date -u +%FT%TZ))"
 
 check_bundle() {  # bundle N: every file in its manifest, with its sha256; and the size the call carried
   local b=$DIR/bundle$1
-  [ -f "$b/manifest.json" ] || { echo "FAIL: $b/manifest.json missing: run scripts/gpu_bundle.sh here and carry $b" >&2; exit 1; }
+  [ -f "$b/manifest.json" ] || { echo "FAIL: $b/manifest.json missing: run scripts/gpu/gpu_bundle.sh here and carry $b" >&2; exit 1; }
   python3 - "$b" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
@@ -199,7 +199,7 @@ phase1() {
   lib=$("$PY" -c "import llama_cpp, os; print(os.path.join(os.path.dirname(llama_cpp.__file__), 'lib'))")
   LD_LIBRARY_PATH=$lib "$WORK/llama-bench" --list-devices > "$WORK/results/llama_bench_devices.txt" 2>&1 || true
   cat "$WORK/results/llama_bench_devices.txt"
-  "$PY" scripts/gpu_check.py env --mode "$MODE" --results "$WORK/results" || fail "model-free checks failed"
+  "$PY" scripts/gpu/gpu_check.py env --mode "$MODE" --results "$WORK/results" || fail "model-free checks failed"
 
   step "1.6 tests/test_gpu.py"
   set +e
@@ -216,7 +216,7 @@ phase2() {
   [ -f "$WORK/build.done" ] && [ -d "$SITE/llama_cpp" ] || { echo "FAIL: phase 1 has not run on this machine (a fresh machine: run phase 1 again, then 2)" >&2; exit 1; }
   step "2.1 bundle 2 and SmolLM2"
   check_bundle 2
-  SMOL=$("$PY" scripts/gpu_check.py join --bundles "$DIR" --models "$WORK/models") || fail "SmolLM2 could not be put together"
+  SMOL=$("$PY" scripts/gpu/gpu_check.py join --bundles "$DIR" --models "$WORK/models") || fail "SmolLM2 could not be put together"
   echo "$SMOL"
 
   step "2.2 tests/test_gpu.py with SmolLM2 (the tests phase 1 skipped: router estimate, models show, run)"
@@ -232,12 +232,12 @@ phase2() {
   local targets=()
   for s in $SHAPES; do
     local f=$WORK/models/random-$s-q4_k.gguf
-    [ -f "$f" ] || "$PY" scripts/gpu_model.py make "$f" --shape "$s" --type q4_k --tokenizer "$DIR/bundle1/tok.gguf"
+    [ -f "$f" ] || "$PY" scripts/gpu/gpu_model.py make "$f" --shape "$s" --type q4_k --tokenizer "$DIR/bundle1/tok.gguf"
     targets+=("$f")
   done
 
   step "2.4 measurements"
-  "$PY" scripts/gpu_check.py measure --mode "$MODE" --results "$WORK/results" --smol "$SMOL" \
+  "$PY" scripts/gpu/gpu_check.py measure --mode "$MODE" --results "$WORK/results" --smol "$SMOL" \
       --llama-bench "$WORK/llama-bench" --work "$WORK" "${targets[@]}" || fail "measurements failed"
 }
 

@@ -1,4 +1,4 @@
-"""Regenerate docs/chat.svg: a real chat, captured mid-answer (`python scripts/screenshot_chat.py [OUT_DIR]`).
+"""Regenerate docs/chat.svg: a real chat, captured mid-answer (`python scripts/docs/screenshot_chat.py [OUT_DIR]`).
 
 Uses the embedded SmolLM2-135M with prompt lookup at a fixed k=4, so the accepted drafts show in colour.
 Convert for the README with `rsvg-convert -z 0.8` after adding xml:space="preserve" to the <svg> element

@@ -1,4 +1,4 @@
-"""What the soak (scripts/soak.py) reads of a server's processes from /proc: open descriptors, threads, resident
+"""What the soak (scripts/soak/soak.py) reads of a server's processes from /proc: open descriptors, threads, resident
 memory and state, the process tree, and whether anything is left after the server stopped. Linux only.
 """
 

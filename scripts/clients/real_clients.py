@@ -1,7 +1,7 @@
 """Run the real Claude Code (`claude -p`) and Codex CLI (`codex exec`) against `localspec serve` and report each
-request's status (issue 52).
+request's status.
 
-    python scripts/real_clients.py --model gemma3-270m --ctx 32768 \
+    python scripts/clients/real_clients.py --model gemma3-270m --ctx 32768 \
         --serve-arg=--chat-template-file=tests/templates/gemma-3.jinja --timeout 900
 
 The clients come from npm (`npm install -g @anthropic-ai/claude-code @openai/codex`, or `--bin DIR` for a
@@ -11,7 +11,7 @@ is printed with its method, path, status, size and time, and a failed one with t
 starts once, with `--ctx` large enough for Claude Code's first prompt (~21k tokens) if the model has it; a
 2-core CPU takes many minutes over that prompt, where `--claude-arg=--tools=Bash` leaves ~2k tokens:
 
-    python scripts/real_clients.py --model smollm2-135m --ctx 8192 --claude-arg=--tools=Bash
+    python scripts/clients/real_clients.py --model smollm2-135m --ctx 8192 --claude-arg=--tools=Bash
 
 `--codex-lean` and `--claude-lean` cut both clients' prompts to ~1k tokens, with one call-then-answer example
 for a tiny model; docs/server.md ("Real clients") has the last run's command and results.

@@ -11,7 +11,7 @@ copy-heavy prompt of the bench's lookup tasks. Per round, in ms:
 - loop rest: the loop's own bookkeeping (controller, truncation, logprobs, Step);
 - engine rest: what Engine.generate and the thread controller add per round (text pieces, stats, outcome).
 
-    python scripts/profile_round.py --model gemma3-270m --model smollm2-135m -k 3 -t 2 -n 128
+    python scripts/bench/profile_round.py --model gemma3-270m --model smollm2-135m -k 3 -t 2 -n 128
 """
 
 from __future__ import annotations

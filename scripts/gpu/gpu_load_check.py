@@ -2,7 +2,7 @@
 the device) and llama.cpp reading the weights with and without localspec's huge-page callback. Each load runs
 in a child; one line per load with its exit status (docs/bench/gpu.md#cuda-h100).
 
-    python scripts/gpu_load_check.py TOKENIZER.gguf /tmp/tiny.gguf   # the random tiny model is written once
+    python scripts/gpu/gpu_load_check.py TOKENIZER.gguf /tmp/tiny.gguf   # the random tiny model is written once
 """
 
 import subprocess

@@ -7,7 +7,7 @@ builds them) for as many tokens as the longest llama.cpp run decoded. Greedy. Pr
 of each, accepted/drafted, and localspec ÷ the best llama.cpp kind, paired prompt by prompt (geometric mean of
 the per-prompt ratios, and their min-max).
 
-    python scripts/compare_lookup.py --cpp-bin LLAMA_CPP/build/bin --model gemma3-270m --reps 2
+    python scripts/bench/compare_lookup.py --cpp-bin LLAMA_CPP/build/bin --model gemma3-270m --reps 2
 """
 
 from __future__ import annotations

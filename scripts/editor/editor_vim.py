@@ -6,7 +6,7 @@ key by key as a person would, waits for the ghost text and llama.vim's info line
 the pane, presses Tab, and checks that the suggestion landed in the buffer. Prints the captured panes and the
 server's request log; exits 1 if a step did not happen.
 
-Usage: python scripts/editor_vim.py --llama-vim DIR [--model FIM.gguf] [--out DIR]
+Usage: python scripts/editor/editor_vim.py --llama-vim DIR [--model FIM.gguf] [--out DIR]
 (DIR: `git clone https://github.com/ggml-org/llama.vim`; the model must have FIM tokens, e.g. a Qwen2.5-Coder
 GGUF; the default is the FIM-tagged SmolLM2 that the test fixtures write, tests/conftest.py.)
 """

@@ -8,7 +8,7 @@
 #      local vs over RPC, and a dead address (one line, exit 2).
 # Building takes minutes on a small machine; this is not run in CI (tests/test_rpc.py is, skipped without RPC).
 #
-# usage: scripts/rpc_check.sh [SDIST]      env: WORK (default ~/.cache/localspec/rpc-check), MODEL, PORT
+# usage: scripts/gpu/rpc_check.sh [SDIST]      env: WORK (default ~/.cache/localspec/rpc-check), MODEL, PORT
 set -euo pipefail
 
 VERSION=0.3.36

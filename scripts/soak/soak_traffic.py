@@ -1,4 +1,4 @@
-"""The soak's requests (scripts/soak.py): one body per protocol, sent whole or streamed, and what came back,
+"""The soak's requests (scripts/soak/soak.py): one body per protocol, sent whole or streamed, and what came back,
 sorted into the outcomes the soak counts.
 
 Every request ends in one of: `answered` (the protocol's answer, a stream with its closing event), `refused`
