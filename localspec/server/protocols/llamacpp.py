@@ -9,6 +9,7 @@ speculation ran for this request. Streaming is SSE: `data: {...}` lines, the las
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -82,8 +83,13 @@ async def infill(req: InfillRequest, request: Request, state: StateDep) -> Respo
 
 
 async def tokenize(req: TokenizeRequest, state: StateDep) -> dict[str, Any]:
-    """On the event loop: the vocabulary is read-only (worker.py says why that is safe), as llama-server too
-    tokenizes outside its generation loop."""
+    """Outside the generation worker, as llama-server too tokenizes outside its generation loop: the vocabulary
+    is read-only (worker.py says why that is safe). In a thread, not on the event loop: 5 MB of text takes
+    seconds, and /health and every stream would wait for it."""
+    return await asyncio.to_thread(_tokenize, req, state)
+
+
+def _tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
     t = state.engine.target
     if isinstance(req.content, list):  # llama-server's mixed form: ids kept, text pieces tokenized
         check_ids(req.content, t.n_vocab, "token ids")
@@ -96,6 +102,10 @@ async def tokenize(req: TokenizeRequest, state: StateDep) -> dict[str, Any]:
 
 
 async def detokenize(req: DetokenizeRequest, state: StateDep) -> dict[str, str]:
+    return await asyncio.to_thread(_detokenize, req, state)
+
+
+def _detokenize(req: DetokenizeRequest, state: State) -> dict[str, str]:
     t = state.engine.target
     bad = [i for i in req.tokens if not 0 <= i < t.n_vocab]
     if bad:
