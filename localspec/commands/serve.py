@@ -70,17 +70,19 @@ def _url(host: str, port: int) -> str:
 @click.option("--reasoning", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="Thinking in chat templates that have a switch (enable_thinking): on unless off (llama-server's "
                    "option); a request's chat_template_kwargs wins.")
+@click.option("--slots/--no-slots", default=True, show_default=True,
+              help="llama-server's GET /slots (one slot: the generation worker); off: a 501.")
 @click.option("--behind-router", is_flag=True, hidden=True,
               help="Set by the router for its runners: a stream's head goes out with its first piece.")
 @engine_options
 @click.pass_context
 def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alias, tags, cors_origins, context_shift,
           router, models_max, models_preset, sleep_idle_seconds, keep_alive, models_autoload, default_model,
-          chat_template_file, reasoning_format, reasoning, behind_router, engine_config):
+          chat_template_file, reasoning_format, reasoning, slots, behind_router, engine_config):
     """Serve completions over HTTP for editors (llama.vim, llama.vscode, Continue) and API clients.
 
     \b
-    llama.cpp: POST /infill /completion /tokenize /detokenize /apply-template, GET /health /props
+    llama.cpp: POST /infill /completion /tokenize /detokenize /apply-template, GET /health /props /slots
     OpenAI:    POST /v1/completions /v1/chat/completions (/input_tokens), GET /v1/models
     Ollama:    POST /api/generate /api/chat, GET /api/tags /api/version
     Anthropic: POST /v1/messages /v1/messages/count_tokens;  Responses: POST /v1/responses
@@ -114,7 +116,8 @@ def serve(ctx, host, port, api_key, spec_max_queue, max_predict, n_predict, alia
     how = f"{engine.drafter_name}, k={engine.controller.state().label}" if engine.drafter else "off"
     config = ServerConfig(api_key=api_key, spec_max_queue=spec_max_queue, max_predict=max_predict,
                           aliases=_names(alias), tags=_names(tags), n_predict=n_predict, cors_origins=cors_origins,
-                          context_shift=context_shift, reasoning_format=reasoning_format, hold_heads=behind_router)
+                          context_shift=context_shift, reasoning_format=reasoning_format, hold_heads=behind_router,
+                          slots=slots)
     urls = ", ".join(_url(h, real_port) for h in hosts)
     try:
         run_server(engine, config, socks, on_ready=lambda: log_err(

@@ -32,6 +32,7 @@ class ServerConfig:
     context_shift: bool = False  # llama-server's --context-shift: off by default, as there
     reasoning_format: str = "auto"  # llama-server's --reasoning-format: where <think> text goes (engine/reasoning.py)
     hold_heads: bool = False  # a runner behind the router: each answer's head waits for its first piece (http.py)
+    slots: bool = True  # llama-server's GET /slots (--no-slots: a 501, as there)
 
 
 class State:
