@@ -53,10 +53,17 @@ def run_watched(main: Callable[[], object]) -> NoReturn:
             sig = signal.SIGHUP
         elif sig in CRASHES or sig == signal.SIGKILL:
             _say(crash_line(sig, pid))
+        _die_of(sig)
+    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 128 + os.WTERMSIG(status))
+
+
+def _die_of(sig: int) -> None:
+    """End this process by `sig`, as the child ended. SIGKILL and SIGSTOP keep their default action and may not be
+    given a handler (signal.signal raises for them), so only the others are reset and unblocked first."""
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):
         signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 128 + os.WTERMSIG(status))
+    os.kill(os.getpid(), sig)
 
 
 def _say(line: str) -> None:
