@@ -245,3 +245,77 @@ def write_tiny(arch: str, tokenizer_from: Path, out: Path, *, seed: int = 0) -> 
     w.close()
     part.replace(out)
     return out
+
+
+# -- qwen35 with one MTP (nextn) head ------------------------------------------------------------------------------
+# Qwen3.5's layout, scaled down: 4 trunk layers, gated delta-net at 0, 1, 2 and gated full attention at 3
+# (full_attention_interval 4), then one MTP block (llama.cpp's nextn layer: a full-attention block fed with the
+# token's embedding and the trunk's last hidden state, through eh_proj). Its lm head and embeddings are the
+# trunk's (no nextn.embed_tokens / shared_head_head), as in Qwen3.5's GGUFs.
+QWEN35_TRUNK = 4
+QWEN35_K_HEADS, QWEN35_V_HEADS = 2, 4  # gated delta-net key heads (ssm.group_count), value heads (time_step_rank)
+QWEN35_ROT = 8  # rotary dims of a head (here all of them; Qwen3.5 rotates a quarter), in IMROPE sections of 2, 1, 1
+
+
+def _qwen35_attention(r: _Random, b: str) -> None:
+    """Gated attention: attn_q gives the query and its output gate (2 × head_dim per head)."""
+    r.ones(b + "attn_norm.weight", N_EMBD)
+    r.ones(b + "post_attention_norm.weight", N_EMBD)
+    r.matrix(b + "attn_q.weight", 2 * N_HEAD * HEAD_DIM, N_EMBD)
+    r.matrix(b + "attn_k.weight", N_HEAD_KV * HEAD_DIM, N_EMBD)
+    r.matrix(b + "attn_v.weight", N_HEAD_KV * HEAD_DIM, N_EMBD)
+    r.matrix(b + "attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+    r.ones(b + "attn_q_norm.weight", HEAD_DIM)
+    r.ones(b + "attn_k_norm.weight", HEAD_DIM)
+
+
+def _qwen35_delta_net(r: _Random, b: str) -> None:
+    """One gated delta-net mixer: head dims d_state (16), conv over q, k and v, decay gate -exp(A) · softplus."""
+    key_dim, value_dim = D_STATE * QWEN35_K_HEADS, D_STATE * QWEN35_V_HEADS
+    conv_dim = 2 * key_dim + value_dim
+    r.ones(b + "attn_norm.weight", N_EMBD)
+    r.ones(b + "post_attention_norm.weight", N_EMBD)
+    r.matrix(b + "attn_qkv.weight", conv_dim, N_EMBD)
+    r.matrix(b + "attn_gate.weight", value_dim, N_EMBD)
+    r.matrix(b + "ssm_conv1d.weight", conv_dim, D_CONV)
+    r.dt_bias(b + "ssm_dt.bias", QWEN35_V_HEADS)
+    r.put(b + "ssm_a", -np.exp(r.rng.uniform(-1.0, 1.0, QWEN35_V_HEADS)))
+    r.matrix(b + "ssm_beta.weight", QWEN35_V_HEADS, N_EMBD)
+    r.matrix(b + "ssm_alpha.weight", QWEN35_V_HEADS, N_EMBD)
+    r.ones(b + "ssm_norm.weight", D_STATE)
+    r.matrix(b + "ssm_out.weight", N_EMBD, value_dim)
+
+
+def _qwen35_ffn(r: _Random, b: str) -> None:
+    r.matrix(b + "ffn_gate.weight", N_FF, N_EMBD)
+    r.matrix(b + "ffn_up.weight", N_FF, N_EMBD)
+    r.matrix(b + "ffn_down.weight", N_EMBD, N_FF)
+
+
+def _qwen35(r: _Random, n_vocab: int) -> dict[str, Any]:
+    _embeddings(r, n_vocab)
+    r.ones("output_norm.weight", N_EMBD)
+    for i in range(QWEN35_TRUNK):
+        b = f"blk.{i}."
+        if (i + 1) % 4:
+            _qwen35_delta_net(r, b)
+        else:
+            _qwen35_attention(r, b)
+        _qwen35_ffn(r, b)
+    b = f"blk.{QWEN35_TRUNK}."  # the MTP head
+    _qwen35_attention(r, b)
+    _qwen35_ffn(r, b)
+    r.matrix(b + "nextn.eh_proj.weight", N_EMBD, 2 * N_EMBD)
+    r.ones(b + "nextn.enorm.weight", N_EMBD)
+    r.ones(b + "nextn.hnorm.weight", N_EMBD)
+    r.ones(b + "nextn.shared_head_norm.weight", N_EMBD)
+    return {"block_count": QWEN35_TRUNK + 1, "nextn_predict_layers": 1, "feed_forward_length": N_FF,
+            "attention.head_count": N_HEAD, "attention.head_count_kv": N_HEAD_KV, "attention.key_length": HEAD_DIM,
+            "attention.value_length": HEAD_DIM, "rope.dimension_count": QWEN35_ROT,
+            "rope.dimension_sections": [2, 1, 1, 0], "rope.freq_base": ROPE_BASE, "full_attention_interval": 4,
+            "ssm.conv_kernel": D_CONV, "ssm.inner_size": D_STATE * QWEN35_V_HEADS, "ssm.state_size": D_STATE,
+            "ssm.time_step_rank": QWEN35_V_HEADS, "ssm.group_count": QWEN35_K_HEADS}
+
+
+_BUILDERS["qwen35"] = _qwen35
+ARCHS = (*ARCHS, "qwen35")
