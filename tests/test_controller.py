@@ -314,7 +314,8 @@ def test_policy_is_the_states_label_and_k_now():
     """`policy()` (what a server reads for every answer) says what `state()` says, on and off."""
     fixed = FixedK(3)
     assert fixed.policy() == (fixed.state().label, fixed.state().k_now) == ("3", 3)
-    ctl = Adaptive(sources=("lookup", "model"), v=CPU_V, t1=0.005, c={"lookup": 0.0, "model": 0.1}, warmup=2)
+    # a model that could not pay at full acceptance (one that could would stay on trial until it drafts)
+    ctl = Adaptive(sources=("lookup", "model"), v=CPU_V, t1=0.005, c={"lookup": 0.0, "model": 1.0}, warmup=2)
     seen = set()
     for i in range(60):
         k = ctl.choose_k()

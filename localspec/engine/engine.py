@@ -19,8 +19,9 @@ from typing import Any, Callable, Generator, Sequence
 from ..backend import Model
 from ..sampling.params import SamplingParams
 from ..speculative.loop import Progress, generate
-from ..speculative.types import NO_DRAFTER, Controller, Drafter, Step
-from ..tuning.controller import DEFAULT_K, FixedK
+from ..speculative.types import NO_DRAFTER, Controller, ControllerState, Drafter, Step
+from ..tuning.acceptance import AcceptanceStore
+from ..tuning.controller import DEFAULT_K, Adaptive, FixedK
 from ..tuning.threads import ThreadControl
 from .chatplan import ChatPlan
 from .outcome import Outcome, outcome
@@ -80,8 +81,9 @@ class Engine:
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, controller: Controller | None = None,
                  name: str = "", drafter_name: str = "", chat_template: str | None = None,
-                 threads: ThreadControl | None = None) -> None:
+                 threads: ThreadControl | None = None, acceptance: AcceptanceStore | None = None) -> None:
         self.target = target
+        self.acceptance = acceptance  # where the controller's measured acceptance is kept for the next run
         self.threads = threads  # the thread controller (threads.py); None: llama.cpp's counts as loaded
         self.drafter = drafter
         self.controller: Controller = controller or FixedK(DEFAULT_K if drafter else 0)
@@ -92,6 +94,7 @@ class Engine:
         self.thinking = True  # the template's enable_thinking unless a request says (serve --reasoning off: False)
 
     def close(self) -> None:
+        self.keep_acceptance(self.controller, force=True)
         if self.drafter:
             self.drafter.close()
         self.target.close()
@@ -103,6 +106,12 @@ class Engine:
         return {role: {"kind": m.rollback_info.kind, "rollback": m.rollback_info.method,
                        "rs_depth": m.rollback_info.rs_depth, **m.rollback_counts}
                 for role, m in models.items() if m is not None}
+
+    def keep_acceptance(self, ctl: Controller, *, force: bool = False) -> None:
+        """Write what an adaptive controller's rounds measured of the drafter's acceptance (acceptance.py), so the
+        next run of this pair starts from it: after each generation (at most every few seconds) and at close."""
+        if self.acceptance is not None and isinstance(ctl, Adaptive):
+            self.acceptance.save(ctl.measurements(), force=force)
 
     @property
     def chat_template(self) -> str | None:
@@ -178,6 +187,15 @@ class Engine:
                              max_tokens=max_tokens, progress=progress, batch=batch)
         if self.threads is not None:
             steps = self.threads.follow(steps)  # thread counts chosen between rounds
+        try:
+            yield from self._chunks(steps, counter, text, ctl, before, should_stop)
+        finally:
+            self.keep_acceptance(ctl)
+
+    def _chunks(self, steps: Generator[Step, None, None], counter: StatsCounter, text: TextStream, ctl: Controller,
+                before: ControllerState | None, should_stop: Callable[[], bool] | None) -> Generator[Chunk, None, None]:
+        """The loop's steps as chunks of text with their statistics, up to the step that finishes."""
+        drafter = before is not None
         with closing(steps):  # run the loop's finally (KV rollback) now, not at garbage collection
             for step in steps:
                 counter.add(step)

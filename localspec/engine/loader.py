@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
 from ..backend import LoadOptions, Model, add_rpc_servers, devicefa, in_own_thread
 from ..backend.machine import CpuMeter
@@ -24,6 +25,7 @@ from ..speculative.reindent import Indents
 from ..speculative.structure import STRUCTURE, StructureDrafter
 from ..speculative.suffix import SuffixCache
 from ..speculative.types import NO_DRAFTER, Controller, Drafter
+from ..tuning.acceptance import AcceptanceStore, Kept
 from ..tuning.calibration import Calibration
 from ..tuning.controller import DEFAULT_K, K_MAX, K_MAX_LOOKUP, K_MIN, Adaptive, FixedK, k_range
 from ..tuning.threads import ThreadControl
@@ -251,11 +253,14 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
         drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
         draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
     cal = load_calibration(config, target, drafter, draft_model, meter)
+    # a model drafter's acceptance, as earlier runs of this pair measured it (tuning/acceptance.py)
+    kept = AcceptanceStore.for_pair(target.path, draft_model.path) if draft_model is not None else None
     if controller is None and drafter is not None:
-        controller = make_controller(config, k, drafter, cal)
+        controller = make_controller(config, k, drafter, cal, kept=kept.load() if kept else None)
     return Engine(target, drafter, controller=controller, name=name,
                   drafter_name=draft if drafter else NO_DRAFTER, chat_template=template,
-                  threads=make_threads(config, target, draft_model, cal, meter))
+                  threads=make_threads(config, target, draft_model, cal, meter),
+                  acceptance=kept if config.adaptive else None)
 
 
 def pair_problems(target: str | Path, drafter: str | Path) -> list[str]:
@@ -323,9 +328,11 @@ def make_threads(config: EngineConfig, target: Model, draft_model: Model | None,
                          meter=meter or CpuMeter())
 
 
-def make_controller(config: EngineConfig, k: int, drafter: Drafter, cal: Calibration | None) -> Controller:
+def make_controller(config: EngineConfig, k: int, drafter: Drafter, cal: Calibration | None, *,
+                    kept: Mapping[str, Kept] | None = None) -> Controller:
     """FixedK(k) with adaptive=False; else an `Adaptive` controller seeded by the load-time calibration of
-    v(γ) (and c for a model drafter). An explicit -k pins γ but keeps auto-off."""
+    v(γ) (and c for a model drafter), and by the acceptance earlier runs of the pair measured (`kept`). An
+    explicit -k pins γ but keeps auto-off."""
     if not config.adaptive:
         return FixedK(k)
     k_min, k_max = _k_range(config, drafter)
@@ -333,6 +340,6 @@ def make_controller(config: EngineConfig, k: int, drafter: Drafter, cal: Calibra
     measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v if cal else (),
                    t1=costs.t1 if costs else None, c={**drafter.cost, **measured}, prior=drafter.prior,
-                   gammas=costs.timed if costs else ())
+                   gammas=costs.timed if costs else (), kept=kept)
     ctl.calibration = cal
     return ctl

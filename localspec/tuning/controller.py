@@ -17,10 +17,18 @@ from the prior its drafter declares (`Drafter.prior`), else from `alpha_prior`.
 A source switches off when its best rate falls below `off_below` and back on above `on_above` (hysteresis).
 Acceptance belongs to the text, so a request's first round weighs every source's counts half (`_new_request`):
 a session's estimate from one request's answers leans less on the next request's.
-One that has not drafted yet starts only above `on_above` too: a prior is an average over tasks, and a failed
-first draft costs several steps. While off, a source is re-probed with a short draft, the interval doubling
-while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed probe of γ costs
-v(γ) - 1 steps. A source that has not drafted is probed only if one fully accepted probe would turn it on.
+A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: until its rounds pin its
+acceptance down, it is on trial (`_trial_over`): it drafts at the γ its estimate prefers, and the trial ends as
+soon as the decision is the same at both ends of the acceptance's credible band (±`TRIAL_Z` standard deviations
+of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave.
+Only a drafter that could not pay even if every draft were accepted skips the trial. What the rounds measured is
+kept per pair of files (acceptance.py), so the next run starts from it. The measurements:
+docs/bench/adaptive.md#measured-before-judged.
+A free source (prompt lookup) that has not drafted yet starts only above `on_above` too: its prior is an average
+over tasks, and a failed first draft costs several steps. While off, a source is re-probed with a short draft,
+the interval doubling while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed
+probe of γ costs v(γ) - 1 steps. A free source that has not drafted is probed only if one fully accepted probe
+would turn it on.
 But while every source is off, no verify round corrects v(γ): a free source (lookup) is then still probed,
 at most every `probe_max` rounds and within PROBE_SHARE, so a v calibrated on a busy moment cannot keep
 speculation off for good (`_next_k`). The measurements behind these rules: docs/bench/lookup.md#source-probing.
@@ -28,12 +36,14 @@ speculation off for good (`_next_k`). The measurements behind these rules: docs/
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..models import LOOKUP
 from ..speculative.types import ControllerState
+from .acceptance import Kept
 from .estimate import SourceEstimate
 from .rate import best_k, v_at
 
@@ -74,6 +84,9 @@ class FixedK:
 
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
+TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
+# a trial stops after costing this many target steps beyond what it gave: 2 % of a 128-token answer's plain time
+TRIAL_BUDGET = 0.02 * 128
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
 _C_FREE = 0.05  # a drafter this cheap (lookup) costs a probe nothing but its verify
 
@@ -87,7 +100,8 @@ class Adaptive:
                  decay: float = 0.95, cost_weight: float = 0.1,
                  off_below: float = 1.0, on_above: float = 1.1, warmup: int = 0,
                  probe_every: int = 64, probe_max: int = 256, probe_k: int | None = None,
-                 learn_costs: bool = True, explore_every: int = 16, gammas: Sequence[int] = ()) -> None:
+                 learn_costs: bool = True, explore_every: int = 16, gammas: Sequence[int] = (),
+                 kept: Mapping[str, Kept] | None = None) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}..{k_max}")
         self.k_min, self.k_max = k_min, k_max
@@ -116,6 +130,7 @@ class Adaptive:
         self._v = self._curve()
         c = dict(c or {})
         self.prior = dict(prior or {})  # source -> (α first, α later, …) a drafter declared (`Drafter.prior`)
+        self.kept = dict(kept or {})  # source -> acceptance an earlier run of this pair measured (acceptance.py)
         self.src: dict[str, SourceEstimate] = {
             s: self._new_estimate(s, _C_UNKNOWN if (cs := c.get(s)) is None else cs) for s in sources}
         self.k_hist: Counter[int] = Counter()
@@ -191,6 +206,8 @@ class Adaptive:
     def _learn_alpha(self, step: "Step", decide: bool = True) -> SourceEstimate:
         name = step.source or "draft"
         est = self._estimate(name)
+        if est.trial:  # what this round cost beyond what it gave, at the costs believed now
+            est.trial_loss += step.drafted * est.c + v_at(self._v, step.drafted) - (step.accepted + 1)
         if est.probe_due:  # the probe was drafted: the next one waits a doubled interval
             est.probe_due = False
             est.probe_every = min(2 * est.probe_every, self.probe_max)
@@ -224,8 +241,13 @@ class Adaptive:
         """A source's estimate before any round: the prior its drafter declared, else the controller's."""
         first, *later = self.prior.get(source, (self.alpha_prior,))
         # off until the prior clears on_above, and then off like a source that switched off: first probe after
-        # probe_every rounds
-        return SourceEstimate(alpha_prior=first, later=tuple(later), c=c, on=False, probe_every=self.probe_every)
+        # probe_every rounds; a drafter with a cost is on trial instead (`_trial_over`)
+        est = SourceEstimate(alpha_prior=first, later=tuple(later), c=c, on=False, probe_every=self.probe_every,
+                             trial=c >= _C_FREE)
+        if (k := self.kept.get(source)) is not None:
+            est.seed(k.n, k.a, k.rounds)
+            est.trial = est.trial and not k.judged  # an earlier run's trial judged it: decide from its counts
+        return est
 
     def _next_k(self, est: SourceEstimate) -> int:
         """γ while on (every `explore_every` rounds γ+1, so v and α one position further stay measured);
@@ -282,6 +304,9 @@ class Adaptive:
         v = self.v
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
+        if est.trial and not self._trial_over(est):
+            est.on, est.reason, est.hopeless = True, None, False
+            return
         threshold = self.on_above if not est.on else self.off_below
         if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below):
             if not est.on:
@@ -291,9 +316,30 @@ class Adaptive:
             if est.on:
                 est.since_probe, est.probe_every = 0, self.probe_every
             est.on = False
-            est.reason = off_reason(source, est.alphas(k)[0], est.c, v_at(v, k), k, rate)
+            est.reason = off_reason(source, est.alphas(k)[0], est.c, v_at(v, k), k, rate, measured=est.measured,
+                                    full=best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1])
             est.hopeless = (best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1] < self.off_below
                             or (est.rounds == 0 and not self._probe_could_turn_on(est)))
+
+    def _trial_over(self, est: SourceEstimate) -> bool:
+        """Whether a source on trial is known well enough to judge; when it is, leave `est.on` as the trial
+        found it, for the ordinary decision (with its hysteresis) to take over. Known enough: the best rate is
+        on the same side of `off_below` at both ends of the acceptance's credible band, so more rounds would
+        not change the decision; or even full acceptance could not pay; or the trial has cost its budget, and
+        then the estimate as it stands decides."""
+        est.trial = False
+        rate_at = lambda alphas: best_k(alphas, est.c, self.v, self.k_min, self.k_max, self.gammas)[1]  # noqa: E731
+        if rate_at([1.0]) < self.off_below:
+            est.on = False
+        elif rate_at(est.alphas_band(self.k_max, -TRIAL_Z)) >= self.off_below:
+            est.on = True
+        elif rate_at(est.alphas_band(self.k_max, TRIAL_Z)) < self.off_below:
+            est.on = False
+        elif est.trial_loss >= TRIAL_BUDGET:
+            est.on = est.rate >= self.off_below
+        else:
+            est.trial = True
+        return not est.trial
 
     def _probe_could_turn_on(self, est: SourceEstimate) -> bool:
         """Whether one probe (`_probe_k`), every token accepted, would turn this source on. For a source that has not
@@ -305,6 +351,12 @@ class Adaptive:
         after = replace(est, n=list(est.n), a=list(est.a))
         after.update(k, k, self.decay)
         return best_k(after.alphas(self.k_max), est.c, self.v, self.k_min, self.k_max, self.gammas)[1] >= self.on_above
+
+    def measurements(self) -> dict[str, Kept]:
+        """Each source's acceptance counts as its rounds left them, to keep for the pair's next run."""
+        now = time.time()
+        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not e.trial)
+                for s, e in self.src.items() if e.measured}
 
     # -- reporting --
 
@@ -351,12 +403,20 @@ def family(source: str) -> str:
     return source.split(":", 1)[0]
 
 
-def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: float) -> str:
-    """Why a source is off, in words first (what a user can act on), the model's numbers after."""
-    verdict = (f"it would be {100 * (1 - rate):.0f} % slower here" if rate < 1
-               else f"it would gain only {100 * (rate - 1):.0f} %, too little to be sure")
+def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: float, *, measured: bool = True,
+               full: float = 2.0) -> str:
+    """Why a source is off, in words first (what a user can act on), the model's numbers after. The acceptance
+    is said to be measured only when rounds measured it; `full` is the best rate if every draft were accepted."""
+    if full < 1:
+        verdict = f"it would be {100 * (1 - full):.0f} % slower here even if every draft were accepted"
+    elif not measured:
+        verdict = (f"not tried yet: its prior promises {100 * (rate - 1):+.0f} %, too little to start" if rate >= 1
+                   else f"not tried yet: by its prior it would be {100 * (1 - rate):.0f} % slower here")
+    else:
+        verdict = (f"it would be {100 * (1 - rate):.0f} % slower here" if rate < 1
+                   else f"it would gain only {100 * (rate - 1):.0f} %, too little to be sure")
     cost = f"verifying {k + 1} tokens costs {v:.1f}× a normal step"
     if c >= 0.05:
         cost += f", each drafted token {c:.2f}×"
-    return (f"{source}: {verdict} — drafts accepted {100 * alpha:.0f} %, {cost} "
-            f"(α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})")
+    accepted = f"drafts accepted {100 * alpha:.0f} %" if measured else f"prior acceptance {100 * alpha:.0f} %"
+    return f"{source}: {verdict} — {accepted}, {cost} (α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})"

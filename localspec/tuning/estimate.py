@@ -4,8 +4,10 @@ cost c, with the γ controller's state for the source (on or off, its γ and rat
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import Sequence
 
 # A prior's values after the first apply from these draft positions on: (first, 1-7, 8-15, 16-31, 32 on), a shorter
 # prior's last value to every position after it: a copy that has run on is likely to run on further
@@ -31,6 +33,8 @@ class SourceEstimate:
     reason: str | None = None
     hopeless: bool = False  # off and not probed: no α could make it pay, or no probe could turn it on yet
     probe_due: bool = False  # off, and a probe is owed the next round this source drafts
+    trial: bool = False  # drafting to measure its acceptance before it is judged (controller `_decide`)
+    trial_loss: float = 0.0  # target steps the trial's rounds cost beyond the tokens they gave (net)
     # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
     # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
     _alphas: dict[tuple[int, float], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
@@ -53,6 +57,26 @@ class SourceEstimate:
             out.append(prev)
         self._alphas[(k, prior_n)] = tuple(out)
         return out
+
+    def alphas_band(self, k: int, z: float, prior_n: float = 2.0) -> list[float]:
+        """α_1..α_k moved z standard deviations of each position's Beta posterior (z > 0 up, z < 0 down): how
+        well the counts pin acceptance down. With a prior alone the band is wide; each observed position narrows
+        it, so a trial can stop once the decision is the same at both ends."""
+        out = []
+        for i, m in enumerate(self.alphas(k, prior_n)):
+            n = (self.n[i] if i < len(self.n) else 0.0) + prior_n
+            out.append(min(1.0, max(0.0, m + z * math.sqrt(m * (1 - m) / (n + 1)))))
+        return out
+
+    @property
+    def measured(self) -> bool:
+        """Whether any round (this session's or a kept one) has shown this source's acceptance."""
+        return bool(self.n) and self.n[0] > 0
+
+    def seed(self, n: Sequence[float], a: Sequence[float], rounds: int) -> None:
+        """Start from counts an earlier run measured (tuning/acceptance.py), as if its rounds were this one's."""
+        self._alphas.clear()
+        self.n, self.a, self.rounds = list(n), list(a), rounds
 
     def _later_at(self, i: int) -> float:
         """The prior of draft position i ≥ 1: the value of `later` for its band (PRIOR_FROM), else the last one."""

@@ -6,8 +6,9 @@
   rate.v_at's guess for a quiet CPU.
 - c comes from an entry that measured this very pair; else it is predicted from the weight bytes: a batch-1
   step reads every weight once, so a drafter's step is about its file size over the target's.
-- α is a prior: the target's own low-bit copy agrees with it most of the time, another model of the family
-  less. The figure says which of its parts were measured and which assumed.
+- α is what earlier runs of this very pair measured, kept per pair of files (acceptance.py); else a prior: the
+  target's own low-bit copy agrees with it most of the time, another model of the family less. The figure says
+  which of its parts were measured and which assumed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ..models.candidates import (
     self_drafters,
 )
 from ..models.paths import calibration_dir
+from .acceptance import kept_for
+from .estimate import SourceEstimate
 from .rate import best_k
 
 ALPHA_SELF = 0.8  # prior acceptance of the target's own low-bit copy
@@ -87,12 +90,16 @@ class Prediction:
     c_measured: bool
     v_measured: bool
     self_copy: bool  # the target's own tensors at fewer bits
+    alpha_rounds: int = 0  # rounds of earlier runs that measured α (0: α is the prior of the drafter's kind)
 
     def basis(self) -> str:
         """How the figure was made, in words."""
         c = f"c {self.c:.2f} " + ("measured" if self.c_measured else "from file sizes")
         v = "v(γ) measured" if self.v_measured else "v(γ) guessed (no calibration yet)"
-        a = f"α prior {self.alpha:.2f}" + (" (own copy)" if self.self_copy else "")
+        if self.alpha_rounds:
+            a = f"α {self.alpha:.2f} measured over {self.alpha_rounds} rounds"
+        else:
+            a = f"α prior {self.alpha:.2f}" + (" (own copy)" if self.self_copy else "") + ", not measured yet"
         return f"{c}, {v}, {a}"
 
 
@@ -105,7 +112,14 @@ def predict(target: str | Path, drafter: str | Path, *, costs: Measured | None =
     a = alpha if alpha is not None else ALPHA_SELF if own else ALPHA_OTHER
     c_known = (costs.c or {}).get(str(d.resolve()))
     c = c_known if c_known is not None else d.stat().st_size / max(t.stat().st_size, 1)
-    return _at(a, c, costs, c_measured=c_known is not None, own=own)
+    kept = kept_for(t, d) if alpha is None else None
+    if kept is None:
+        return _at(a, c, costs, c_measured=c_known is not None, own=own)
+    est = SourceEstimate(alpha_prior=a, c=c)  # the counts over the prior, as the controller weighs them
+    est.seed(kept.n, kept.a, kept.rounds)
+    alphas = est.alphas(K_MAX)
+    k, rate = best_k(alphas, c, costs.v, 1, K_MAX)
+    return Prediction(rate, k, alphas[0], c, c_known is not None, bool(costs.v), own, alpha_rounds=kept.rounds)
 
 
 def _at(alpha: float, c: float, costs: Measured, *, c_measured: bool, own: bool) -> Prediction:

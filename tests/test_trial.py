@@ -1,0 +1,172 @@
+"""A model drafter is measured before it is judged: the γ controller's trial and the acceptance kept per pair.
+
+A simulated pair stands in for the models: each round, draft position i is accepted with probability α while
+the ones before it were, the drafter costs c target steps a token and a verify of γ+1 rows v(γ) steps. The
+controller starts with an empty cache, as a first run of the pair does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.speculative.types import Step
+from localspec.tuning.acceptance import KEEP_N, AcceptanceStore, Kept, kept_for
+from localspec.tuning.controller import PROBE_SHARE, TRIAL_BUDGET, Adaptive
+from localspec.tuning.rate import v_at
+
+# Gemma-3-270M F32 on 2 cores (the pair where a fixed k pays): a verify row costs ~0.14 of a step
+F32_V = [1.0, 1.14, 1.26, 1.37, 1.49, 1.62, 1.75, 1.88, 2.0]
+T1 = 0.045  # seconds of one target step
+
+
+def simulate(ctl: Adaptive, alpha: float, c: float, v: list[float], rounds: int, seed: int = 0):
+    """Run `rounds` rounds of the pair; returns (steps spent, tokens made, k per round)."""
+    rng = np.random.default_rng(seed)
+    spent = made = 0.0
+    ks = []
+    for i in range(rounds):
+        k = ctl.choose_k()
+        k = ctl.k_for("model") if k else 0
+        ks.append(k)
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        cost = k * c + v_at(v, k)
+        spent, made = spent + cost, made + accepted + 1
+        ctl.observe(Step(tuple(range(accepted + 1)), k, accepted, k * c * T1, cost * T1, "model" if k else "",
+                         n_prompt=10 if i == 0 else 0))
+    return spent, made, ks
+
+
+def controller(**kw) -> Adaptive:
+    return Adaptive(sources=("model",), v=F32_V, t1=T1, c={"model": 0.5}, learn_costs=False, **kw)
+
+
+def test_a_drafter_that_pays_is_on_from_its_first_rounds():
+    """c = 0.5 and true acceptance 0.95: the prior alone (0.7) would not start it; the trial drafts from the first
+    round and is decided within 8 rounds, then drafts long (3 tokens or more)."""
+    ctl = controller()
+    assert ctl.state().k["model"] > 0  # on trial before any round: no prior decides it
+    _, _, ks = simulate(ctl, 0.95, 0.5, F32_V, 40)
+    est = ctl.src["model"]
+    assert all(ks) and est.on and not est.trial
+    assert est.rounds <= 40 and max(ks[-8:]) >= 3
+    decided = Adaptive(sources=("model",), v=F32_V, t1=T1, c={"model": 0.5}, learn_costs=False)
+    _, _, ks = simulate(decided, 0.95, 0.5, F32_V, 8)
+    assert not decided.src["model"].trial and decided.src["model"].on
+
+
+def test_a_drafter_that_does_not_pay_is_left_off_at_a_bounded_cost():
+    """True acceptance 0.3: the trial stops it after a few rounds; what it and the later probes cost over 128
+    tokens of plain decoding stays within TRIAL_BUDGET steps plus PROBE_SHARE of the time."""
+    for seed in range(20):
+        ctl = controller()
+        spent, made, ks = simulate(ctl, 0.3, 0.5, F32_V, 128, seed=seed)
+        assert not ctl.src["model"].on and not ctl.src["model"].trial
+        assert sum(1 for k in ks if k) <= 20
+        # loss in target steps against plain decoding's one token a step
+        assert spent - made <= TRIAL_BUDGET + PROBE_SHARE * spent + 0.5
+    reason = ctl.spec_disabled_reason
+    assert reason.startswith("model: it would be") and "drafts accepted" in reason and "prior" not in reason
+
+
+def test_a_drafter_that_could_not_pay_at_full_acceptance_is_never_tried():
+    """c = 1 on a 2-core CPU's verify costs: not even α = 1 pays, so no round is spent on it, and the reason
+    says so rather than quoting a prior."""
+    steep = [1.0, 2.3, 2.8, 3.2, 4.1, 4.7, 5.3, 5.3, 5.9]
+    ctl = Adaptive(sources=("model",), v=steep, t1=T1, c={"model": 1.0}, learn_costs=False)
+    _, _, ks = simulate(ctl, 0.9, 1.0, steep, 300)
+    assert not any(ks)
+    assert "even if every draft were accepted" in ctl.spec_disabled_reason
+
+
+def test_an_unmeasured_free_source_says_nothing_was_measured():
+    """A free source (lookup) still waits for its prior to clear on_above, and its reason says the acceptance
+    it quotes is a prior."""
+    ctl = Adaptive(sources=("lookup",), k_max=1, v=[1.0, 1.2 / 1.05], t1=0.005, c={"lookup": 0.0}, alpha_prior=0.2)
+    reason = ctl.spec_disabled_reason
+    assert "not tried yet" in reason and "prior acceptance 20 %" in reason and "would gain only" not in reason
+
+
+def test_a_restart_starts_from_the_kept_measurement(tmp_path):
+    """The first run measures 0.95; its counts kept in the pair's file make the next start decide at once (no
+    trial) and draft long from its first round."""
+    store = AcceptanceStore(tmp_path / "pair.json")
+    first = controller()
+    simulate(first, 0.95, 0.5, F32_V, 60)
+    assert store.save(first.measurements())
+    kept = store.load()
+    assert 0 < kept["model"].n[0] <= KEEP_N and kept["model"].alpha > 0.9
+    second = controller(kept=kept)
+    est = second.src["model"]
+    assert not est.trial and est.on and second.choose_k() >= 3
+
+
+def test_a_kept_low_acceptance_starts_off(tmp_path):
+    store = AcceptanceStore(tmp_path / "pair.json")
+    first = controller()
+    simulate(first, 0.2, 0.5, F32_V, 60)
+    store.save(first.measurements(), force=True)
+    second = controller(kept=store.load())
+    assert not second.src["model"].on and second.choose_k() == 0
+
+
+def test_kept_counts_fade_toward_the_prior_with_age():
+    k = Kept((20.0, 18.0), (19.0, 17.0), 40, at=1_000_000.0)
+    week = 7 * 86400
+    assert k.faded(1_000_000.0).n == (20.0, 18.0)
+    assert k.faded(1_000_000.0 + week).n == pytest.approx((10.0, 9.0))
+    assert k.faded(1_000_000.0 + 10 * week).n[0] < 0.02
+    assert Kept((100.0,), (90.0,), 9, 0.0).faded(0.0).n[0] == KEEP_N  # a long run is worth KEEP_N rounds
+
+
+def test_a_damaged_or_missing_file_means_measure_again(tmp_path):
+    assert AcceptanceStore(tmp_path / "none.json").load() == {}
+    bad = tmp_path / "bad.json"
+    for text in ("{", '{"sources": {"model": {"n": [1], "a": [2], "at": 0}}}', "[]"):
+        bad.write_text(text)
+        assert AcceptanceStore(bad).load() == {}
+
+
+def test_lookup_is_not_kept_and_a_server_writes_at_most_every_few_seconds(tmp_path):
+    store = AcceptanceStore(tmp_path / "pair.json")
+    k = Kept((4.0,), (3.0,), 4, 0.0)
+    assert not store.save({"lookup:long": k})
+    assert store.save({"model": k, "lookup": k})
+    assert not store.save({"model": k})  # within SAVE_EVERY_S
+    assert store.save({"model": k}, force=True)
+    assert set(store.load()) == {"model"}
+
+
+def test_kept_for_reads_a_pair_by_its_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path / "cal"))
+    target, drafter = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    target.write_bytes(b"t")
+    drafter.write_bytes(b"d")
+    assert kept_for(target, drafter) is None
+    AcceptanceStore.for_pair(target, drafter).save({"model": Kept((8.0,), (6.0,), 8, 1e12)}, force=True)
+    assert kept_for(target, drafter).alpha == pytest.approx(0.75)
+    drafter.write_bytes(b"dd")  # a rewritten drafter is another pair
+    assert kept_for(target, drafter) is None
+
+
+@pytest.mark.slow
+def test_an_engine_keeps_what_its_rounds_measured_for_the_next_start(smollm2_target, smollm2_twin, tmp_path,
+                                                                     monkeypatch):
+    """On the real SmolLM2 drafting for itself (every greedy draft accepted): the engine writes the pair's
+    acceptance after a generation, and the next engine built for the pair starts from it, with no trial."""
+    from localspec.engine.loader import EngineConfig, assemble
+    from localspec.sampling.params import SamplingParams
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
+    config = EngineConfig(draft="twin", threads=2)
+    engine = assemble(config, smollm2_target, smollm2_twin)
+    assert engine.acceptance is not None and not engine.acceptance.path.exists()
+    # c as a cheap drafter's: the twin costs a whole step, and the measured c would leave it off untried
+    engine.controller = controller()
+    text = list(engine.generate("The quick brown fox", params=SamplingParams(temperature=0.0), max_tokens=48))
+    assert sum(c.step.drafted for c in text) > 0
+    kept = engine.acceptance.load()["model"]
+    assert kept.alpha > 0.9 and kept.judged and kept.rounds > 0
+    again = assemble(config, smollm2_target, smollm2_twin).controller.src["model"]
+    assert again.measured and not again.trial and again.rounds == kept.rounds
