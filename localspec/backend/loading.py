@@ -39,6 +39,7 @@ class LoadOptions:
     mmap: bool | None = None  # True: map the file (llama.cpp's way); False: read it in; None: memory.py decides
     fast_path: str | None = None  # llama.cpp's extra CPU buffer types: "all", "repack", "none"; None: fastpath.py
     # tests which survive on this machine (--repack = "all", --no-repack = "none")
+    mtp: bool = False  # load the GGUF's MTP (nextn) heads, where it has them: a drafter inside the model (mtp.py)
 
     def local(self) -> "LoadOptions":
         """These options without the RPC servers, for a drafter: it runs γ times a round, so a network hop per

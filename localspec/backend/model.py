@@ -98,6 +98,9 @@ class Model:
     _keep: tuple[object, ...] = field(default=(), repr=False, compare=False)  # the C side points into these
     rollback_info: RollbackInfo = field(default_factory=lambda: RollbackInfo("attention", "cut"))
     _rollback: Rollback | None = field(default=None, repr=False)  # None: the cache cuts in place (attention)
+    # called after each decoded chunk with (its first position, its length): an MTP head reads the hidden states
+    # of those positions before the next decode overwrites them (mtp.py)
+    on_decode: Callable[[int, int], None] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, path: str | Path, options: LoadOptions = LoadOptions()) -> "Model":
@@ -108,6 +111,7 @@ class Model:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = -1 if options.n_gpu_layers < 0 else options.n_gpu_layers  # llama.h: < 0 = all
         mparams.main_gpu = options.main_gpu
+        mparams.load_mtp = options.mtp  # the GGUF's MTP (nextn) heads, where it has them (mtp.py)
         devs, dev_names = _devices_param(options.rpc_servers)
         if devs is not None:
             mparams.devices = ctypes.cast(devs, ctypes.c_void_p)
@@ -186,6 +190,11 @@ class Model:
 
     def token_text(self, token: int) -> str:
         return self._model.token_get_text(token)
+
+    @property
+    def model_pointer(self) -> Any:
+        """The llama model, for backend modules that make another context on it (mtp.py)."""
+        return self._model.model
 
     @property
     def ctx_pointer(self) -> Any:
@@ -381,6 +390,8 @@ class Model:
         self.tokens.extend(chunk)
         if self._rollback is not None:
             self._rollback.after_decode(len(chunk))
+        if self.on_decode is not None:
+            self.on_decode(n_past, len(chunk))
 
     def close(self) -> None:
         if self._batch is not None:

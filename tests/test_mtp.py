@@ -1,0 +1,220 @@
+"""The drafter inside the model: a tiny random-weight Qwen3.5 (hybrid: gated delta-net + attention) with one MTP
+head (tests/tiny_gguf.py). Drafting with the head changes no token: greedy text is plain decoding's, a seed gives
+one text, a request after another gives a fresh start's; the head's cache follows the accepted context exactly
+(its logits after a generation are a fresh head's on the same context); the hybrid rollback stays what it was.
+The loader makes the head the default drafter of such a file, `--draft mtp` forces it and `--no-spec` leaves it.
+
+The head's weights are random, so most drafts are rejected: the tests check what is emitted, never how much is
+accepted (a trained head's acceptance is measured on real models: docs/bench/mtp.md)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CACHE
+from tiny_gguf import file_name, write_tiny
+
+from localspec.backend import LoadOptions, Model
+from localspec.backend.mtp import MtpHead, measure_cost, nextn_layers
+from localspec.errors import IncompatibleDrafter
+from localspec.models.nextn import nextn_heads
+from localspec.sampling.params import SamplingParams
+from localspec.speculative.loop import generate
+from localspec.speculative.mtp import MTP, MtpDrafter
+from localspec.speculative.types import NO_DRAFTER
+from localspec.tuning.controller import FixedK
+
+OPTIONS = LoadOptions(n_ctx=512, mtp=True)
+PROMPT = "Write a short story about a robot who learns to paint."
+NEAR_TIE = 1e-3  # batched and one-row decodes differ by ~1e-4 in these logits; a wrong state by ~0.1
+
+
+@pytest.fixture(scope="session")
+def qwen35_path(smollm2_path: Path) -> Path:
+    out = CACHE / "fixtures" / file_name("qwen35")
+    if not out.exists():
+        write_tiny("qwen35", smollm2_path, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(qwen35_path: Path):
+    m = Model.load(qwen35_path, OPTIONS)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def reference(qwen35_path: Path):
+    """A second copy without the head: plain decoding's text and logits from an empty state."""
+    m = Model.load(qwen35_path, replace(OPTIONS, mtp=False))
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def drafter(target: Model):
+    d = MtpDrafter(MtpHead(target))
+    yield d
+    d.close()
+
+
+def _run(target: Model, prompt: list[int], drafter=None, k: int = 0, params: SamplingParams = SamplingParams(),
+         n: int = 40, fresh: bool = True) -> tuple[list[int], list]:
+    if fresh:
+        target.rewind(0)
+    steps = list(generate(target, prompt, drafter=drafter, controller=FixedK(k), params=params, max_tokens=n))
+    return [t for s in steps for t in s.tokens], steps
+
+
+def _same_or_near_tie(reference: Model, prompt: list[int], plain: list[int], spec: list[int]) -> None:
+    """The texts agree, or part where the target's own logits hold a near tie (docs/design.md, Numerics)."""
+    if plain == spec:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+    assert i < min(len(plain), len(spec)), f"one text stopped early at {i}"
+    reference.rewind(0)
+    row = reference.decode(prompt + plain[:i], 1)[0].astype(np.float64)
+    assert abs(row[plain[i]] - row[spec[i]]) < NEAR_TIE, f"parted at token {i} without a near tie"
+
+
+def test_the_file_carries_one_head_and_loads_it(qwen35_path: Path, target: Model):
+    assert nextn_heads(qwen35_path) == 1
+    assert nextn_layers(target) == 1
+    assert target.memory_kind == "hybrid"
+
+
+def test_a_model_loaded_without_its_heads_is_refused(reference: Model):
+    with pytest.raises(ValueError, match="without its MTP heads"):
+        MtpHead(reference)
+
+
+def test_greedy_mtp_is_plain_decoding(target: Model, reference: Model, drafter: MtpDrafter):
+    prompt = target.tokenize(PROMPT, add_special=True)
+    plain, _ = _run(reference, prompt)
+    spec, steps = _run(target, prompt, drafter, k=3)
+    assert sum(s.drafted for s in steps) > 0 and {s.source for s in steps if s.drafted} == {MTP}
+    _same_or_near_tie(reference, prompt, plain, spec)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_sampled_same_seed_same_text(target: Model, reference: Model, drafter: MtpDrafter, k: int):
+    params = SamplingParams(temperature=0.9, seed=11)
+    prompt = target.tokenize(PROMPT, add_special=True)
+    plain, _ = _run(reference, prompt, params=params)
+    spec, steps = _run(target, prompt, drafter, k=k, params=params)
+    assert sum(s.drafted for s in steps) > 0
+    assert spec == plain
+
+
+def test_the_heads_cache_follows_the_accepted_context(qwen35_path: Path, target: Model, drafter: MtpDrafter):
+    """After rounds of drafts, rejections and rollbacks, the head drafts from what a fresh head on a fresh target
+    that decoded only the final context drafts from: nothing of a rejected draft stays in its cache."""
+    prompt = target.tokenize(PROMPT, add_special=True)
+    out, _ = _run(target, prompt, drafter, k=4, n=30)
+    context = prompt + out
+    head: MtpHead = drafter.head  # type: ignore[assignment]
+    target.restore(len(context) - 1)
+    got = np.array(head.start(context), dtype=np.float64)
+    head.finish()
+    fresh_target = Model.load(qwen35_path, OPTIONS)
+    fresh = MtpHead(fresh_target)
+    try:
+        fresh_target.decode(context[:-1], 0)
+        want = np.array(fresh.start(context), dtype=np.float64)
+        fresh.finish()
+    finally:
+        fresh.close()
+        fresh_target.close()
+    assert np.abs(got - want).max() < NEAR_TIE
+
+
+def test_prompt_reuse_is_a_fresh_start(target: Model, reference: Model, drafter: MtpDrafter):
+    """A follow-up request reuses the cache (the target's and the head's) and gives a fresh start's text."""
+    a = target.tokenize(PROMPT, add_special=True)
+    answer, _ = _run(target, a, drafter, k=3, n=12)
+    follow_up = a + answer + target.tokenize(" Then what?", add_special=False)
+    again, steps = _run(target, follow_up, drafter, k=3, n=20, fresh=False)
+    assert steps[0].n_cached > 0
+    plain, _ = _run(reference, follow_up, n=20)
+    _same_or_near_tie(reference, follow_up, plain, again)
+
+
+def test_hybrid_rollback_is_kept(target: Model, drafter: MtpDrafter):
+    """The head changes nothing of how the hybrid target rewinds: rejected drafts were rolled back by the
+    method chosen at load, and the target's cache holds exactly the emitted context afterwards."""
+    method = target.rollback_info.method
+    prompt = target.tokenize(PROMPT, add_special=True)
+    out, steps = _run(target, prompt, drafter, k=4, n=30)
+    assert any(s.accepted < s.drafted for s in steps)
+    assert target.rollback_info.method == method
+    assert target.tokens == (prompt + out)[:len(target.tokens)]
+
+
+def test_cost_is_measured(target: Model, drafter: MtpDrafter):
+    c = measure_cost(drafter.head)  # type: ignore[arg-type]
+    assert c is not None and c > 0
+
+
+class _FakeHead:
+    """Logits that put the maximum on (the last token fed + 1), and a record of the calls."""
+
+    def __init__(self, n_vocab: int = 50, fail_at: int = -1) -> None:
+        self.n_vocab, self.fail_at, self.calls = n_vocab, fail_at, []
+
+    def _row(self, token: int) -> np.ndarray:
+        row = np.zeros(self.n_vocab, dtype=np.float32)
+        row[(token + 1) % self.n_vocab] = 5.0
+        return row
+
+    def start(self, context):
+        self.calls.append("start")
+        return self._row(context[-1])
+
+    def step(self, token):
+        self.calls.append("step")
+        if len(self.calls) - 1 == self.fail_at:
+            raise RuntimeError("decode failed")
+        return self._row(token)
+
+    def finish(self):
+        self.calls.append("finish")
+
+    def close(self):
+        pass
+
+
+def test_the_drafter_takes_the_heads_argmax_and_always_finishes():
+    head = _FakeHead()
+    d = MtpDrafter(head)
+    draft = d.propose([3, 4, 5], lambda s: 3 if s == MTP else 0, SamplingParams(), np.random.default_rng(0))
+    assert draft.tokens == (6, 7, 8) and draft.source == MTP and draft.probs is None
+    assert head.calls == ["start", "step", "step", "finish"]
+    failing = _FakeHead(fail_at=2)
+    with pytest.raises(RuntimeError):
+        MtpDrafter(failing).propose([3], lambda s: 4, SamplingParams(), np.random.default_rng(0))
+    assert failing.calls[-1] == "finish"
+
+
+def test_loader_defaults_to_the_heads_and_obeys_the_flags(qwen35_path: Path, smollm2_path: Path):
+    from localspec.engine.loader import EngineConfig, load_engine
+
+    quiet = {"log": lambda *a: None}
+    base = EngineConfig(model=str(qwen35_path), n_ctx=512, threads=1)
+    engine = load_engine(base, **quiet)
+    try:
+        assert engine.drafter_name == MTP and engine.target.options.mtp
+        c = engine.controller.state().c.get(MTP) if engine.controller else None
+        assert c is not None and c > 0
+    finally:
+        engine.close()
+    engine = load_engine(replace(base, draft=NO_DRAFTER), **quiet)
+    try:
+        assert engine.drafter is None and not engine.target.options.mtp
+    finally:
+        engine.close()
+    with pytest.raises(IncompatibleDrafter, match="no MTP heads"):
+        load_engine(EngineConfig(model=str(smollm2_path), draft=MTP, n_ctx=512, threads=1), **quiet)
