@@ -17,10 +17,12 @@ from ..errors import ContextTooLarge, IncompatibleDrafter, ModelLoadError
 from ..models import LOOKUP
 from ..models.footprint import footprint
 from ..models.model_facts import trained_context
+from ..models.nextn import nextn_heads
 from ..models.pairing import check_pair
 from ..models.registry import load_registry
 from ..models.resolve import resolve_model
 from ..speculative.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from ..speculative.mtp import MTP, MtpDrafter
 from ..speculative.reindent import Indents
 from ..speculative.structure import STRUCTURE, StructureDrafter
 from ..speculative.suffix import SuffixCache
@@ -65,9 +67,10 @@ SELF = "self"  # --draft self: the target's low-bit copy that `localspec models 
 def choose_drafter(config: EngineConfig, model_name: str, target_path: Path | None = None,
                    log=print) -> tuple[str, int]:
     """(drafter, k): explicit choice first (AUTO and SELF resolved to a file here), else what models.toml pairs
-    with the model, else prompt lookup."""
+    with the model, else the model's own MTP heads where its GGUF has them, else prompt lookup."""
     pair = load_registry().pair_for(model_name)
-    draft = config.draft or (pair.drafter if pair else LOOKUP)
+    own = MTP if target_path is not None and nextn_heads(target_path) > 0 else LOOKUP
+    draft = config.draft or (pair.drafter if pair else own)
     k = config.k if config.k is not None else (pair.k if pair else DEFAULT_K)
     if draft in (AUTO, SELF) and target_path is not None:
         draft = auto_drafter(target_path, model_name, self_only=draft == SELF, dirs=config.models_dirs, log=log)
@@ -201,10 +204,14 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
     draft, k = choose_drafter(config, target_ref.name, target_ref.path, log=log)
     n_ctx = context_length(config, target_ref)
     ngl = config.ngl if config.ngl is not None else _entry_ngl(target_ref.entry, 0)
-    opts = replace(config.load, n_ctx=n_ctx, n_threads=config.threads, n_gpu_layers=ngl, verbose=config.verbose)
+    opts = replace(config.load, n_ctx=n_ctx, n_threads=config.threads, n_gpu_layers=ngl, verbose=config.verbose,
+                   mtp=draft == MTP)
+    if draft == MTP and nextn_heads(target_ref.path) == 0:
+        raise IncompatibleDrafter(f"{target_ref.name} carries no MTP heads to draft with "
+                                  "(use --draft NAME or --lookup)")
     draft_model: Model | None = None
     judged = True  # the drafter's size judged before the load (warn_if_too_large)
-    if draft not in (LOOKUP, NO_DRAFTER):
+    if draft not in (LOOKUP, NO_DRAFTER, MTP):
         draft_ref = resolve_model(draft, log=log)
         check_drafter(target_ref.path, draft_ref.path, target_name=target_ref.name, drafter_name=draft_ref.name)
         ngl_d = config.ngl_draft
@@ -243,6 +250,8 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     drafter: Drafter | None = None
     if draft == LOOKUP:
         drafter = make_lookup(config, target)
+    elif draft == MTP:
+        drafter = make_mtp(target)
     elif draft != NO_DRAFTER:
         if draft_model is None:
             raise ValueError(f"drafter {draft} needs its loaded model")
@@ -295,6 +304,18 @@ def make_lookup(config: EngineConfig, target: Model) -> PromptLookup:
     and the target's indentation tokens (reindented copies)."""
     return PromptLookup(cache=SuffixCache(config.lookup_cache) if config.lookup_cache > 0 else None,
                         indents=Indents.of(target))
+
+
+def make_mtp(target: Model) -> MtpDrafter:
+    """The target's own MTP head as its drafter, with its cost c measured now (backend/mtp.py)."""
+    from ..backend.mtp import MtpHead, measure_cost
+
+    head = MtpHead(target)
+    drafter = MtpDrafter(head)
+    c = in_own_thread(measure_cost, head)  # one-shot compute: see backend/model.py, "Threads"
+    if c is not None:
+        drafter.cost = {MTP: c}
+    return drafter
 
 
 def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int, int]:
