@@ -319,3 +319,43 @@ def _qwen35(r: _Random, n_vocab: int) -> dict[str, Any]:
 
 _BUILDERS["qwen35"] = _qwen35
 ARCHS = (*ARCHS, "qwen35")
+
+
+def write_qwen35_echo(tokenizer_from: Path, out: Path, *, seed: int = 0, noise: float = 0.0) -> Path:
+    """The tiny qwen35 with every mixer's output projection zeroed, so its trunk is a bigram (the next token is a
+    function of the last one: the residual stream is the token's embedding), and an MTP head whose eh_proj passes
+    the token's normed embedding on (identity on that half, plus `noise` · N(0, 1/√(2·n_embd)) everywhere): with
+    noise 0 the head predicts what the trunk will, so every draft is accepted; with some, drafts part from the
+    trunk where its top choices are close. For acceptance counts that are neither 0 nor all."""
+    import gguf
+
+    fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
+    n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
+    r = _Random(seed)
+    hparams = _qwen35(r, n_vocab)
+    silent = ("ssm_out.weight", "attn_output.weight", "ffn_down.weight")
+    eh = np.concatenate([np.eye(N_EMBD), np.zeros((N_EMBD, N_EMBD))], axis=1)
+    eh = eh + noise * r.rng.normal(0.0, 1.0 / np.sqrt(2 * N_EMBD), eh.shape)
+    tensors = [(name, np.zeros_like(v) if name.endswith(silent) else
+                eh.astype(np.float32) if name.endswith("nextn.eh_proj.weight") else v) for name, v in r.tensors]
+    # an lm head of its own: the embeddings in a shuffled order, so the bigram walks a long cycle of tokens instead
+    # of settling on the one whose embedding is most like itself
+    embd = dict(tensors)["token_embd.weight"]
+    tensors.append(("output.weight", embd[r.rng.permutation(n_vocab)]))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(f"{out.name}.{os.getpid()}.part")
+    w = gguf.GGUFWriter(str(part), arch="qwen35")
+    w.add_name(f"localspec tiny qwen35 echo v{VERSION} seed {seed} noise {noise}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    _add_hparams(w, "qwen35", hparams, n_vocab)
+    for name, value, vtype, sub in fields:
+        w.add_key_value(name, value, vtype, sub_type=sub)
+    for name, data in tensors:
+        w.add_tensor(name, data.astype(np.float16) if name in ("token_embd.weight", "output.weight") else data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    part.replace(out)
+    return out
