@@ -1,8 +1,8 @@
-"""llama.cpp's optional CPU fast paths (backend/fastpath.py): a test load in a child process decides, per weight
-types, CPU and build, which extra buffer types a model loads with; a child that dies by a signal or hangs sends
-the load to the next mode. The deaths are real: the child kills itself through its test hook
-(LOCALSPEC_PROBE_FAULT, tests/faults/probe.py), after its load, as a broken kernel would; nothing in the decision
-is mocked."""
+"""llama.cpp's optional CPU fast paths (backend/fastpath.py): a trial in a child process decides, per model
+layout, CPU and build, which extra buffer types a model loads with; a child that dies by a signal, hangs or
+computes other logits than the reference path sends the load to the next mode. The deaths are real: the child
+kills itself through its test hook (LOCALSPEC_PROBE_FAULT, tests/faults/probe.py), after its load, as a broken
+kernel would; nothing in the decision is mocked. Mismatches: test_fastpath_trial.py."""
 
 from __future__ import annotations
 
@@ -47,13 +47,14 @@ def test_a_working_build_keeps_every_fast_path_and_caches_the_verdict(verdicts, 
     AMX kernels on a Xeon with AMX: docs/bench/fastpath.md), the probe finds it and says so. Either way the
     verdict is cached and the next load uses it."""
     first = fastpath.choose(smollm2_path)
-    if first.deaths:  # a real crash on this machine, not a test hook's
+    if first.failures:  # a real crash on this machine, not a test hook's
         assert first.mode in ("repack", "none") and first.source == "probe" and first.notice()
     else:
         assert (first.mode, first.source) == ("all", "probe") and first.notice() is None
+        assert first.distance is not None and first.distance <= fastpath.TOLERANCE
     assert first.seconds > 0
     again = fastpath.choose(smollm2_path)
-    assert (again.mode, again.source) == (first.mode, "cache")
+    assert (again.mode, again.source, again.distance) == (first.mode, "cache", first.distance)
     m = Model.load(smollm2_path, LoadOptions(n_ctx=64))
     assert m.fast_path.source == "cache" and m.fast_path.mode == first.mode
     m.close()
@@ -65,7 +66,7 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
     repack places exactly those on CPU_REPACK through tensor overrides, and decodes as the default does."""
     monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     plan = fastpath.choose(gemma_path)
-    assert plan.mode == "repack" and plan.deaths == (("all", "SIGILL"),)
+    assert plan.mode == "repack" and plan.failures == (("all", "SIGILL"),)
     assert plan.repacked and all(".weight" in n and "token_embd" not in n for n in plan.repacked)
     assert "SIGILL" in plan.notice() and "CPU_REPACK alone" in plan.notice()
     m = Model.load(gemma_path, LoadOptions(n_ctx=64))
@@ -73,7 +74,7 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
     m.close()
     monkeypatch.delenv(FAULT_ENV)
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(verdicts / "real"))
-    all_works = not fastpath.choose(gemma_path).deaths  # mode all crashes for real on a Xeon with AMX
+    all_works = not fastpath.choose(gemma_path).failures  # mode all crashes for real on a Xeon with AMX
     repack, plain = (_greedy(gemma_path, mode) for mode in ("repack", "none"))
     if all_works:
         assert repack == _greedy(gemma_path, "all")  # the same tensors on the same kernels
@@ -82,12 +83,12 @@ def test_sigill_with_every_extra_type_keeps_cpu_repack_alone(verdicts, gemma_pat
 
 
 def test_a_load_that_finds_a_crash_loads_again_without_it(verdicts, gemma_path, monkeypatch):
-    """The model loads while its test load runs; when the test load dies, the model is loaded again."""
+    """The model loads while its trial runs; when the trial dies, the model is loaded again."""
     monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     m = Model.load(gemma_path, LoadOptions(n_ctx=64))
     try:
         assert (m.fast_path.mode, m.fast_path.source) == ("repack", "probe")
-        assert m.fast_path.deaths == (("all", "SIGILL"),)
+        assert m.fast_path.failures == (("all", "SIGILL"),)
         assert m.decode(m.tokenize("Hello"), 1).shape == (1, m.n_vocab)
     finally:
         m.close()
@@ -96,7 +97,7 @@ def test_a_load_that_finds_a_crash_loads_again_without_it(verdicts, gemma_path, 
 def test_sigsegv_in_every_mode_loads_without_extra_types(verdicts, gemma_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "all:SIGSEGV,repack:SIGSEGV")
     plan = fastpath.choose(gemma_path)
-    assert plan.mode == "none" and plan.deaths == (("all", "SIGSEGV"), ("repack", "SIGSEGV"))
+    assert plan.mode == "none" and plan.failures == (("all", "SIGSEGV"), ("repack", "SIGSEGV"))
     assert "without extra buffer types" in plan.notice()
 
 
@@ -104,7 +105,7 @@ def test_a_hung_test_load_times_out(verdicts, smollm2_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "all:hang")
     monkeypatch.setenv(fastpath.TIMEOUT_ENV, "3")
     plan = fastpath.choose(smollm2_path)
-    assert plan.mode == "none" and plan.deaths == (("all", "timed out after 3 s"),)
+    assert plan.mode == "none" and plan.failures == (("all", "timed out after 3 s"),)
 
 
 def test_a_new_llama_cpp_build_is_tested_again(verdicts, smollm2_path, monkeypatch):
@@ -118,7 +119,7 @@ def test_the_users_choice_is_not_tested(verdicts, smollm2_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "all:SIGILL")
     for mode in ("all", "none"):
         plan = fastpath.choose(smollm2_path, mode=mode)
-        assert (plan.mode, plan.source, plan.deaths) == (mode, "option", ())
+        assert (plan.mode, plan.source, plan.failures) == (mode, "option", ())
     assert not list(verdicts.glob("fastpath-*.json"))
 
 
@@ -182,7 +183,7 @@ def test_a_q4_0_copy_keeps_cpu_repack_by_override(verdicts, smollm2_path, tmp_pa
     monkeypatch.delenv(FAULT_ENV)
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path / "real"))
     repack = _greedy(q4_0, "repack")
-    if not fastpath.choose(q4_0).deaths:  # mode all crashes for real on a Xeon with AMX
+    if not fastpath.choose(q4_0).failures:  # mode all crashes for real on a Xeon with AMX
         assert repack == _greedy(q4_0, "all")
     else:
         assert repack[:-6] == _greedy(q4_0, "none")[:-6]  # other kernels: a late near-tie may differ

@@ -1,19 +1,23 @@
-"""Which of llama.cpp's optional CPU fast paths a model may load with here, found by a test load in a child.
+"""Which of llama.cpp's optional CPU fast paths a model may load with here, proved by a trial in a child.
 
 llama.cpp puts CPU weights in "extra buffer types" when it can (`llama_model_params.use_extra_bufts`, its
 `--repack`): AMX tiles on Intel Xeons, CPU_REPACK (weights interleaved for AVX2/NEON GEMMs), KleidiAI on ARM.
-They are chosen at load and first run at the first batch; where one is broken for this CPU (llama.cpp's AMX
-kernels on Sapphire Rapids and later: SIGILL or SIGSEGV on the first prompt) the process dies, and no Python
-code can catch that. So before the first load of a set of weight types on a machine and build, a child process
-loads the model in a mode and decodes batches at the engine's thread counts; a death by signal, an abort or a
-time-out sends the parent to the next mode:
+They are chosen at load and first run at the first batch. Where one is broken for this CPU or for a tensor's
+shape, the process dies (llama.cpp's AMX kernels on Sapphire Rapids and later: SIGILL or SIGSEGV on the first
+prompt), which no Python code can catch, or it quietly computes other logits (the same AMX code on a 3-D F16
+weight, as RWKV-6's time_mix_w2), which would make speculation's "lossless" mean nothing. So before a model's
+first load on a machine and build, a child process runs a short decode on the reference path (no extra buffer
+type) and then in a mode, at the engine's thread counts (fastpath_trial.py). A mode is used only when its
+next-token distributions stay within TOLERANCE of the reference's and the same decode gives the same logits
+again; a death by signal, an abort, a time-out or a mismatch sends the parent to the next mode:
 
   all     llama.cpp's default: every extra buffer type
   repack  CPU_REPACK only (AMX and the rest left out), through `tensor_buft_overrides` for the tensors it takes
   none    no extra buffer type (llama.cpp's --no-repack)
 
-The verdict is cached beside the calibrations, per weight types, CPU, cores and llama.cpp build, so a warm start
-reads one small file. Measurements: docs/models.md ("CPU fast paths").
+The verdict is cached beside the calibrations, per model layout (architecture, every tensor's name, type and
+shape: two files of one model share it), CPU, cores and llama.cpp build, so a warm start reads one small file.
+What the trial costs: docs/bench/fastpath.md#what-the-trial-costs.
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ from .machine import cpu_count, cpu_model
 
 ALL, REPACK, NONE = "all", "repack", "none"
 MODES = (ALL, REPACK, NONE)
-SCHEMA = 1
-TIMEOUT_ENV = "LOCALSPEC_PROBE_TIMEOUT"  # seconds a test load may take (default: by file size)
-PROBE_ROWS = (32, 1)  # a batch (prompt chunks and verify rounds take the GEMM paths) and a one-row step
+SCHEMA = 2  # 2: verdicts compare logits with the reference path and are keyed by tensor shapes
+TOLERANCE = 0.25  # the largest total variation from the reference's next-token distributions (fastpath_trial)
+REPEAT_TOLERANCE = 1e-3  # the largest logit difference between two runs, in standard deviations of its row
+TIMEOUT_ENV = "LOCALSPEC_PROBE_TIMEOUT"  # seconds a trial may take (default: by file size)
 _EMBEDDINGS = re.compile(r"(^|\.)(token_embd|per_layer_token_embd|tok_embeddings|embed)")  # rows read, not multiplied
 
 
@@ -52,18 +57,19 @@ class FastPath:
 
     mode: str = ALL
     source: str = "default"  # "default" (nothing to test), "probe" (tested this start), "cache", "option"
-    deaths: tuple[tuple[str, str], ...] = ()  # (mode, how its test load died), in the order tried
+    failures: tuple[tuple[str, str], ...] = ()  # (mode, how its trial failed: died, hung or mismatched), in order
     extras: tuple[str, ...] = ()  # this build's extra buffer types (llama.cpp's order)
-    seconds: float = 0.0  # spent on test loads this start
+    seconds: float = 0.0  # spent on trials this start
     repacked: tuple[str, ...] = field(default=(), repr=False)  # tensors overridden to CPU_REPACK (mode repack)
+    distance: float | None = None  # the kept mode's largest distance from the reference (fastpath_trial.distance)
 
     def notice(self) -> str | None:
-        """One line for the user when a faster mode was switched off, else None."""
-        if not self.deaths:
+        """One line for the user when a faster mode was switched off for this model, else None."""
+        if not self.failures:
             return None
-        died = ", ".join(f"{_label(m, self.extras)}: {how}" for m, how in self.deaths)
+        failed = ", ".join(f"{_label(m, self.extras)}: {how}" for m, how in self.failures)
         kept = {REPACK: "with CPU_REPACK alone", NONE: "without extra buffer types"}.get(self.mode, "")
-        return (f"llama.cpp's CPU fast paths crashed a test load on this CPU ({died}); loading {kept} "
+        return (f"llama.cpp's CPU fast paths failed their trial on this model ({failed}); loading {kept} "
                 "(--repack forces them all on)")
 
     def describe(self) -> str:
@@ -71,11 +77,14 @@ class FastPath:
         used = {ALL: ", ".join(self.extras) or "none in this build", REPACK: "CPU_REPACK", NONE: "none"}[self.mode]
         how = {"probe": "tested now", "cache": "tested earlier", "option": "as asked",
                "default": "nothing to test"}[self.source]
-        return f"{self.mode} ({used}; {how})" + (f"; {self.notice()}" if self.deaths else "")
+        if self.distance is not None and self.mode != NONE:
+            how += f", {self.distance:.2g} from the reference's distribution"
+        return f"{self.mode} ({used}; {how})" + (f"; {self.notice()}" if self.failures else "")
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "source": self.source, "deaths": [list(d) for d in self.deaths],
-                "extras": list(self.extras), "seconds": round(self.seconds, 3), "repacked": len(self.repacked)}
+        return {"mode": self.mode, "source": self.source, "failures": [list(d) for d in self.failures],
+                "extras": list(self.extras), "seconds": round(self.seconds, 3), "repacked": len(self.repacked),
+                "distance": self.distance, "tolerance": TOLERANCE}
 
 
 def _label(mode: str, extras: Sequence[str]) -> str:
@@ -92,7 +101,7 @@ def _features() -> set[str]:
 def repacks(type_name: str, ne1: int, f: set[str]) -> bool:
     """ggml-cpu/repack.cpp's ggml_repack_get_optimal_repack_type for x86 and ARM: does CPU_REPACK have a
     layout for this weight type and row count? (A tensor overridden to CPU_REPACK without one aborts the load,
-    which the test load of mode `repack` would catch.)"""
+    which the trial of mode `repack` would catch.)"""
     mmla, dot = "NEON" in f and "MATMUL_INT8" in f, "NEON" in f and "DOTPROD" in f
     rules = {"Q4_0": ("AVX2" in f and ne1 % 8 == 0) or ((mmla or dot) and ne1 % 4 == 0),
              "Q4_K": ("AVX2" in f or mmla or dot) and ne1 % 8 == 0,
@@ -156,44 +165,50 @@ def apply(mparams: llama_cpp.llama_model_params, plan: FastPath) -> object:
     return arr, pats
 
 
-# -- the verdict: test loads in a child, cached ------------------------------------------------------------------
+# -- the verdict: trials in a child, cached ----------------------------------------------------------------------
 
 def thread_counts(n_threads: int | None) -> list[int]:
-    """The counts a test load decodes at: one thread, two (OpenMP workers), and all the engine may use."""
+    """The counts a trial decodes at: one thread, two (OpenMP workers), and all the engine may use."""
     n = n_threads or cpu_count()
     return sorted({1, min(2, n), n})
 
 
-def _weight_types(path: Path) -> list[str]:
-    """The ggml types of the file's matrix weights, remembered per file (path, size, mtime): parsing a header
-    with a 262k-token vocabulary takes 20-40 ms, which a warm start should not pay."""
+def _layout(path: Path) -> dict:
+    """The file's weight types, and a digest of its architecture and every tensor's name, type and shape: what
+    decides which kernels a decode runs. Remembered per file (path, size, mtime): parsing a header with a
+    262k-token vocabulary takes 20-40 ms, which a warm start should not pay."""
     st = path.stat()
     file_id = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    index = calibration_dir() / "weight-types.json"
+    index = calibration_dir() / "layouts.json"
     try:
         known = json.loads(index.read_text())
     except (OSError, ValueError):
         known = {}
-    if isinstance(known, dict) and isinstance(known.get(file_id), list):
+    if isinstance(known, dict) and isinstance(known.get(file_id), dict):
         return known[file_id]
-    types = _header_weight_types(path)
+    layout = _header_layout(path)
     others = [(k, v) for k, v in (known.items() if isinstance(known, dict) else ())
               if k.rsplit(":", 2)[0] != str(path.resolve())]  # an older copy of this file is gone
-    _write_json(index, dict(others[-255:] + [(file_id, types)]))
-    return types
+    _write_json(index, dict(others[-255:] + [(file_id, layout)]))
+    return layout
 
 
-def _header_weight_types(path: Path) -> list[str]:
+def _header_layout(path: Path) -> dict:
     import gguf
 
-    names = set()
-    for _, dims, t in read_header(path, tokens=False).tensors:
+    header = read_header(path, tokens=False)
+    types, tensors = set(), []
+    for name, dims, t in header.tensors:
+        try:
+            type_name = gguf.GGMLQuantizationType(t).name
+        except ValueError:
+            type_name = str(t)
+        tensors.append([name, type_name, list(dims)])
         if len(dims) >= 2:
-            try:
-                names.add(gguf.GGMLQuantizationType(t).name)
-            except ValueError:
-                names.add(str(t))
-    return sorted(names)
+            types.add(type_name)
+    arch = header.kv.get("general.architecture", "")
+    digest = hashlib.sha256(json.dumps([arch, sorted(tensors)]).encode()).hexdigest()[:20]
+    return {"types": sorted(types), "tensors": digest}
 
 
 def _library_id() -> dict:
@@ -204,7 +219,7 @@ def _library_id() -> dict:
 
 
 def cache_key(path: Path, counts: Sequence[int]) -> dict:
-    return {"schema": SCHEMA, "types": _weight_types(path), "cpu": cpu_model(), "cores": cpu_count(),
+    return {"schema": SCHEMA, **_layout(path), "cpu": cpu_model(), "cores": cpu_count(),
             "counts": list(counts), "build": build_info(), "library": _library_id()}
 
 
@@ -221,9 +236,10 @@ def _read(key: Mapping) -> dict | None:
         return None
 
 
-def _write(key: Mapping, mode: str, deaths: Sequence[tuple[str, str]], seconds: float) -> None:
-    _write_json(_cache_file(key), {"key": key, "mode": mode, "deaths": [list(d) for d in deaths],
-                                   "seconds": round(seconds, 3)})
+def _write(key: Mapping, plan: FastPath) -> None:
+    _write_json(_cache_file(key), {"key": key, "mode": plan.mode, "failures": [list(f) for f in plan.failures],
+                                   "distance": plan.distance, "tolerance": TOLERANCE,
+                                   "seconds": round(plan.seconds, 3)})
 
 
 def _write_json(p: Path, data: object) -> None:
@@ -233,12 +249,13 @@ def _write_json(p: Path, data: object) -> None:
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(p)
     except OSError:
-        pass  # a read-only cache only costs the next start its test load
+        pass  # a read-only cache only costs the next start its trial
 
 
 def _timeout(path: Path) -> float:
+    """Seconds a trial may take: it loads the model twice (the reference path, then the mode under trial)."""
     env = os.environ.get(TIMEOUT_ENV)
-    return float(env) if env else 30.0 + 15.0 * path.stat().st_size / 1e9
+    return float(env) if env else 30.0 + 30.0 * path.stat().st_size / 1e9
 
 
 def _died(rc: int) -> str:
@@ -248,40 +265,55 @@ def _died(rc: int) -> str:
         return f"signal {-rc}"
 
 
+def _number(text: str) -> float | None:
+    """The trial's last printed word as a number (its largest logit difference), or None."""
+    try:
+        return float(text.split()[-1])
+    except (IndexError, ValueError):
+        return None
+
+
 UNLOADABLE = "unloadable"  # a trial: the file would not load at all (the real load says why; nothing cached)
 UNLOADABLE_EXIT = 3  # the trial's exit status then (fastpath_trial.py)
+MISMATCH_EXIT = 4  # the trial's exit status when the mode's logits were not the reference's
 
 
 class Trial:
-    """A test load in a child process, running while the caller does other work (its own load of the model)."""
+    """A trial in a child process, running while the caller does other work (its own load of the model)."""
 
     def __init__(self, path: Path, mode: str, counts: Sequence[int], timeout: float) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's localspec
         self.mode, self.timeout, self.t0 = mode, timeout, time.perf_counter()
+        self.distance: float | None = None  # its largest distance from the reference, when it ran to the end
         self.proc = subprocess.Popen([sys.executable, "-m", "localspec.backend.fastpath_trial", str(path), mode,
                                       ",".join(map(str, counts))],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env)
 
     def verdict(self) -> str | None:
-        """None if it worked, UNLOADABLE if the file would not load, else how it died ("SIGILL", "timed out
-        after 30 s", "exit 1: <its last line>")."""
+        """None if its logits matched, UNLOADABLE if the file would not load, else how it failed ("SIGILL",
+        "timed out after 30 s", "next-token distributions 0.93 from the reference's ...", "exit 1: <its last
+        line>")."""
         try:
-            _, err = self.proc.communicate(timeout=max(0.0, self.t0 + self.timeout - time.perf_counter()))
+            out, err = self.proc.communicate(timeout=max(0.0, self.t0 + self.timeout - time.perf_counter()))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.communicate()
             return f"timed out after {self.timeout:.0f} s"
         rc = self.proc.returncode
-        if rc in (0, UNLOADABLE_EXIT):
-            return None if rc == 0 else UNLOADABLE
-        last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:80]
-        return _died(rc) + (f": {last}" if rc > 0 and last else "")
+        if rc == UNLOADABLE_EXIT:
+            return UNLOADABLE
+        if rc in (0, MISMATCH_EXIT):
+            self.distance = _number(out.decode("utf-8", "replace"))
+        last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:100]
+        if rc == 0:
+            return None
+        return last if rc == MISMATCH_EXIT else _died(rc) + (f": {last}" if rc > 0 and last else "")
 
 
 @dataclass
 class Choice:
-    """What `begin` decided, or the first mode to load while its test load runs (`finish` says whether it held)."""
+    """What `begin` decided, or the first mode to load while its trial runs (`finish` says whether it held)."""
 
     guess: FastPath
     path: Path | None = None
@@ -290,35 +322,36 @@ class Choice:
     trial: Trial | None = None
 
     def cancel(self) -> None:
-        """Stop a test load still running (the caller's own load failed)."""
+        """Stop a trial still running (the caller's own load failed)."""
         if self.trial is not None and self.trial.proc.poll() is None:
             self.trial.proc.kill()
             self.trial.proc.communicate()
 
     def finish(self) -> FastPath:
-        """The verdict: `guess` if it needed no test or its test load survived, else the next mode that does
-        (tested now, one after another), cached."""
+        """The verdict: `guess` if it needed no trial or passed it, else the next mode that does (tried now,
+        one after another), cached."""
         if self.trial is None or self.path is None or self.key is None:
             return self.guess
-        deaths: list[tuple[str, str]] = []
-        chosen, trial = NONE, self.trial
-        modes = _candidates(self.path, self.guess.extras)
-        for m in modes:
-            how = (trial if m == trial.mode else Trial(self.path, m, self.counts, _timeout(self.path))).verdict()
+        failures: list[tuple[str, str]] = []
+        chosen, trial, distance = NONE, self.trial, None
+        for m in _candidates(self.path, self.guess.extras):
+            t = trial if m == trial.mode else Trial(self.path, m, self.counts, _timeout(self.path))
+            how = t.verdict()
             if how == UNLOADABLE:
                 return self.guess
             if how is None:
-                chosen = m
+                chosen, distance = m, t.distance
                 break
-            deaths.append((m, how))
-        seconds = time.perf_counter() - trial.t0
-        _write(self.key, chosen, deaths, seconds)
-        return FastPath(chosen, "probe", tuple(deaths), self.guess.extras, seconds, _repacked(self.path, chosen))
+            failures.append((m, how))
+        plan = FastPath(chosen, "probe", tuple(failures), self.guess.extras, time.perf_counter() - trial.t0,
+                        _repacked(self.path, chosen), distance)
+        _write(self.key, plan)
+        return plan
 
 
 def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int = 0) -> Choice:
     """The placement to load `path` with: `mode` when the user chose one, else the cached verdict, else mode
-    `all` with its test load started (call `finish`: all, then repack, then none, the first that survives)."""
+    `all` with its trial started (call `finish`: all, then repack, then none, the first that passes)."""
     extras = tuple(extra_buffer_types())
     if mode is not None:
         return Choice(FastPath(mode, "option", extras=extras, repacked=_repacked(path, mode)))
@@ -329,8 +362,8 @@ def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, 
     cached = _read(key)
     if cached is not None:
         m = cached["mode"]
-        return Choice(FastPath(m, "cache", tuple(tuple(d) for d in cached.get("deaths", ())), extras,
-                               repacked=_repacked(path, m)))
+        return Choice(FastPath(m, "cache", tuple(tuple(f) for f in cached.get("failures", ())), extras,
+                               repacked=_repacked(path, m), distance=cached.get("distance")))
     return Choice(FastPath(ALL, "probe", extras=extras), path, key, counts, Trial(path, ALL, counts, _timeout(path)))
 
 
@@ -340,7 +373,7 @@ def choose(path: Path, **kw) -> FastPath:
 
 
 def _candidates(path: Path, extras: Sequence[str]) -> list[str]:
-    """Modes to try, fastest first; `none` is the floor and is not tested (it is plain llama.cpp)."""
+    """Modes to try, fastest first; `none` is the reference and the floor, never tried (it is plain llama.cpp)."""
     return [ALL] + ([REPACK] if "CPU_REPACK" in extras and repack_tensors(path) else [])
 
 

@@ -120,7 +120,7 @@ class Model:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
         weights, advisor = place_weights(mparams, p, options)
-        # the fast-path test load (a child process) runs while this process loads: crashes come at compute
+        # the fast-path trial (a child process) runs while this process loads: crashes come at compute
         choice = fastpath.begin(p, mode=options.fast_path, n_threads=options.n_threads,
                                 n_gpu_layers=options.n_gpu_layers)
         overrides = fastpath.apply(mparams, choice.guess)
@@ -130,7 +130,7 @@ class Model:
             choice.cancel()
             raise
         plan = choice.finish()
-        if plan.mode != choice.guess.mode:  # its test load died: load again without what failed
+        if plan.mode != choice.guess.mode:  # its trial failed: load again without what failed
             model.close()
             overrides = fastpath.apply(mparams, plan)
             model = load_weights(p, mparams, options)

@@ -93,7 +93,7 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.option("--ctx", "n_ctx", type=click.IntRange(256), default=2048, show_default=True, help="Context length.")
 @click.option("--threads", "-t", type=click.IntRange(1), help="CPU threads (default: all cores).")
 @click.option("--repack/--no-repack", "repack", default=None, help="llama.cpp's extra CPU buffer types (AMX, "
-              "repacked weights) on or off (default: the fastest that survives a test load here).")
+              "repacked weights) on or off (default: the fastest that passes its trial here).")
 @click.option("--seed", type=click.IntRange(0), default=1234, show_default=True, help="Sampling seed (T > 0).")
 @click.option("--busy", type=click.IntRange(0), default=0, metavar="N",
               help="Run N CPU-bound background processes during the bench (always stopped; noted in the report).")

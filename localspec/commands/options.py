@@ -109,8 +109,8 @@ _ENGINE = [
                  "faster, decodes a few % slower) or read it into memory backed by huge pages (default on Linux "
                  "for a model on the CPU that is small next to free memory)."),
     click.option("--repack/--no-repack", "repack", default=None, help="Use llama.cpp's extra CPU buffer types "
-                 "(AMX, repacked weights) or none (llama.cpp's --no-repack). Default: the fastest that survives a "
-                 "test load on this machine, tested once per CPU, build and weight types."),
+                 "(AMX, repacked weights) or none (llama.cpp's --no-repack). Default: the fastest whose logits "
+                 "match plain llama.cpp's in a trial, run once per model, CPU and build."),
     click.option("--cache-type-k", type=click.Choice(_CACHE_TYPES), help="KV cache type for K (default f16)."),
     click.option("--cache-type-v", type=click.Choice(_CACHE_TYPES), help="KV cache type for V (default f16; "
                  "quantized V needs --flash-attn on)."),

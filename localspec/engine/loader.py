@@ -291,7 +291,7 @@ _told: set[str] = set()
 
 
 def tell_fast_path(model: Model, log=print) -> None:
-    """Say in one line that a llama.cpp fast path was switched off and why, when the test load that found it ran
+    """Say in one line that a llama.cpp fast path was switched off and why, when the trial that found it ran
     (once per machine and build; `models show` and `bench` say it every time)."""
     notice = model.fast_path.notice()
     if notice and model.fast_path.source == "probe" and notice not in _told:
