@@ -4,18 +4,20 @@ one text, a request after another gives a fresh start's; the head's cache follow
 (its logits after a generation are a fresh head's on the same context); the hybrid rollback stays what it was.
 The loader makes the head the default drafter of such a file, `--draft mtp` forces it and `--no-spec` leaves it.
 
-The head's weights are random, so most drafts are rejected: the tests check what is emitted, never how much is
-accepted (a trained head's acceptance is measured on real models: docs/bench/mtp.md)."""
+The random head's drafts are all rejected, which puts the rollback to work; a second fixture (the "echo": a bigram
+trunk and a head that passes the token on, tiny_gguf.write_qwen35_echo) gets every draft accepted, or, with noise in
+its head, some: there the accepted path runs, and the counts are checked."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import CACHE
-from tiny_gguf import file_name, write_tiny
+from tiny_gguf import VERSION, file_name, write_qwen35_echo, write_tiny
 
 from localspec.backend import LoadOptions, Model
 from localspec.backend.mtp import MtpHead, measure_cost, nextn_layers
@@ -38,6 +40,18 @@ def qwen35_path(smollm2_path: Path) -> Path:
     if not out.exists():
         write_tiny("qwen35", smollm2_path, out)
     return out
+
+
+@pytest.fixture(scope="module", params=[0.0, 1.0], ids=["agrees", "noisy"])
+def echo(request: pytest.FixtureRequest, smollm2_path: Path):
+    """(noise, target with its head, reference without) of the echo fixture at that noise."""
+    out = CACHE / "fixtures" / f"tiny-qwen35-echo-v{VERSION}-{request.param}.gguf"
+    if not out.exists():
+        write_qwen35_echo(smollm2_path, out, noise=request.param)
+    t, r = Model.load(out, OPTIONS), Model.load(out, replace(OPTIONS, mtp=False))
+    yield request.param, t, r
+    t.close()
+    r.close()
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +122,28 @@ def test_sampled_same_seed_same_text(target: Model, reference: Model, drafter: M
     spec, steps = _run(target, prompt, drafter, k=k, params=params)
     assert sum(s.drafted for s in steps) > 0
     assert spec == plain
+
+
+def test_the_echo_heads_drafts_are_accepted_as_they_agree(echo):
+    """A head that predicts what its trunk will has every draft accepted; with noise in it, some: both give plain
+    decoding's text, greedy and sampled."""
+    noise, target, reference = echo
+    d = MtpDrafter(MtpHead(target))
+    try:
+        prompt = target.tokenize(PROMPT, add_special=True)
+        for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=5)):
+            plain, _ = _run(reference, prompt, params=params)
+            spec, steps = _run(target, prompt, d, k=4, params=params)
+            assert spec == plain
+            drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
+            if not params.greedy:  # near-uniform rows: logits ~0.01 apart move where a uniform falls
+                assert accepted > 0
+            elif noise == 0.0:
+                assert accepted == drafted > 0
+            else:
+                assert 0 < accepted < drafted
+    finally:
+        d.close()
 
 
 def test_the_heads_cache_follows_the_accepted_context(qwen35_path: Path, target: Model, drafter: MtpDrafter):
@@ -218,3 +254,32 @@ def test_loader_defaults_to_the_heads_and_obeys_the_flags(qwen35_path: Path, smo
         engine.close()
     with pytest.raises(IncompatibleDrafter, match="no MTP heads"):
         load_engine(EngineConfig(model=str(smollm2_path), draft=MTP, n_ctx=512, threads=1), **quiet)
+
+
+def test_models_show_counts_the_heads(qwen35_path: Path, smollm2_path: Path):
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    r = CliRunner().invoke(main, ["models", "show", str(qwen35_path), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["mtp_heads"] == 1
+    assert "mtp heads: 1 (the default drafter" in CliRunner().invoke(main, ["models", "show", str(qwen35_path)]).output
+    assert "mtp heads: none" in CliRunner().invoke(main, ["models", "show", str(smollm2_path)]).output
+
+
+def test_run_labels_the_heads_and_keeps_the_text(qwen35_path: Path):
+    """`run` drafts with the heads when no drafter is named and says so; its text is `--no-spec`'s."""
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    def run(*flags: str) -> dict:
+        r = CliRunner().invoke(main, ["run", "--model", str(qwen35_path), *flags, "-n", "16", "--temp", "0",
+                                      "--ctx", "512", "--threads", "1", "--json", PROMPT])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output.strip().splitlines()[-1])
+
+    spec, plain = run("-k", "3", "--no-adaptive"), run("--no-spec")
+    assert spec["drafter"] == MTP and spec["mode"] == "spec" and spec["by_source"][MTP]["draft_n"] > 0
+    assert plain["mode"] == "plain" and spec["text"] == plain["text"]

@@ -88,7 +88,8 @@ class MtpHead:
         params.n_ctx = target.n_ctx
         params.n_batch = params.n_ubatch = target.options.n_batch
         params.n_seq_max = 1
-        params.n_threads, params.n_threads_batch = target.threads
+        self._threads = target.threads
+        params.n_threads, params.n_threads_batch = self._threads
         ctx = llama_cpp.llama_init_from_model(target.model_pointer, params)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not make an MTP context for {target.path.name}")
@@ -143,6 +144,10 @@ class MtpHead:
         known = _common_prefix(self._h_tokens, context[:n - 1])
         if known < n - 1:
             return None
+        threads = self.target.threads  # the thread controller's choice for the target holds for its head too
+        if threads != self._threads:
+            llama_cpp.llama_set_n_threads(self._ctx, *threads)
+            self._threads = threads
         keep = min(_common_prefix(self.tokens, context[:n - 1]), self._stale)
         self._cut(keep)
         self._stale = 1 << 62

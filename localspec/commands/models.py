@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from .common import FullHelpGroup, friendly_errors, log_err
-from .show_facts import cpu_paths, device_info, memory, print_device, print_facts
+from .show_facts import cpu_paths, device_info, memory, mtp, print_device, print_facts
 
 
 def _human(n: float | None) -> str:
@@ -173,7 +173,7 @@ def show(spec: str | None, as_json: bool, device: bool, rpc: str | None) -> None
     info = {}
     if spec is not None:
         ref = _local_path(spec)
-        info = {"model": ref.name, **describe(ref.path), **cpu_paths(ref.path), **memory(ref.path)}
+        info = {"model": ref.name, **describe(ref.path), **cpu_paths(ref.path), **memory(ref.path), **mtp(ref.path)}
     if rpc and not device:
         raise click.UsageError("--rpc goes with --device")
     if device:

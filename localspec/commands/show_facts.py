@@ -17,6 +17,7 @@ def print_facts(d: dict) -> None:
         ("special", ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in d["special_tokens"].items()) or "-"),
         ("fim", "yes" if d["fim"] else "no"), ("chat template", "yes" if d["chat_template"] else "no"),
         ("verify on CPU", _verify_kind(d["row_by_row"])), ("memory", d["memory_text"]),
+        ("mtp heads", d["mtp_text"]),
         ("cpu fast paths", d["fast_path_text"]), ("system", d["system_info"]),
     ]
     _echo_facts(rows)
@@ -49,6 +50,14 @@ def memory(path) -> dict:
     return {"memory": {"kind": m.kind, "rollback": m.method, "rs_depth": m.rs_depth,
                        "timings_ms": {k: list(v) for k, v in m.timings_ms.items()}},
             "memory_text": m.describe()}
+
+
+def mtp(path) -> dict:
+    """How many multi-token-prediction heads the file carries: they draft for it unless a drafter is named."""
+    from ..models.nextn import nextn_heads
+
+    n = nextn_heads(path)
+    return {"mtp_heads": n, "mtp_text": f"{n} (the default drafter: --draft mtp)" if n else "none"}
 
 
 def _verify_kind(slow: dict[str, float]) -> str:
