@@ -170,3 +170,19 @@ def test_an_engine_keeps_what_its_rounds_measured_for_the_next_start(smollm2_tar
     assert kept.alpha > 0.9 and kept.judged and kept.rounds > 0
     again = assemble(config, smollm2_target, smollm2_twin).controller.src["model"]
     assert again.measured and not again.trial and again.rounds == kept.rounds
+
+
+def test_a_prediction_uses_the_pairs_kept_acceptance(smollm2_path, tmp_path, monkeypatch):
+    """`models make-drafter`, `--draft auto` and `models drafters` predict from the prior until the pair has run,
+    then from what its rounds measured, and say which."""
+    from localspec.tuning.predict import Measured, predict
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
+    costs = Measured(v=tuple(F32_V), c={str(smollm2_path.resolve()): 0.5})
+    before = predict(smollm2_path, smollm2_path, costs=costs)
+    assert before.alpha_rounds == 0 and "not measured yet" in before.basis()
+    AcceptanceStore.for_pair(smollm2_path, smollm2_path).save(
+        {"model": Kept((20.0, 19.0, 18.0), (19.0, 18.0, 17.0), 40, 1e12, judged=True)}, force=True)
+    after = predict(smollm2_path, smollm2_path, costs=costs)
+    assert after.alpha_rounds == 40 and "measured over 40 rounds" in after.basis()
+    assert after.alpha > 0.9 and after.speedup > before.speedup and after.k > before.k
