@@ -42,13 +42,20 @@ def qwen35_path(smollm2_path: Path) -> Path:
     return out
 
 
+def _load(path: Path, options: LoadOptions) -> Model:
+    """One thread: these models are tiny, and on a busy 2-core machine a second thread only waits for a core."""
+    m = Model.load(path, options)
+    m.set_threads(1, 1)
+    return m
+
+
 @pytest.fixture(scope="module", params=[0.0, 1.0], ids=["agrees", "noisy"])
 def echo(request: pytest.FixtureRequest, smollm2_path: Path):
     """(noise, target with its head, reference without) of the echo fixture at that noise."""
     out = CACHE / "fixtures" / f"tiny-qwen35-echo-v{VERSION}-{request.param}.gguf"
     if not out.exists():
         write_qwen35_echo(smollm2_path, out, noise=request.param)
-    t, r = Model.load(out, OPTIONS), Model.load(out, replace(OPTIONS, mtp=False))
+    t, r = _load(out, OPTIONS), _load(out, replace(OPTIONS, mtp=False))
     yield request.param, t, r
     t.close()
     r.close()
@@ -56,7 +63,7 @@ def echo(request: pytest.FixtureRequest, smollm2_path: Path):
 
 @pytest.fixture(scope="module")
 def target(qwen35_path: Path):
-    m = Model.load(qwen35_path, OPTIONS)
+    m = _load(qwen35_path, OPTIONS)
     yield m
     m.close()
 
@@ -64,7 +71,7 @@ def target(qwen35_path: Path):
 @pytest.fixture(scope="module")
 def reference(qwen35_path: Path):
     """A second copy without the head: plain decoding's text and logits from an empty state."""
-    m = Model.load(qwen35_path, replace(OPTIONS, mtp=False))
+    m = _load(qwen35_path, replace(OPTIONS, mtp=False))
     yield m
     m.close()
 
@@ -156,7 +163,7 @@ def test_the_heads_cache_follows_the_accepted_context(qwen35_path: Path, target:
     target.restore(len(context) - 1)
     got = np.array(head.start(context), dtype=np.float64)
     head.finish()
-    fresh_target = Model.load(qwen35_path, OPTIONS)
+    fresh_target = _load(qwen35_path, OPTIONS)
     fresh = MtpHead(fresh_target)
     try:
         fresh_target.decode(context[:-1], 0)
@@ -235,6 +242,7 @@ def test_the_drafter_takes_the_heads_argmax_and_always_finishes():
     assert failing.calls[-1] == "finish"
 
 
+@pytest.mark.slow
 def test_loader_defaults_to_the_heads_and_obeys_the_flags(qwen35_path: Path, smollm2_path: Path):
     from localspec.engine.loader import EngineConfig, load_engine
 
@@ -256,6 +264,7 @@ def test_loader_defaults_to_the_heads_and_obeys_the_flags(qwen35_path: Path, smo
         load_engine(EngineConfig(model=str(smollm2_path), draft=MTP, n_ctx=512, threads=1), **quiet)
 
 
+@pytest.mark.slow
 def test_models_show_counts_the_heads(qwen35_path: Path, smollm2_path: Path):
     from click.testing import CliRunner
 
@@ -268,6 +277,7 @@ def test_models_show_counts_the_heads(qwen35_path: Path, smollm2_path: Path):
     assert "mtp heads: none" in CliRunner().invoke(main, ["models", "show", str(smollm2_path)]).output
 
 
+@pytest.mark.slow
 def test_run_labels_the_heads_and_keeps_the_text(qwen35_path: Path):
     """`run` drafts with the heads when no drafter is named and says so; its text is `--no-spec`'s."""
     from click.testing import CliRunner
