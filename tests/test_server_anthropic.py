@@ -218,13 +218,16 @@ def test_tool_use_and_results_become_openai_messages():
         {"role": "user", "content": "Thanks"}]
 
 
-def test_claude_codes_system_message_inside_messages_joins_the_system_prompt():
+def test_claude_codes_system_message_inside_messages_stays_where_it_was_sent():
+    """Moved to the system prompt, it would change the prompt's start on every turn that adds one (the prompt
+    cache lost); the template renders it there or template.fold_late_system joins it to the user text."""
     req = CountTokensRequest(system=[{"type": "text", "text": "You are Claude Code.",
                                       "cache_control": {"type": "ephemeral"}}],
                              messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]},
                                        {"role": "system", "content": "Agent types: ..."}])
-    assert openai_messages(req) == [{"role": "system", "content": "You are Claude Code.\n\nAgent types: ..."},
-                                    {"role": "user", "content": "hi"}]
+    assert openai_messages(req) == [{"role": "system", "content": "You are Claude Code."},
+                                    {"role": "user", "content": "hi"},
+                                    {"role": "system", "content": "Agent types: ..."}]
 
 
 def test_anthropic_tool_types_are_left_out_and_output_config_is_a_schema():

@@ -153,8 +153,8 @@ def test_one_token_has_no_generation_rate():
     from localspec.server.execution.timings import timings
 
     one = Stats(n_prompt=4, prompt_ms=10.0, n_generated=1, gen_ms=0.001, rounds=1)
-    t = timings(one, one)
+    t = timings(one)
     assert t["predicted_n"] == 1 and t["predicted_per_second"] == 0.0 and t["predicted_per_token_ms"] == 0.0
-    more = Stats(n_prompt=4, prompt_ms=10.0, n_generated=5, gen_ms=40.0, rounds=5)
-    first = Stats(n_prompt=4, prompt_ms=10.0, n_generated=1, gen_ms=8.0, rounds=1)
-    assert timings(more, first)["predicted_per_second"] == 4 / 0.032  # the tokens after the first round
+    more = Stats(n_prompt=4, prompt_ms=10.0, n_generated=16, gen_ms=40.0, rounds=16)
+    t = timings(more)  # llama.cpp's test_metrics_generation_rate_excludes_first_token: 15 steps for 16 tokens
+    assert t["predicted_per_second"] == 1e3 / t["predicted_ms"] * 15 and t["predicted_per_token_ms"] == 40.0 / 15

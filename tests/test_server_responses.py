@@ -208,7 +208,8 @@ def test_input_forms_become_chat_messages():
 
 def test_calls_results_and_reasoning_items_become_chat_messages():
     """Codex's later turns: function_call items join one assistant message, outputs are tool messages, reasoning
-    items are left out, and every developer message joins the one system message first."""
+    items are left out, the developer messages before the first other item join the one system message
+    first, and a later one stays where it was sent (the turn before's prompt stays this one's prefix)."""
     req = ResponsesRequest(instructions="i", input=[
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
@@ -219,12 +220,12 @@ def test_calls_results_and_reasoning_items_become_chat_messages():
         {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "b"}]},
         {"type": "message", "role": "developer", "content": "later"}])
     assert input_messages(req) == [
-        {"role": "system", "content": "i\n\nd\n\nlater"}, {"role": "user", "content": "ls"},
+        {"role": "system", "content": "i\n\nd"}, {"role": "user", "content": "ls"},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "exec", "arguments": '{"cmd":"ls"}'}},
             {"id": "call_2", "type": "function", "function": {"name": "exec", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
-        {"role": "tool", "tool_call_id": "call_2", "content": "b"}]
+        {"role": "tool", "tool_call_id": "call_2", "content": "b"}, {"role": "system", "content": "later"}]
 
 
 def test_tools_this_server_cannot_run_are_left_out_and_choices_map():

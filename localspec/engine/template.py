@@ -30,6 +30,8 @@ def render_chat(template: str, messages: Sequence[dict], *, bos: str = "", eos: 
     messages = list(messages)
     if messages and messages[0].get("role") == "system" and not supports_system_role(template):
         messages = _merge_system(messages)
+    if _has_late_system(messages) and not supports_late_system(template):
+        messages = fold_late_system(messages)
     return _render(template, messages, bos=bos, eos=eos, add_generation_prompt=add_generation_prompt,
                    enable_thinking=enable_thinking, tools=tools, now=now, **context)
 
@@ -65,6 +67,72 @@ def supports_system_role(template: str) -> bool:
     except Exception:
         return False
     return needle in with_system and needle not in text
+
+
+@functools.lru_cache(maxsize=16)
+def supports_late_system(template: str) -> bool:
+    """Whether the template renders a system message after the conversation began, in its own form, and leaves
+    the text before it as it was (ChatML and Llama 3 do; Gemma's wants user and model turns in turn)."""
+    needle, answer = "<localspec system needle>", "<localspec answer>"
+    head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": answer}]
+    try:
+        probe = functools.partial(_render, template, bos="", eos="", add_generation_prompt=True,
+                                  enable_thinking=True, tools=None, now=None)
+        without = probe([*head, {"role": "user", "content": "z"}])
+        text = probe([*head, {"role": "system", "content": needle}, {"role": "user", "content": "z"}])
+    except Exception:
+        return False
+    if answer not in without or needle not in text:
+        return False
+    end = without.index(answer) + len(answer)
+    return text[:end] == without[:end] and needle in text[end:]
+
+
+def _has_late_system(messages: Sequence[dict]) -> bool:
+    seen = False
+    for m in messages:
+        if m.get("role") != "system":
+            seen = True
+        elif seen:
+            return True
+    return False
+
+
+def fold_late_system(messages: Sequence[dict]) -> list[dict]:
+    """A system message sent mid-conversation (Claude Code's task notifications), for a template that takes
+    none there, as user text where it was sent: joined to the user message before it, else opening the next
+    user message (a user message of its own when none follows). Everything before it renders as it did on the
+    turn before, so the prompt cache still holds that turn's prompt; moved to the front, it would change the
+    prompt's first tokens on every turn."""
+    out: list[dict] = []
+    pending: list[str] = []
+    joined = False  # the last message in `out` is a user message a system text was joined to
+    for m in messages:
+        late = m.get("role") == "system" and any(x.get("role") != "system" for x in out)
+        text = m.get("content")
+        user = m.get("role") == "user" and isinstance(text, str)
+        if late and isinstance(text, str):
+            if not pending and out[-1].get("role") == "user" and isinstance(out[-1].get("content"), str):
+                out[-1], joined = {**out[-1], "content": _join(out[-1]["content"], text)}, True
+            else:
+                pending.append(text)
+            continue
+        if joined and user:  # a user message after the one a system text joined: one turn, as it was sent
+            out[-1] = {**out[-1], "content": _join(out[-1]["content"], str(text))}
+            continue
+        if pending and user:
+            m = {**m, "content": _join(*pending, str(text))}
+        elif pending:
+            out.append({"role": "user", "content": _join(*pending)})
+        pending, joined = [], False
+        out.append(m)
+    if pending:
+        out.append({"role": "user", "content": _join(*pending)})
+    return out
+
+
+def _join(*texts: str) -> str:
+    return "\n\n".join(t for t in texts if t)
 
 
 def _merge_system(messages: list[dict]) -> list[dict]:

@@ -18,7 +18,9 @@ from ..http import ApiError, ClientGone
 from ..request.schemas import MAX_RESULTS
 from ..state import State
 from .timings import timings
-from .worker import Build, Done, ExceedContext, Failed, Job, Started
+from .worker import Build, Done, ExceedContext, Failed, Job, Progress, Started
+
+KEEPALIVE_S = 10.0  # a stream sends its protocol's keep-alive after this long without a byte
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ def sse_data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+SSE_KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: every SSE reader skips it, and the connection stays busy
+
+
 class Run:
     """One job seen from the event loop: `await start()`, then `async for chunk in chunks()`.
     Leaving early (client gone, a stop rule) cancels the job; the worker ends it after the current round."""
@@ -64,8 +69,8 @@ class Run:
         self.last: Chunk | None = None
         self._watcher: asyncio.Task | None = None
 
-    async def _event(self) -> Started | Chunk | None:
-        ev = await self.job.next_event()
+    async def _event(self, timeout: float | None = None) -> Started | Progress | Chunk | None:
+        ev = await self.job.next_event(timeout)
         if isinstance(ev, Failed):
             raise ev.error
         return None if isinstance(ev, Done) else ev
@@ -94,12 +99,36 @@ class Run:
         return ev
 
     async def chunks(self) -> AsyncIterator[Chunk]:
+        """The answer's chunks (an answer sent whole, or a stream that needs no keep-alive)."""
+        async for ev in self._events(None):
+            if isinstance(ev, Chunk):
+                yield ev
+
+    def events(self) -> AsyncIterator[Chunk | Progress | None]:
+        """The chunks, with the prefill's Progress events before them, and None after each KEEPALIVE_S seconds
+        with neither: a stream sends its protocol's keep-alive for it, so a client's idle watchdog does not give
+        up on a long prompt."""
+        return self._events(KEEPALIVE_S)
+
+    async def _events(self, every: float | None) -> AsyncIterator[Chunk | Progress | None]:
+        shown: Progress | None = None
         try:
             while True:
-                ev = await self._event()
+                try:
+                    ev = await self._event(every)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
                 if ev is None:
                     return
+                if isinstance(ev, Progress):
+                    shown = ev
+                    yield ev
+                    continue
                 assert isinstance(ev, Chunk)
+                if shown is not None and shown.processed < shown.total:  # the last tokens went with the first round
+                    shown = Progress(shown.total, shown.cache, shown.total, ev.stats.prompt_ms)
+                    yield shown
                 self.last = ev
                 yield ev
                 if ev.finish:
@@ -124,7 +153,7 @@ class Run:
 
     @property
     def timings(self) -> dict[str, Any]:
-        return timings(self.stats, self.job.first)
+        return timings(self.stats)
 
 
 class Choices:

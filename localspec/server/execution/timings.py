@@ -8,40 +8,41 @@ from typing import TYPE_CHECKING, Any
 from ...engine.engine import Engine
 from ...engine.stats import Stats
 from ..state import State
-from .worker import Job, Started
+from .worker import Progress, Started
 
 if TYPE_CHECKING:
     from .run import Run
 
 
-def predicted_rate(s: Stats, first: Stats | None) -> float:
-    """Generated tokens per second after the first round, as llama-server counts it: its first token comes out
-    of the pass that evaluates the prompt's last token (prompt time), ours out of the first verify round. One
-    token alone has no generation step to time: 0, as llama-server reports it."""
-    if s.n_generated <= 1:
-        return 0.0
-    if first is None or s.n_generated <= first.n_generated or s.gen_ms <= first.gen_ms:
-        return s.tokens_per_second
-    return (s.n_generated - first.n_generated) / ((s.gen_ms - first.gen_ms) / 1e3)
+def generation_steps(s: Stats) -> int:
+    """The generated tokens llama-server counts a decode step for: all but the first, which comes out of the pass
+    that reads the prompt's last token. One token alone has no step: its rate and per-token time are 0."""
+    return max(s.n_generated - 1, 0)
 
 
-def progress_events(job: Job) -> list[dict[str, Any]]:
-    """llama-server's `prompt_progress` events: the cached part first (processed = cache), then one a prefill
-    batch, the last one the whole prompt (its last tokens are evaluated with the first round). They are sent once
-    the first round is done, where llama-server sends each as its batch ends: the same events, later."""
-    first = job.first
-    assert first is not None, "progress_events after the job started"
-    total, cache = first.n_prompt + first.n_cached, first.n_cached
-    marks = job.prefill or [(cache, 0.0)]
-    t0 = marks[0][1]
-    out = [{"total": total, "cache": cache, "processed": n, "time_ms": (t - t0) * 1e3} for n, t in marks]
-    if out[-1]["processed"] < total:
-        out.append({"total": total, "cache": cache, "processed": total, "time_ms": first.prompt_ms})
-    return out
+def progress_block(p: Progress) -> dict[str, Any]:
+    """llama-server's `prompt_progress` object: the prompt's tokens, those reused from the cache, those in the
+    cache now, and the milliseconds since the prefill began."""
+    return {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms}
 
 
-def timings(s: Stats, first: Stats | None = None) -> dict[str, Any]:
-    """llama-server's `timings` block, plus its speculative counters."""
+def progress_timings(p: Progress) -> dict[str, Any]:
+    """The `timings` block a progress event carries (with `timings_per_token`), as llama-server fills it
+    mid-prefill: the prompt tokens evaluated so far and their time, nothing generated yet."""
+    n = p.processed - p.cache
+    return timings(Stats(n_prompt=n, n_cached=p.cache, prompt_ms=p.time_ms))
+
+
+def progress_fields(p: Progress, with_timings: bool) -> dict[str, Any]:
+    """A progress event's fields: `prompt_progress`, and its `timings` when the request asks for them each
+    step (`timings_per_token`)."""
+    return {"prompt_progress": progress_block(p), **({"timings": progress_timings(p)} if with_timings else {})}
+
+
+def timings(s: Stats) -> dict[str, Any]:
+    """llama-server's `timings` block, plus its speculative counters. The generation rate is over the decode
+    steps after the first token, in `predicted_ms` (llama-server's: 15 steps for 16 tokens)."""
+    steps = generation_steps(s)
     return {
         "cache_n": s.n_cached,
         "prompt_n": s.n_prompt,
@@ -50,8 +51,8 @@ def timings(s: Stats, first: Stats | None = None) -> dict[str, Any]:
         "prompt_per_second": s.prompt_per_second,
         "predicted_n": s.n_generated,
         "predicted_ms": s.gen_ms,
-        "predicted_per_token_ms": s.gen_ms / s.n_generated if s.n_generated > 1 else 0.0,
-        "predicted_per_second": predicted_rate(s, first),
+        "predicted_per_token_ms": s.gen_ms / steps if steps and s.gen_ms > 0 else 0.0,
+        "predicted_per_second": 1e3 / s.gen_ms * steps if steps and s.gen_ms > 0 else 0.0,
         "draft_n": s.draft_n,
         "draft_n_accepted": s.draft_n_accepted,
     }

@@ -38,6 +38,7 @@ from ...engine.engine import Chunk, Engine
 from ...engine.stats import Stats
 from ...errors import LocalspecError
 from ...sampling.params import SamplingParams
+from ...speculative.drafters import common_prefix
 from ..http import ApiError
 
 log = logging.getLogger("localspec.server")
@@ -57,7 +58,7 @@ class ExceedContext(LocalspecError):
 
 @dataclass(frozen=True)
 class Started:
-    """First event of a job: the prompt is built and fits; generation begins."""
+    """First event of a job: the prompt is built and fits; its prefill begins."""
 
     n_prompt_tokens: int
     speculate: bool  # speculation allowed for this job (drafts may still not be made: see Stats.draft_n)
@@ -65,6 +66,24 @@ class Started:
     truncated: bool = False
     queued_ms: float = 0.0
     prompt_tokens: tuple[int, ...] = ()
+    n_cached: int = 0  # prompt tokens the cache holds already (the prefill reuses them; a recurrent state: fewer)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The prompt's prefill has `processed` of its `total` tokens in the cache (`cache` of them reused): sent
+    after each prefill batch of a streamed job, so a stream shows progress and stays alive through a long
+    prompt (llama-server's `prompt_progress`)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
+class PrefillCancelled(Exception):
+    """A job cancelled between two prefill batches. The cache keeps the batches read so far (its tokens match
+    its entries), so the job simply ends, and the next prompt may even reuse them."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +96,7 @@ class Done:
     pass
 
 
-Event = Started | Chunk | Failed | Done
+Event = Started | Progress | Chunk | Failed | Done
 
 
 @dataclass
@@ -98,18 +117,28 @@ class Job:
     ended_by_server: bool = False  # cancelled because the server stops: its client still reads the answer
     t_submit: float = field(default_factory=time.perf_counter)
     first: Stats | None = None  # the stats after the first round (set by the worker before that chunk is sent)
-    prefill: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens in the cache, perf_counter)
+    _prefill: tuple[int, float] | None = None  # (prompt tokens reused from the cache, when the prefill began)
     _loop: asyncio.AbstractEventLoop | None = None
     _events: asyncio.Queue | None = None
     _held: list[Event] = field(default_factory=list)  # events not yet sent (live=False)
+    n_prompt_tokens: int = 0  # the prompt's tokens, once it is built
+    id: int = 0  # the worker numbers its jobs as they are submitted (llama-server's `id_task`)
+    n_decoded: int = 0  # tokens generated so far (llama-server's /slots `next_token.n_decoded`)
 
     def cancel(self) -> None:
         self.cancelled.set()
 
     def prefilled(self, n: int) -> None:
-        """The prompt's prefill has `n` tokens in the cache: the reused prefix, then after each batch
-        (loop.prefill). Kept for llama-server's `prompt_progress` events (timings.progress_events)."""
-        self.prefill.append((n, time.perf_counter()))
+        """The prompt's prefill has `n` tokens in the cache: the reused prefix first, then after each batch
+        (loop.prefill). A streamed job sends each as a Progress event (llama-server's `prompt_progress`)."""
+        if self.cancelled.is_set():  # the client left (or the server stops) mid-prompt: the next job need not wait
+            raise PrefillCancelled()
+        now = time.perf_counter()
+        if self._prefill is None:
+            self._prefill = (n, now)  # the reused prefix, and when the prefill began
+        cache, t0 = self._prefill
+        if self.live and self.n_prompt_tokens:
+            self._emit(Progress(self.n_prompt_tokens, cache, n, (now - t0) * 1e3))
 
     async def next_event(self, timeout: float | None = None) -> Event:
         assert self._events is not None, "job was not submitted"
@@ -149,6 +178,7 @@ class Worker:
         self.busy = False
         self.stopping = False
         self._current: Job | None = None
+        self._submitted = 0
 
     @property
     def waiting(self) -> int:
@@ -173,7 +203,14 @@ class Worker:
             job.ended_by_server = True
             job.cancel()
 
+    @property
+    def current(self) -> Job | None:
+        """The job running now (None: idle), for llama-server's /slots."""
+        return self._current
+
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        self._submitted += 1
+        job.id = self._submitted
         job._loop = loop or asyncio.get_running_loop()
         job._events = asyncio.Queue()
         self._jobs.put(job)
@@ -210,25 +247,33 @@ class Worker:
             speculate, reason = self._speculate(job, waiting)
             prompt, truncated = job.build(self.engine)
             tokens = self.engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+            if not tokens:
+                raise ValueError("empty prompt: nothing to condition on")
             if len(tokens) >= self.engine.target.n_ctx:
                 raise ExceedContext(len(tokens), self.engine.target.n_ctx)
+            # the prompt fits: the answer begins now, before its prefill, so a client sees its head at once
+            cached = min(common_prefix(self.engine.target.tokens, tokens), len(tokens) - 1)
             started = Started(len(tokens), speculate, reason, truncated, (time.perf_counter() - job.t_submit) * 1e3,
-                              tuple(tokens))
+                              tuple(tokens), cached)
+            job.n_prompt_tokens = len(tokens)
+            job._emit(started)
             gen = self.engine.generate(tokens, params=job.params, max_tokens=job.max_tokens, stop=job.stop,
                                        speculate=speculate, should_stop=job.cancelled.is_set,
                                        context_shift=job.context_shift, n_keep=job.n_keep, progress=job.prefilled)
             first = True
             with closing(gen):  # leaving early (job.until) rewinds the caches now
                 for chunk in gen:
-                    if first:  # prefill succeeded: the prompt fits
+                    if first:
                         job.first = chunk.stats
-                        job._emit(started)
                         first = False
                     last = chunk
+                    job.n_decoded = chunk.stats.n_generated
                     ends = job.until is not None and job.until(chunk)  # before the send: the loop reads its verdict
                     job._emit(chunk)
                     if ends:
                         break  # the client's rule ends it here: no round past it for the next request to wait on
+        except PrefillCancelled:
+            pass
         except (LocalspecError, ValueError) as e:  # bad input: a 4xx for the client
             error = e
         except Exception as e:  # a bug: logged, reported as 500, the worker lives on

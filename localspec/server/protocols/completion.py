@@ -13,11 +13,11 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ...engine.engine import Engine
+from ...engine.engine import Chunk, Engine
 from ...sampling.logprobs import TokenLogprob
-from ..execution.run import Choice, Choices, Run, plan, sse_data
-from ..execution.timings import progress_events, spec_policy, speculative
-from ..execution.worker import Build, Job
+from ..execution.run import SSE_KEEPALIVE, Choice, Choices, Run, plan, sse_data
+from ..execution.timings import progress_fields, spec_policy, speculative
+from ..execution.worker import Build, Job, Progress
 from ..http import ApiError
 from ..request.samplers import ORDER, chained, parse_samplers
 from ..request.sampling_fields import sampling, stops
@@ -87,11 +87,12 @@ class Completion:
         """One choice's SSE: its optional `prompt_progress`, a chunk per round with text, the final object."""
         req, stop_type = self.req, "none"
         n_eval = run.started.n_prompt_tokens if run.started else 0
-        if req.return_progress and run.job.first is not None:
-            for p in progress_events(run.job):
-                yield sse_data({"index": choice.index, "content": "", "tokens": [], "stop": False, "id_slot": 0,
-                                "tokens_predicted": 0, "tokens_evaluated": n_eval, "prompt_progress": p})
-        async for piece, stop_type, ch in policed(run, self.rules[choice.index]):
+        rules = self.rules[choice.index]
+        async for ch in run.events():
+            if not isinstance(ch, Chunk):  # the prompt is still being read
+                yield self.waiting(choice, n_eval, ch)
+                continue
+            piece, stop_type = rules.verdict(ch)  # the editor rules, as `policed` applies them
             if piece or ch.step.tokens:  # a chunk's token ids come whatever return_tokens says, as llama-server's
                 d = {"index": choice.index, "content": piece, "tokens": list(ch.step.tokens), "stop": False,
                      "id_slot": 0, "tokens_predicted": run.stats.n_generated, "tokens_evaluated": n_eval}
@@ -100,7 +101,18 @@ class Completion:
                 if req.n_probs:
                     d["completion_probabilities"] = self.probs(run, ch.step.logprobs)
                 yield sse_data(d)
+            if stop_type != "none":
+                break
         yield sse_data(self.final(run, "", stop_type, [], choice.index))
+
+    def waiting(self, choice: Choice, n_eval: int, p: Progress | None) -> str:
+        """What the stream sends while the prompt is read: llama-server's progress events when asked, else an SSE
+        comment that keeps the connection alive."""
+        if p is None or not self.req.return_progress:
+            return SSE_KEEPALIVE
+        return sse_data({"index": choice.index, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+                         "tokens_predicted": 0, "tokens_evaluated": n_eval,
+                         **progress_fields(p, self.req.timings_per_token)})
 
     def probs(self, run: Run, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
         post = run.job.params if self.req.post_sampling_probs else None

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...engine.answer import AnswerDelta, AnswerStream, Reading, read_answer
 from ...engine.chatplan import ChatPlan
-from ...engine.engine import Engine
+from ...engine.engine import Chunk, Engine
 from ..execution.run import Choices, Run, plan
 from ..execution.timings import speculative
 from ..execution.worker import Build, Job
@@ -215,10 +215,15 @@ def _final(state: State, run: Run, t0: float) -> dict[str, Any]:
 
 
 async def _ndjson(state: State, run: Run, t0: float, talk: Talk | None) -> AsyncIterator[str]:
-    """Text as it comes (chat: content and thinking; a tool call, whole, once the answer is read), then the
-    final object with the durations."""
+    """An empty piece at once and while the prompt is read, text as it comes (chat: content and thinking; a
+    tool call, whole, once the answer is read), then the final object with the durations."""
     answer = AnswerStream(talk.reading) if talk else None
-    async for ch in run.chunks():
+    nothing_yet = json.dumps(_piece(state, "", talk is not None) | {"done": False}) + "\n"
+    yield nothing_yet  # at once: the prompt fits, and a client's first line need not wait for its prefill
+    async for ch in run.events():
+        if not isinstance(ch, Chunk):  # the prompt is still being read: an empty piece keeps the line busy
+            yield nothing_yet
+            continue
         if answer is None:
             if ch.text:
                 yield json.dumps(_piece(state, ch.text, False) | {"done": False}) + "\n"

@@ -18,11 +18,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...backend import llama_build
 from ...engine.answer import AnswerStream, Reading, read_answer
+from ...engine.engine import Chunk
 from ...engine.tools import ToolCall
 from ...sampling.logprobs import TokenLogprob
-from ..execution.run import Choice, Choices, Run, plan, sse_data
-from ..execution.timings import progress_events, speculative
-from ..execution.worker import Build, Job, Prompt
+from ..execution.run import SSE_KEEPALIVE, Choice, Choices, Run, plan, sse_data
+from ..execution.timings import progress_fields, speculative
+from ..execution.worker import Build, Job, Progress, Prompt
 from ..http import ApiError
 from ..request.chat import chat_prompt, openai_plan
 from ..request.chat_tools import is_legacy, openai_delta, openai_finish, openai_message
@@ -208,14 +209,14 @@ class OpenAIAnswer:
         """One choice's chunks: the role first (chat), a chunk per round with text or logprobs, its finish."""
         req = self.req
         head = self.chunk(self.choice(choice.index, "", None, None, role=True))
-        if req.return_progress and run.job.first is not None:  # each progress event repeats the head, as there
-            for p in progress_events(run.job):
-                yield sse_data(head | {"prompt_progress": p})
-        elif self.chat or req.return_progress:  # OpenAI's first chat delta: the role, content null (llama-server's)
+        if self.chat and not req.return_progress:  # OpenAI's first chat delta: the role, content null
             yield sse_data(head)
         offset = 0
         answer = AnswerStream(self.reading) if self.chat else None
-        async for ch in run.chunks():
+        async for ch in run.events():
+            if not isinstance(ch, Chunk):  # the prompt is still being read
+                yield self.waiting(head, ch)
+                continue
             if ch.text or ch.step.logprobs:
                 lps = self.logprobs(run.job, list(ch.step.logprobs), offset)
                 delta = openai_delta(answer.push(ch.text), legacy=self.legacy) if answer else None
@@ -230,6 +231,13 @@ class OpenAIAnswer:
         if rest:
             yield sse_data(self.chunk(self.choice(choice.index, None, None, None, delta=rest)))
         yield sse_data(self.finish(choice, run, answer.calls if answer else []))
+
+    def waiting(self, head: dict[str, Any], p: Progress | None) -> str:
+        """What the stream sends while the prompt is read: llama-server's progress events when asked (each
+        repeats the head, as there), else an SSE comment that keeps the connection alive."""
+        if p is None or not self.req.return_progress:
+            return SSE_KEEPALIVE
+        return sse_data(head | progress_fields(p, self.req.timings_per_token))
 
     def finish(self, choice: Choice, run: Run, calls: list[ToolCall]) -> dict[str, Any]:
         """A choice's last chunk (`finish_reason` "tool_calls" when it made calls); the request's last also carries

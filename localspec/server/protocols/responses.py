@@ -4,8 +4,9 @@ out, whole or streamed, for `client.responses.create(...)` and agents built on i
 `input` is a string (one user message) or a list of items: messages (`role` user / assistant / system /
 developer; `content` a string or `input_text` / `output_text` parts), `function_call` and
 `function_call_output` items (an earlier call and its result, paired by `call_id`), and `reasoning` items (left
-out, as the chat routes leave earlier thinking out). `instructions` and every system or developer message become
-one system message first (chat templates take one, first). The messages go through the GGUF's chat template as on
+out, as the chat routes leave earlier thinking out). `instructions` and the system or developer messages before
+the first other item become one system message first; a later one stays where it was sent, so each turn's prompt
+begins with the turn before's. The messages go through the GGUF's chat template as on
 `/v1/chat/completions`, with the same tool plan: function `tools`, `tool_choice` (auto / none / required / a
 named function) and `parallel_tool_calls`; tools this server cannot run (`web_search`, a `namespace` of tools,
 ...) are left out. The answer's calls are `function_call` output items with a `call_id`, streamed in OpenAI's
@@ -30,11 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...engine.answer import Answer, AnswerDelta, AnswerStream, Reading, read_answer
 from ...engine.chatplan import ChatPlan
+from ...engine.engine import Chunk
 from ...engine.tools import ToolCall
 from ...errors import LocalspecError
-from ..execution.run import Run, error_event
-from ..execution.timings import progress_events, speculative
-from ..execution.worker import Job
+from ..execution.run import SSE_KEEPALIVE, Run, error_event
+from ..execution.timings import progress_fields, speculative
+from ..execution.worker import Job, Progress
 from ..http import ApiError
 from ..request.chat import chat_plan, chat_prompt
 from ..request.sampling_fields import sampling
@@ -105,8 +107,10 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         elif kind != "message" or not isinstance(role, str) or role not in ROLES:
             raise ApiError(400, f"input.{i}: items are messages (role user, assistant, system or developer), "
                                 f"function_call, function_call_output or reasoning; got type {kind!r}, role {role!r}")
-        elif ROLES[role] == "system":
+        elif ROLES[role] == "system" and not msgs:
             system.append(_content(item.get("content"), f"input.{i}.content"))
+        elif ROLES[role] == "system":  # mid-conversation: where it was sent, so the prompt before it stays the same
+            msgs.append({"role": "system", "content": _content(item.get("content"), f"input.{i}.content")})
         else:
             _add_message(msgs, ROLES[role], _content(item.get("content"), f"input.{i}.content"))
     return _with_system(system, msgs)
@@ -207,7 +211,19 @@ def output_items(ids: Ids, answer: Answer, status: str) -> list[dict[str, Any]]:
     items = [reasoning_item(ids, answer.reasoning)] if answer.reasoning else []
     if answer.content or not answer.calls:
         items.append(output_item(ids, answer.content, status))
-    return items + [call_item(c) for c in answer.calls]
+    return items + [call_item(c, call_status(c.arguments, status)) for c in answer.calls]
+
+
+def call_status(arguments: str, status: str) -> str:
+    """A call in a response cut by its budget is `incomplete` when its arguments were cut too (not one whole JSON
+    value), as OpenAI marks the item the budget ended: a client must not run it."""
+    if status != "incomplete":
+        return "completed"
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return "incomplete"
+    return "completed"
 
 
 def status(run: Run) -> tuple[str, dict[str, str] | None]:
@@ -338,9 +354,10 @@ class Items:
             out = [self._part("response.output_text.done", text=part["text"], logprobs=[]),
                    self._part("response.content_part.done", part=part)]
         else:
-            item["status"] = "completed"
-            out = [self.ev("response.function_call_arguments.done", item_id=item["id"], output_index=len(self.done),
-                           name=item["name"], arguments=item["arguments"])]
+            item["status"] = call_status(item["arguments"], status)
+            out = [] if item["status"] == "incomplete" else [  # arguments that were cut are not done
+                self.ev("response.function_call_arguments.done", item_id=item["id"], output_index=len(self.done),
+                        name=item["name"], arguments=item["arguments"])]
         out.append(self.ev("response.output_item.done", output_index=len(self.done), item=item))
         self.done.append(item)
         self.open = None
@@ -354,12 +371,12 @@ async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids, readin
     begun = response_body(state, req, ids, run, [], False)
     yield ev("response.created", response=begun)
     yield ev("response.in_progress", response=begun)
-    if req.return_progress and run.job.first is not None:
-        for p in progress_events(run.job):
-            yield ev("response.in_progress", response=begun, prompt_progress=p)
     items, answer = Items(ev, ids), AnswerStream(reading)
     try:
-        async for ch in run.chunks():
+        async for ch in run.events():
+            if not isinstance(ch, Chunk):  # the prompt is still being read
+                yield _waiting(req, ev, begun, ch)
+                continue
             out = items.push(answer.push(ch.text))
             if out and req.timings_per_token:
                 out[-1] = Events.adding(out[-1], timings=run.timings)
@@ -374,6 +391,14 @@ async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids, readin
     final = response_body(state, req, ids, run, items.done, True)
     yield ev("response.completed" if final["status"] == "completed" else "response.incomplete", response=final,
              timings=run.timings)
+
+
+def _waiting(req: ResponsesRequest, ev: Events, begun: dict[str, Any], p: Progress | None) -> str:
+    """What the stream sends while the prompt is read: llama-server's `response.in_progress` with
+    `prompt_progress` when asked (`return_progress`), else an SSE comment that keeps the connection alive."""
+    if p is None or not req.return_progress:
+        return SSE_KEEPALIVE
+    return ev("response.in_progress", response=begun, **progress_fields(p, req.timings_per_token))
 
 
 def router(state: State) -> APIRouter:

@@ -3,8 +3,10 @@ the engine's chat template and tool code read (as llama-server converts them), a
 Anthropic's content blocks, stop reason and usage. Pure functions of the request and the run; the routes are
 in anthropic.py, the stream's events in anthropic_stream.py.
 
-Conversion: `system` first, with any system-role message from `messages` after it (Claude Code sends one there;
-chat templates take one system message, first), text blocks joined, `tool_use` blocks as the assistant's
+Conversion: `system` first, with the system-role messages that open `messages` after it; a system-role message
+later in `messages` (Claude Code's task notifications) stays where it was sent, so each turn's prompt begins
+with the turn before's (the template renders it there, or template.fold_late_system joins it to the user text
+around it); text blocks joined, `tool_use` blocks as the assistant's
 `tool_calls`, `tool_result` blocks as `tool` messages (before the text of the same user turn, where Anthropic
 puts them); custom tools ({name, description, input_schema}) as OpenAI function tools, Anthropic's own tool types
 (web search, bash, ...) left out; tool_choice auto / any / tool / none as OpenAI's auto / required / a function /
@@ -108,8 +110,10 @@ def openai_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         where = f"messages.{i}.content"
-        if m.role == "system":
+        if m.role == "system" and not msgs:
             system.append(block_text(m.content, where))
+        elif m.role == "system":  # mid-conversation: where it was sent, so the prompt before it stays the same
+            msgs.append({"role": "system", "content": block_text(m.content, where)})
         elif isinstance(m.content, str):
             msgs.append({"role": m.role, "content": m.content})
         elif m.role == "assistant":
@@ -182,11 +186,13 @@ def tool_use(call: ToolCall) -> dict[str, Any]:
 
 def stop_reason(last: Chunk | None, text: str, raw: str, stop: Sequence[str], called: bool) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) from the last chunk. The engine cuts the text where a stop string begins;
-    the raw text of every generated token says which string it was."""
-    if called:
-        return "tool_use", None
+    the raw text of every generated token says which string it was. A budget that ran out wins over the calls
+    made: Anthropic says `max_tokens` for an answer cut inside its tool_use block (the block is sent as far as it
+    got, and the client asks again with a larger budget rather than run it)."""
     if last is not None and last.finish in ("length", "context"):
         return "max_tokens", None
+    if called:
+        return "tool_use", None
     if last is not None and last.finish == "stop" and last.step.finish != "stop":
         tail = raw[len(text):]
         hit = next((s for s in stop if tail.startswith(s)), stop[0] if len(stop) == 1 else None)
@@ -196,10 +202,16 @@ def stop_reason(last: Chunk | None, text: str, raw: str, stop: Sequence[str], ca
 
 
 def usage(run: Run) -> dict[str, Any]:
-    """Anthropic counts cache reads apart from input_tokens (the prompt tokens evaluated)."""
-    first = run.job.first
-    return {"input_tokens": first.n_prompt if first else 0, "output_tokens": run.stats.n_generated,
-            "cache_read_input_tokens": first.n_cached if first else 0, "cache_creation_input_tokens": 0}
+    """Anthropic counts cache reads apart from input_tokens (the prompt tokens evaluated). Before the prefill
+    (`message_start`) the split is the one the cache promises; after it, the one the prefill found."""
+    first, started = run.job.first, run.started
+    if first is not None:
+        n_in, cached = first.n_prompt, first.n_cached
+    else:
+        cached = started.n_cached if started else 0
+        n_in = started.n_prompt_tokens - cached if started else 0
+    return {"input_tokens": n_in, "output_tokens": run.stats.n_generated, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0}
 
 
 def message_body(state: State, ident: str, content: list[dict[str, Any]], reason: str | None, seq: str | None,

@@ -1,4 +1,5 @@
-"""The streamed answer of `/v1/messages`, in Anthropic's event order: `message_start`, `ping`, then per content
+"""The streamed answer of `/v1/messages`, in Anthropic's event order: `message_start` and `ping` as soon as the
+prompt is known to fit (a `ping` again after each prefill batch, and every 10 s without a byte), then per content
 block `content_block_start` / `content_block_delta` (`thinking_delta`, `text_delta`, or `input_json_delta` for
 a tool call's arguments) / `content_block_stop` with its index, then `message_delta` (stop_reason,
 stop_sequence, usage) and `message_stop`. Every event is sent as `event: NAME` + `data: {...}`: the `anthropic`
@@ -11,6 +12,7 @@ import json
 from typing import Any, AsyncIterator
 
 from ....engine.answer import AnswerDelta, AnswerStream, Reading
+from ....engine.engine import Chunk
 from ....errors import LocalspecError
 from ...execution.run import Run
 from ...execution.timings import speculative
@@ -77,7 +79,10 @@ async def events(state: State, reading: Reading, run: Run, ident: str) -> AsyncI
     blocks, answer = Blocks(), AnswerStream(reading)
     text, tokens = "", list[int]()
     try:
-        async for ch in run.chunks():
+        async for ch in run.events():
+            if not isinstance(ch, Chunk):  # the prompt is still being read: Anthropic's keep-alive
+                yield sse("ping")
+                continue
             text += ch.text
             tokens.extend(ch.step.tokens)
             for e in blocks.push(answer.push(ch.text)):
