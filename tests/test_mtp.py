@@ -293,3 +293,23 @@ def test_run_labels_the_heads_and_keeps_the_text(qwen35_path: Path):
     spec, plain = run("-k", "3", "--no-adaptive"), run("--no-spec")
     assert spec["drafter"] == MTP and spec["mode"] == "spec" and spec["by_source"][MTP]["draft_n"] > 0
     assert plain["mode"] == "plain" and spec["text"] == plain["text"]
+
+
+@pytest.mark.slow
+def test_server_labels_the_heads_and_a_request_after_another_is_a_fresh_servers_answer(qwen35_path: Path):
+    """The server says its drafter is `mtp` (/props, each answer's `speculative` block); B after A on one server
+    gives B's answer on a fresh server: the head's cache follows the new prompt."""
+    import httpx
+    from servers import ServerProcess
+
+    a = {"prompt": PROMPT + " Then the dog woke up.", "n_predict": 16, "temperature": 0}
+    b = {"prompt": PROMPT + " But the cat was asleep.", "n_predict": 16, "temperature": 0}
+    args = ["--model", str(qwen35_path), "--ctx", "512", "-k", "3", "--no-adaptive", "--threads", "1"]
+    with ServerProcess(args) as srv:
+        assert httpx.get(srv.url + "/props", timeout=60).json()["drafter"] == MTP
+        first = httpx.post(srv.url + "/completion", json=a, timeout=120).json()
+        after = httpx.post(srv.url + "/completion", json=b, timeout=120).json()
+    with ServerProcess(args) as srv:
+        fresh = httpx.post(srv.url + "/completion", json=b, timeout=120).json()
+    assert first["speculative"]["drafter"] == MTP and first["timings"]["draft_n"] > 0
+    assert after["content"] == fresh["content"]
