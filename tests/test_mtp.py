@@ -313,3 +313,14 @@ def test_server_labels_the_heads_and_a_request_after_another_is_a_fresh_servers_
         fresh = httpx.post(srv.url + "/completion", json=b, timeout=120).json()
     assert first["speculative"]["drafter"] == MTP and first["timings"]["draft_n"] > 0
     assert after["content"] == fresh["content"]
+
+
+@pytest.mark.slow
+def test_models_drafters_lists_the_heads_beside_the_drafters(qwen35_path: Path):
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    r = CliRunner().invoke(main, ["models", "drafters", str(qwen35_path)])
+    assert r.exit_code == 0, r.output
+    assert "mtp (1 head in the file)" in r.output and "in the model" in r.output

@@ -266,7 +266,7 @@ def drafters(target: str, dirs: tuple[str, ...], show_all: bool) -> None:
     rows = rank(t.path, dirs)
     offers = rank_registry(t.path)
     own = _self_copy_row(t.path, target)
-    cells = _drafter_rows(rows, offers, show_all) + own
+    cells = _drafter_rows(rows, offers, show_all) + own + _mtp_row(t.path)
     grid = tables.grid("DRAFTER", "WHERE", "SIZE", "TOKENIZER", "PREDICTED", "BASIS", right=[2, 4])
     for c in sorted(cells, key=lambda c: -c[0]):
         tables.add(grid, *c[1:])
@@ -278,6 +278,18 @@ def drafters(target: str, dirs: tuple[str, ...], show_all: bool) -> None:
                   f"{target}' gets the best)" if n_pull else "")
                + (f"; 'localspec models make-drafter {target}' writes its low-bit copy" if own and not n_ok else "")
                + ("; --draft auto drafts by prompt lookup for it" if not (n_ok or n_pull or own) else ""))
+
+
+def _mtp_row(path) -> list[tuple]:
+    """The model's own MTP heads, where its file has them: no figure before a load (their c is timed there and
+    their acceptance learnt), so they sort after the predicted drafters."""
+    from ..models.nextn import nextn_heads
+
+    n = nextn_heads(path)
+    if not n:
+        return []
+    return [(0.0, f"mtp ({n} head{'s' if n > 1 else ''} in the file)", "in the model", "-", "same (its own)",
+             "not predicted", "the default drafter: c timed at load, acceptance learnt (--draft mtp)")]
 
 
 def _self_copy_row(path, target: str) -> list[tuple]:
