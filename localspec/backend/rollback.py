@@ -24,12 +24,10 @@ from __future__ import annotations
 import ctypes
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Protocol, Sequence
 
 import llama_cpp
-
-if TYPE_CHECKING:
-    from .model import Model
+import numpy as np
 
 SLOTS = 3  # checkpoints kept at once: the verify round's (or a drafter's), the prompt's end, a measurement's
 RS_DEPTH = 8  # per-token snapshots asked of llama.cpp where it allows them (the adaptive γ range's top)
@@ -190,7 +188,21 @@ class Rollback:
         self.rs_window = 0
 
 
-def choose(model: "Model", kind: str, probe: Sequence[int], repeats: int = 7) -> RollbackInfo:
+class Decoder(Protocol):
+    """What `choose` times a model through: its context, its tokens and a decode (backend.Model is one)."""
+
+    tokens: list[int]
+
+    @property
+    def ctx_pointer(self) -> Any: ...
+
+    @property
+    def n_past(self) -> int: ...
+
+    def decode(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray: ...
+
+
+def choose(model: Decoder, kind: str, probe: Sequence[int], repeats: int = 7) -> RollbackInfo:
     """Time a save and a restore of each method on this model and backend, from an empty cache, and keep the
     faster. "seq" copies the state on the device at the next decode, so each timing includes that decode and
     has a plain decode's time taken off. The cache is left empty."""
