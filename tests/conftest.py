@@ -23,6 +23,13 @@ os.environ.setdefault("LOCALSPEC_CACHE", str(CACHE))  # keep model files shared 
 os.environ.setdefault("LOCALSPEC_CALIBRATION", tempfile.mkdtemp(prefix="localspec-calibration-"))
 
 
+@pytest.fixture(autouse=True)
+def _acceptance_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no drafter acceptance kept (tuning/acceptance.py): what one test's rounds measured
+    would otherwise decide whether another's drafter drafts at all (the servers a test starts inherit it)."""
+    monkeypatch.setenv("LOCALSPEC_ACCEPTANCE", str(tmp_path_factory.mktemp("acceptance")))
+
+
 def _verdict_known(path: Path) -> Path:
     """Test the model's CPU fast paths once, here (backend/fastpath.py): on a machine where one crashes, the
     one-line notice is said when the verdict is made, so the commands the tests run read it silently."""

@@ -262,8 +262,9 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
         drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
         draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
     cal = load_calibration(config, target, drafter, draft_model, meter)
-    # a model drafter's acceptance, as earlier runs of this pair measured it (tuning/acceptance.py)
-    kept = AcceptanceStore.for_pair(target.path, draft_model.path) if draft_model is not None else None
+    # a model drafter's (or the file's own MTP heads') acceptance, as earlier runs measured it (tuning/acceptance.py)
+    own = draft_model.path if draft_model is not None else target.path if draft == MTP else None
+    kept = AcceptanceStore.for_pair(target.path, own) if own is not None else None
     if controller is None and drafter is not None:
         controller = make_controller(config, k, drafter, cal, kept=kept.load() if kept else None)
     return Engine(target, drafter, controller=controller, name=name,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +113,9 @@ class AcceptanceStore:
 
 
 def acceptance_dir() -> Path:
-    return calibration_dir() / "acceptance"
+    """Beside the calibration cache, or LOCALSPEC_ACCEPTANCE (the test suite gives each test its own)."""
+    env = os.environ.get("LOCALSPEC_ACCEPTANCE")
+    return Path(env) if env else calibration_dir() / "acceptance"
 
 
 def _file_id(path: Path) -> dict:
