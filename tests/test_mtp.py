@@ -324,3 +324,19 @@ def test_models_drafters_lists_the_heads_beside_the_drafters(qwen35_path: Path):
     r = CliRunner().invoke(main, ["models", "drafters", str(qwen35_path)])
     assert r.exit_code == 0, r.output
     assert "mtp (1 head in the file)" in r.output and "in the model" in r.output
+
+
+def test_the_head_recovers_hidden_states_a_rebuilt_context_did_not_leave(qwen35_path: Path):
+    """A flash attention switch (calibration tries one) rebuilds the target's context; a decode made on it before
+    the head watched it left no hidden states, and a prompt that reuses that decode's prefix must still draft."""
+    target = _load(qwen35_path, OPTIONS)
+    d = MtpDrafter(MtpHead(target))
+    try:
+        prompt = target.tokenize(PROMPT, add_special=True)
+        target.set_flash_attn(not target.options.flash_attn)
+        target.decode(prompt[:3], 0)  # rows lost: the head sees the new context only after this decode
+        _, steps = _run(target, prompt, d, k=3, n=8, fresh=False)
+        assert steps[0].n_cached == 3 and sum(s.drafted for s in steps) > 0
+    finally:
+        d.close()
+        target.close()

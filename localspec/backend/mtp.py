@@ -101,36 +101,30 @@ class MtpHead:
         self._h = np.zeros((256, self.n_embd), dtype=np.float32)  # the target's h_p, position p ...
         self._h_tokens: list[int] = []  # ... for these tokens
         self._stale = 1 << 62  # the first head position whose h_{p-1} was written again since it was decoded
-        self._target_ctx: Any = None
-        self._watch()
+        _set_embeddings_nextn(target.ctx_pointer, True, False)  # every row's hidden state, for the head
         self._draft_pos = -1  # the position of the next draft step; -1: no draft under way
         self._last = 0  # the batch index of the last row decoded with outputs
         target.on_decode = self._after_target_decode
 
     # -- the target's hidden states ---------------------------------------------------------------------------
 
-    def _watch(self) -> bool:
-        """Ask the target's context for every row's hidden state; False when it is a new context (a flash
-        attention switch rebuilt it) whose last decode was made without."""
-        ctx = self.target.ctx_pointer
-        if ctx == self._target_ctx:
-            return True
-        _set_embeddings_nextn(ctx, True, False)
-        self._target_ctx = ctx
-        return False
-
     def _after_target_decode(self, start: int, n: int) -> None:
         if start < len(self._h_tokens):
             self._stale = min(self._stale, start + 1)
             del self._h_tokens[start:]
-        if not self._watch() or start > len(self._h_tokens):
-            return  # rows missing: the head drafts again once the target decodes from where they are known
+        ctx = self.target.ctx_pointer
+        address = _get_embeddings_nextn(ctx)
+        if not address:  # a context not asked yet (a flash attention switch rebuilt it): its rows come next time
+            _set_embeddings_nextn(ctx, True, False)
+            return
+        if start > len(self._h_tokens):
+            return  # rows before these are missing: `_known` has the target decode them again
         need = start + n
         if need > len(self._h):
             grown = np.zeros((max(need, 2 * len(self._h)), self.n_embd), dtype=np.float32)
             grown[:start] = self._h[:start]
             self._h = grown
-        self._h[start:need] = _rows(_get_embeddings_nextn(self._target_ctx), n, self.n_embd)
+        self._h[start:need] = _rows(address, n, self.n_embd)
         self._h_tokens.extend(self.target.tokens[start:need])
 
     # -- drafting ---------------------------------------------------------------------------------------------
@@ -141,8 +135,7 @@ class MtpHead:
         n = len(context)
         if n < 1 or n + 1 > self.target.n_ctx:
             return None
-        known = _common_prefix(self._h_tokens, context[:n - 1])
-        if known < n - 1:
+        if not self._known(context[:n - 1]):
             return None
         threads = self.target.threads  # the thread controller's choice for the target holds for its head too
         if threads != self._threads:
@@ -160,6 +153,19 @@ class MtpHead:
         self.tokens = list(context[:n])
         self._draft_pos = n
         return self._logits()
+
+    def _known(self, prefix: Sequence[int]) -> bool:
+        """Whether the target's hidden state of every token of `prefix` is at hand. Rows a decode did not leave
+        (one made before the head watched the target's context, e.g. on a context that a flash attention switch
+        rebuilt) are made again: the target, which holds `prefix`, decodes that part again."""
+        known = _common_prefix(self._h_tokens, prefix)
+        target = self.target
+        holds = len(target.tokens) == len(prefix) == _common_prefix(target.tokens, prefix)
+        if known < len(prefix) and holds:
+            keep = target.restore(known)
+            target.decode(prefix[keep:], 0)
+            known = _common_prefix(self._h_tokens, prefix)
+        return known == len(prefix)
 
     def step(self, token: int) -> np.ndarray:
         """Logits for the token after `token` (the draft so far), from the head's own last hidden state."""
