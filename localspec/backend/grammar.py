@@ -4,17 +4,16 @@ Why a module: constrain.py (the constraint logic, pure numpy) needs only "which 
 state after this token"; this is that interface over llama.cpp's grammar sampler, kept here because it is
 llama_cpp code. Parse errors become `GrammarError` (exit 2 on the command line, a 400 from the server).
 
-No grammar may take the process down. llama.cpp parses groups and checks left recursion by recursing in C++, so
-a deep enough grammar overflows the stack (SIGSEGV) and a wide one runs for ever; `check_gbnf` measures both in
-Python first. A schema's bounds (`maxLength: 524288`) become llama.cpp's `{m,n}` repetitions, as llama-server's
-C++ converter writes them, instead of the Python port's nested optionals (one group per character).
+No grammar may take the process down or hold it: grammar_bounds.check_gbnf measures in Python what a grammar
+would cost llama.cpp (stack depth, memory, the ways its matcher follows) before llama.cpp sees it.
+A schema's bounds (`maxLength: 524288`) become llama.cpp's `{m,n}` repetitions, as llama-server's C++ converter
+writes them, instead of the Python port's nested optionals (one group per character).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import re
 import re._parser as sre  # type: ignore[import-not-found]  # Python's regex parser: what a pattern's parts match
 from typing import TYPE_CHECKING, Any
 
@@ -23,22 +22,17 @@ import llama_cpp.llama_grammar as port
 import numpy as np
 
 from ..crash import suspected
-from ..errors import LocalspecError
+from .grammar_bounds import MAX_DEPTH, MAX_NESTING, MAX_REPEAT, GrammarError, check_gbnf
+
+__all__ = ["Grammar", "GrammarError", "json_schema_grammar", "check_gbnf", "MAX_DEPTH", "MAX_NESTING", "MAX_REPEAT"]
 
 if TYPE_CHECKING:
     from .model import Model
 
-MAX_REPEAT = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD: a larger upper bound reads as none, a larger lower one fails
 _CHUNK = 1000  # a lower bound above MAX_REPEAT is written as (item{1000}){q} item{r,}
 # Schema keywords the converter builds a grammar from; a schema with none of them only annotates: any value
 _SHAPING = {"type", "$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties",
             "items", "prefixItems", "pattern", "format"}
-
-
-class GrammarError(LocalspecError):
-    """A GBNF grammar or JSON schema that llama.cpp cannot use."""
-
-    exit_code = 2
 
 
 def json_schema_grammar(schema: dict) -> str:
@@ -204,155 +198,3 @@ class _TokenArray:
         self.data.p[:] = 0.0
         self.c = llama_cpp.llama_token_data_array(data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p),
                                                   size=n, selected=-1, sorted=False)
-
-
-# --- How deep llama.cpp recurses on a grammar, read before llama.cpp sees it ---
-
-MAX_NESTING = 1000  # group depth: llama.cpp parses groups recursively (~0.5 KB of stack each; 20k overflowed 8 MB)
-MAX_DEPTH = 4000  # rules deep along leftmost references: llama.cpp's left-recursion check recurses on them
-MAX_PATHS = 1_000_000  # leftmost paths that check walks (it does not remember rules it has finished)
-
-_TOKEN = re.compile(r"""
-    (?P<skip>[ \t\r\n]+|\#[^\n]*)
-  | (?P<lit>"(?:\\.|[^"\\])*")
-  | (?P<cls>\[(?:\\.|[^\]\\])*\])
-  | (?P<tok>!?<[^>\s]*>)
-  | (?P<define>::=)
-  | (?P<rep>\{\s*\d*\s*(?:,\s*\d*\s*)?\})
-  | (?P<op>[()|*+?.])
-  | (?P<name>[a-zA-Z0-9_-]+)
-""", re.X | re.S)
-
-# One element of an alternate: a rule's name (None: a terminal; "": an empty literal), and its repetition lo..hi
-Item = tuple[str | None, int, int | None]
-
-
-def check_gbnf(gbnf: str) -> None:
-    """Refuse a grammar whose parsing would overflow llama.cpp's stack or whose left-recursion check would run
-    for ever: too deeply nested, too long a chain of rules that may each match nothing, or too many paths.
-    A grammar this cannot read is refused too: llama.cpp would parse what comes before the fault."""
-    rules = _read(gbnf)
-    depth: dict[str, int] = {}
-    paths: dict[str, int] = {}
-    nullable = _nullable(rules)
-    for start in rules:
-        _measure(start, rules, nullable, depth, paths)
-
-
-def _read(gbnf: str) -> dict[str, list[list[Item]]]:
-    """The rules, each a list of alternates; a group becomes a rule of its own, as llama.cpp makes it."""
-    rules: dict[str, list[list[Item]]] = {}
-    tokens: list[tuple[str, str]] = []
-    end = 0
-    for m in _TOKEN.finditer(gbnf):
-        if m.start() != end:
-            break
-        end = m.end()
-        if m.lastgroup != "skip":
-            tokens.append((m.lastgroup or "", m.group()))
-    if end != len(gbnf):
-        raise GrammarError(f"llama.cpp could not parse the grammar at character {end}: {gbnf[end:end + 20]!r}")
-    open_: list[tuple[str, list[list[Item]]]] = []  # the rule being read, then each open group
-    n_groups = 0
-    for i, (kind, text) in enumerate(tokens):
-        if kind == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "define":
-            if len(open_) > 1:
-                raise GrammarError(f"llama.cpp could not parse the grammar: a rule inside a group ({text})")
-            open_ = [(text, rules.setdefault(text, []))]
-            open_[0][1].append([])
-        elif kind == "define" or not open_:
-            continue
-        else:
-            alts = open_[-1][1]
-            if kind == "op" and text == "(":
-                if len(open_) > MAX_NESTING:
-                    raise GrammarError(f"the grammar nests groups more than {MAX_NESTING} deep")
-                n_groups += 1
-                name = f" group{n_groups}"
-                rules[name] = [[]]
-                alts[-1].append((name, 1, 1))
-                open_.append((name, rules[name]))
-            elif kind == "op" and text == ")":
-                if len(open_) < 2:
-                    raise GrammarError("llama.cpp could not parse the grammar: a ')' with no '('")
-                open_.pop()
-            elif kind == "op" and text == "|":
-                alts.append([])
-            elif kind == "rep" or (kind == "op" and text in "*+?"):
-                if not alts[-1]:
-                    raise GrammarError(f"llama.cpp could not parse the grammar: '{text}' after nothing")
-                ref, _, _ = alts[-1][-1]
-                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(text) or _bounds(text)
-                alts[-1][-1] = (ref, lo, hi)
-            elif kind == "name":
-                alts[-1].append((text, 1, 1))
-            else:  # a terminal: an empty literal matches nothing
-                alts[-1].append(("" if text == '""' else None, 1, 1))
-    return rules
-
-
-def _bounds(rep: str) -> tuple[int, int | None]:
-    parts = [p.strip() for p in rep[1:-1].split(",")]
-    lo = int(parts[0] or 0)
-    if len(parts) == 1:
-        return lo, lo
-    hi = int(parts[1]) if parts[1] else None
-    return lo, None if hi is not None and hi > MAX_REPEAT else hi  # llama.cpp reads a larger bound as none
-
-
-def _nullable(rules: dict[str, list[list[Item]]]) -> set[str]:
-    """The rules that may match the empty text (a fixpoint; unknown names match nothing)."""
-    out: set[str] = {""}
-    changed = True
-    while changed:
-        changed = False
-        for name, alts in rules.items():
-            if name not in out and any(all(r in out or lo == 0 for r, lo, _ in alt) for alt in alts):
-                out.add(name)
-                changed = True
-    return out
-
-
-def _measure(start: str, rules: dict[str, list[list[Item]]], nullable: set[str], depth: dict[str, int],
-             paths: dict[str, int]) -> None:
-    """Depth and path count of llama.cpp's left-recursion walk from `start`, without recursing here."""
-    stack, on_path = [start], {start}
-    while stack:
-        name = stack[-1]
-        left = [(r, lo, hi) for r, lo, hi in _leftmost(rules.get(name, []), nullable) if r in rules]
-        todo = next((r for r, _, _ in left if r not in depth), None)
-        if todo in on_path:
-            raise GrammarError("the grammar is left-recursive (a rule can come back to itself before matching text)")
-        if todo is not None:
-            stack.append(todo)
-            on_path.add(todo)
-            continue
-        d, p = 1, 1
-        for r, lo, hi in left:  # r{lo,hi} is lo copies of r, then a chain of hi - lo rules: S ::= r S' |
-            empty = r in nullable
-            copies = lo if empty else min(lo, 1)  # the copies llama.cpp's check reaches
-            p += copies * paths[r]
-            d = max(d, 1 + depth[r]) if copies else d
-            n = (1 if hi is None else hi - lo) if lo == 0 or empty else 0
-            if n and empty:
-                d, p = max(d, 1 + n + depth[r]), p + n * (1 + paths[r])
-            elif n:
-                d, p = max(d, 2 + depth[r]), p + 1 + paths[r]
-        if d > MAX_DEPTH or p > MAX_PATHS:
-            raise GrammarError(f"the grammar is too deep for llama.cpp: {d} rules deep along leftmost references "
-                               f"(at most {MAX_DEPTH}), {p} paths through them (at most {MAX_PATHS})")
-        depth[name], paths[name] = d, p
-        stack.pop()
-        on_path.discard(name)
-
-
-def _leftmost(alts: list[list[Item]], nullable: set[str]) -> list[Item]:
-    """The references llama.cpp's check follows: in each alternate, up to the first that must match text."""
-    out: list[Item] = []
-    for alt in alts:
-        for r, lo, hi in alt:
-            if r:
-                out.append((r, lo, hi))
-            if not (lo == 0 or r in nullable):
-                break
-    return out

@@ -170,6 +170,11 @@ class Constraint:
             self.grammar = g
         for t in new[len(start):]:
             if not g.allows(t):
+                if not g.mask().any():  # the grammar's fault, not the loop's: nothing could have come next
+                    from ..backend.grammar_bounds import GrammarError
+
+                    raise GrammarError("the grammar allows no token here and is not complete: it can never "
+                                       "be finished (a character no text holds, or a class that matches none)")
                 raise ConstraintBroken(f"token {t} at position {self._n} is not allowed by the grammar")
             g.accept(t)
         self._n = len(context)
