@@ -1,5 +1,6 @@
 """One model's runner: a normal single-model `localspec serve` in a child process that the router starts,
-health-checks, talks to over HTTP on 127.0.0.1 and stops.
+health-checks, talks to over HTTP on 127.0.0.1 and stops. The runner answers only the router: every route but
+/health needs the secret the router made for it (its API key, handed over in its environment).
 
 Why a process per model: speculation, the controller and its calibration then work per model exactly as in
 single-model mode, and a crash inside llama.cpp (a SIGSEGV in a CPU kernel) kills one model, not the router.
@@ -21,6 +22,7 @@ import collections
 import functools
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,8 +38,9 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 600.0  # a load may fetch the embedded model and calibrate; a hung one is stopped after this
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 KEEP_LINES = 50
-# the router checks the API key; its runners listen on 127.0.0.1 for the router alone, which sends no key
-ROUTER_ONLY_ENV = ("LOCALSPEC_API_KEY",)
+# the router checks the caller's API key; each runner gets a secret of its own in this variable instead (its
+# environment, which only this user's processes may read, not its command line, which every user may)
+KEY_ENV = "LOCALSPEC_API_KEY"
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGKILL}
 
 
@@ -76,8 +79,9 @@ class Runner:
                  on_line: Callable[[str], None] | None = None, start_timeout: float = START_TIMEOUT) -> None:
         self.name = name
         self.args = tuple(args)
-        inherited = {k: v for k, v in os.environ.items() if k not in ROUTER_ONLY_ENV}
-        self.env = {**inherited, **(env or {}), WATCH_ENV: "1"}
+        # the runner's key: it listens on 127.0.0.1, where any local process could otherwise use its model
+        self.secret = secrets.token_urlsafe(32)
+        self.env = {**os.environ, **(env or {}), WATCH_ENV: "1", KEY_ENV: self.secret}
         self.on_line = on_line  # each output line of the child (the router may echo them, prefixed)
         self.start_timeout = start_timeout
         self.port: int | None = None

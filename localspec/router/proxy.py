@@ -159,8 +159,11 @@ def _target(scope: dict) -> str:
     return (path + b"?" + query if query else path).decode("latin-1")
 
 
-def _request_headers(scope: dict) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _DROP_REQUEST]
+def _request_headers(scope: dict, runner: Upstream) -> list[tuple[str, str]]:
+    """The caller's headers less the hop's own and its key, and the runner's secret (router/process.py)."""
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _DROP_REQUEST]
+    secret = getattr(runner, "secret", None)
+    return headers + [("Authorization", f"Bearer {secret}")] if secret else headers
 
 
 def _response_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
@@ -173,7 +176,7 @@ async def forward(client: Client, scope: dict, receive: Callable, send: Callable
     once, when the answer has been passed on, failed or was abandoned by the caller (the pool's release)."""
     path = scope["path"]
     sent = asyncio.ensure_future(client.session.request(
-        scope["method"], runner.url + _target(scope), headers=_request_headers(scope), data=body))
+        scope["method"], runner.url + _target(scope), headers=_request_headers(scope, runner), data=body))
     hang_up = HangUp(receive, sent.cancel)
     try:
         try:
