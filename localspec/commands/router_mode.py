@@ -85,6 +85,7 @@ def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket
     from ..router.choice import RouterConfig
     from ..router.discover import discover
     from ..router.pool import Pool
+    from ..server.limits import uvicorn_config
 
     def specs() -> dict[str, Any]:
         return with_alias(discover(engine_config, presets))
@@ -106,7 +107,7 @@ def run_router(ctx: click.Context, engine_config: Any, socks: list[socket.socket
             pool.stopping()  # the runners end their answers while uvicorn's grace lets the router relay them
             super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False))
+    server = Server(uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False))
     names = ", ".join(found) or "none yet"
     log_err(f"localspec serve: {urls} (router, {len(found)} models: {names}; at most {models_max} loaded)")
     server.run(sockets=socks)

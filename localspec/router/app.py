@@ -23,6 +23,7 @@ from starlette.responses import Response
 from .. import __version__
 from ..errors import LocalspecError
 from ..server.http import ApiKeyMiddleware, CorsMiddleware, error_body
+from ..server.limits import BodyLimitMiddleware
 from . import routes
 from .choice import (
     RouterConfig,
@@ -75,7 +76,7 @@ def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),
                   description="one localspec serve process per model, behind llama.cpp/OpenAI/Ollama routes")
     api.include_router(routes.router(pool, config, client, rediscover))
     _error_handlers(api)
-    app: Any = Forwarder(api, pool, config, client)
+    app: Any = BodyLimitMiddleware(Forwarder(api, pool, config, client))
     if config.api_key:
         app = ApiKeyMiddleware(app, key=config.api_key)
     return CorsMiddleware(app, origins=config.cors_origins)  # outermost: preflight never meets the key

@@ -47,6 +47,7 @@ def serve(engine: Engine, config: ServerConfig, socks: socket.socket | Sequence[
     import uvicorn
 
     from .app import create_app
+    from .limits import uvicorn_config
 
     app = create_app(engine, config)
 
@@ -58,7 +59,7 @@ def serve(engine: Engine, config: ServerConfig, socks: socket.socket | Sequence[
             super().handle_exit(sig, frame)
 
     # no access log below info: uvicorn formats each request's line before the logger drops it
-    server = Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2,
+    server = Server(uvicorn_config(app, log_level=log_level, timeout_graceful_shutdown=2,
                                    access_log=log_level in ("trace", "debug", "info")))
     if on_ready is not None:
         on_ready()

@@ -21,6 +21,7 @@ from ..engine.engine import Engine
 from ..errors import LocalspecError, ModelNotFound
 from .execution.worker import ExceedContext
 from .http import ApiError, ApiKeyMiddleware, ClientGone, CorsMiddleware, HeldHeads, JsonBodyMiddleware, error_body
+from .limits import BodyLimitMiddleware
 from .protocols import llamacpp, ollama, openai, responses
 from .protocols.anthropic import routes as anthropic
 from .state import ServerConfig, State, StateDep
@@ -46,6 +47,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI
     app.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse, tags=["metrics"])
     _error_handlers(app)
     app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(BodyLimitMiddleware)  # inside the key: a client without it makes the server read nothing
     if config.hold_heads:
         app.add_middleware(HeldHeads)
     if config.api_key:

@@ -81,6 +81,11 @@ def chat_prompt(engine: Engine, plan: ChatPlan) -> str:
         raise ApiError(400, str(e)) from None
 
 
+# names the template renderer takes as its own arguments (engine.chat_prompt, template.render_chat): a request's
+# template variable by one of them would collide with them, not reach the template
+RENDERER_ARGS = frozenset({"messages", "template", "bos", "eos", "now"})
+
+
 def openai_plan(engine: Engine, req: OAIChatRequest, default_reasoning: str) -> ChatPlan:
     """An OpenAI chat request's plan: its tools (or the legacy functions), `chat_template_kwargs`,
     `reasoning_format`, and the prefill rules above."""
@@ -88,6 +93,10 @@ def openai_plan(engine: Engine, req: OAIChatRequest, default_reasoning: str) -> 
     if is_legacy(req):
         (tools, choice), parallel = legacy_tools(req.functions, req.function_call), False
     kwargs = req.chat_template_kwargs or {}
+    taken = sorted(kwargs.keys() & RENDERER_ARGS)
+    if taken:
+        raise ApiError(400, f"chat_template_kwargs may not set {taken[0]!r}: the server passes it to the template "
+                            "renderer itself (the messages are the request's own)")
     if not isinstance(kwargs.get("enable_thinking", False), bool):
         raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got '
                             f'{type(kwargs["enable_thinking"]).__name__})')
