@@ -47,6 +47,7 @@ _HEX_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F
 # One element of an alternate: a rule's name (None: a terminal; "": an empty literal), and its repetition lo..hi
 Item = tuple[str | None, int, int | None]
 Rules = dict[str, list[list[Item]]]
+Ref = tuple[str, int, int | None]  # a reference to a defined rule, repeated lo..hi times
 
 
 def check_gbnf(gbnf: str) -> None:
@@ -222,12 +223,12 @@ def _measure(start: str, rules: Rules, nullable: set[str], depth: dict[str, int]
     where a rule starts, without recursing here."""
     if start in depth:
         return
-    lefts: dict[str, list[Item]] = {}
+    lefts: dict[str, list[Ref]] = {}
     stack, on_path = [start], {start}
     while stack:
         name = stack[-1]
         if name not in lefts:
-            lefts[name] = [(r, lo, hi) for r, lo, hi in _leftmost(rules.get(name, []), nullable) if r in rules]
+            lefts[name] = _left_refs(name, rules, nullable)
         left = lefts[name]
         while left and left[-1][0] in depth:  # measured: drop from the end, so each is looked at once
             left.pop()
@@ -238,7 +239,7 @@ def _measure(start: str, rules: Rules, nullable: set[str], depth: dict[str, int]
             stack.append(todo)
             on_path.add(todo)
             continue
-        left = [(r, lo, hi) for r, lo, hi in _leftmost(rules.get(name, []), nullable) if r in rules]
+        left = _left_refs(name, rules, nullable)
         d, p = 1, 1
         for r, lo, hi in left:  # r{lo,hi} is lo copies of r, then a chain of hi - lo rules: S ::= r S' |
             empty = r in nullable
@@ -288,6 +289,10 @@ def _refuse_wide(name: str, n: int) -> None:
         raise GrammarError(f"the grammar is too wide for llama.cpp: {where} may go on in more than {MAX_STACKS} "
                            "ways without matching text (alternatives, or parts that may match nothing, in a row), "
                            "and llama.cpp follows each for every token")
+
+
+def _left_refs(name: str, rules: Rules, nullable: set[str]) -> list[Ref]:
+    return [(r, lo, hi) for r, lo, hi in _leftmost(rules.get(name, []), nullable) if r is not None and r in rules]
 
 
 def _leftmost(alts: list[list[Item]], nullable: set[str]) -> list[Item]:

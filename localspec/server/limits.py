@@ -97,7 +97,7 @@ def timed_protocol(base: type) -> type:
     end. Works on uvicorn's h11 and httptools protocols alike, through what both keep: `cycle` (the request
     under way), `on_response_complete`, `transport` and `loop`."""
 
-    class Timed(base):  # type: ignore[misc, valid-type]
+    class Timed(base):
         head_timeout = HEAD_TIMEOUT_S
 
         def connection_made(self, transport: Any) -> None:
