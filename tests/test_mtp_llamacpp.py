@@ -36,16 +36,18 @@ def llama_cpp_rounds(path: Path, k: int) -> list[tuple[tuple[int, ...], int]]:
     cmd = [BINARY, "-m", str(path), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k),
            "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-p", PROMPT, "-n", str(N_PREDICT), "--temp", "0",
            "-c", "512", "-t", "1", "-v"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run(cmd, capture_output=True, timeout=300)
+    log = out.stderr.decode("utf-8", "replace")  # token pieces can be parts of a UTF-8 character
+    assert out.returncode == 0, log[-2000:]
     rounds: list[tuple[tuple[int, ...], int]] = []
     draft: list[int] = []
-    for line in out.stderr.splitlines():
+    for line in log.splitlines():
         if m := _CANDIDATE.search(line):
             draft.append(int(m.group(2)))
-        elif m := _ACCEPTED.search(line):
-            assert int(m.group(2)) == len(draft), line
-            rounds.append((tuple(draft), int(m.group(1))))
+        elif m := _ACCEPTED.search(line):  # a draft cut to what is left to generate logs its cut tokens too
+            n = int(m.group(2))
+            assert n <= len(draft), line
+            rounds.append((tuple(draft[:n]), int(m.group(1))))
             draft = []
     return rounds
 

@@ -144,12 +144,14 @@ class MtpHead:
         keep = min(_common_prefix(self.tokens, context[:n - 1]), self._stale)
         self._cut(keep)
         self._stale = 1 << 62
-        pairs = [(context[p], p) for p in range(keep, n)]
+        # the pairs the head lacks, then the last token's pair alone: llama.cpp copies a head's hidden states from
+        # the first rows of its batch (its graph does not pick the output rows first), so the row whose hidden
+        # state the next draft step reads must be a batch of its own, as in llama.cpp's draft-mtp driver
         step = self.target.options.n_batch
-        for at in range(0, len(pairs), step):
-            chunk = pairs[at:at + step]
-            self._decode([t for t, _ in chunk], [self._h_at(p - 1) for _, p in chunk], chunk[0][1],
-                         out=at + step >= len(pairs))
+        for at in range(keep, n - 1, step):
+            end = min(at + step, n - 1)
+            self._decode(context[at:end], [self._h_at(p - 1) for p in range(at, end)], at, out=False)
+        self._decode(context[n - 1:n], [self._h_at(n - 2)], n - 1, out=True)
         self.tokens = list(context[:n])
         self._draft_pos = n
         return self._logits()
