@@ -1,5 +1,5 @@
 """llama-server's routes: `/infill` (what llama.vim and llama.vscode call), `/completion`, `/health`, `/props`,
-`/tokenize`, `/detokenize`, `/apply-template`.
+`/slots`, `/tokenize`, `/detokenize`, `/apply-template`.
 
 Responses use llama-server's field names (`content`, `stop`, `tokens_cached`, `timings{...}`) so editor plugins
 read them unchanged; `timings` also carries `draft_n`/`draft_n_accepted`, and `speculative` says whether
@@ -34,6 +34,7 @@ def router(state: State) -> APIRouter:
     r.add_api_route("/health", health, methods=["GET"])
     r.add_api_route("/v1/health", health, methods=["GET"], include_in_schema=False)
     r.add_api_route("/props", props, methods=["GET"])
+    r.add_api_route("/slots", slots, methods=["GET"])
     r.add_api_route("/completion", completion, methods=["POST"])
     r.add_api_route("/completions", completion, methods=["POST"], include_in_schema=False)
     r.add_api_route("/infill", infill, methods=["POST"])
@@ -58,13 +59,32 @@ async def props(state: StateDep) -> dict[str, Any]:
     return {"default_generation_settings": default_settings(state), "total_slots": 1,
             "model_alias": state.model_name, "model_path": str(t.path),
             "modalities": {"vision": False, "audio": False},
-            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True, "webui": False,
+            "endpoint_slots": state.config.slots, "endpoint_props": False, "endpoint_metrics": True, "webui": False,
             "chat_template": e.chat_template or "",
             "bos_token": t.token_text(t.bos) if t.bos >= 0 else "",
             "eos_token": t.token_text(t.eos) if t.eos >= 0 else "",
             "build_info": llama_build(), "localspec_version": __version__, "is_sleeping": False,
             "model": state.model_name, "n_ctx": state.n_ctx, "drafter": e.drafter_name, "k": spec_policy(e)[0],
             "fim": has_fim(e.metadata), "spec_max_queue": state.config.spec_max_queue, "devices": devices_in_use(e)}
+
+
+async def slots(request: Request, state: StateDep) -> list[dict[str, Any]]:
+    """llama-server's /slots: one slot, the one generation worker, busy while a job runs (its task id, prompt
+    and tokens so far, as llama-server's `next_token`). `--no-slots` turns it off (501, as there);
+    `?fail_on_no_slot=1` is a 503 while the worker is busy."""
+    if not state.config.slots:
+        raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                       "not_supported_error")
+    job = state.worker.current
+    if job is not None and request.query_params.get("fail_on_no_slot"):
+        raise ApiError(503, "no slot available", "unavailable_error")
+    slot: dict[str, Any] = {"id": 0, "n_ctx": state.n_ctx, "speculative": state.engine.drafter is not None,
+                            "is_processing": job is not None}
+    if job is not None:
+        slot.update(id_task=job.id, n_prompt_tokens=job.n_prompt_tokens,
+                    next_token=[{"has_next_token": True, "has_new_line": False,
+                                 "n_remain": job.max_tokens - job.n_decoded, "n_decoded": job.n_decoded}])
+    return [slot]
 
 
 async def completion(req: CompletionRequest, request: Request, state: StateDep) -> Response:

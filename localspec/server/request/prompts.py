@@ -1,14 +1,15 @@
 """llama-server's prompt forms, on `/completion`, `/infill`'s `prompt`, `/v1/completions` and `/tokenize`.
 
-A prompt is text, a list of token ids, or a mixed list of text and ids (one prompt: the pieces are joined,
-the first text piece gets BOS as the GGUF asks); a list of those is several prompts, each answered in turn
+A prompt is text (or llama-server's `{"prompt_string": text}`), a list of token ids, or a mixed list of text and
+ids (one prompt: the pieces are joined, the first text piece gets BOS as the GGUF asks); a list of those is several
+prompts, each answered in turn
 (`index` says which). The rule that tells "one mixed prompt" from "several prompts" is llama-server's
 (`tokenize_input_prompts`): a flat list holding ids is one prompt; any other list is a list of prompts.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from ...engine.engine import Engine
 from ..execution.worker import Build, Prompt
@@ -19,11 +20,24 @@ Piece = int | str
 One = str | list[Piece]  # one prompt: text, or token ids and text pieces
 
 
-def split_prompts(prompt: str | Sequence[Piece | Sequence[Piece]]) -> list[One]:
+def prompt_string(obj: Mapping[str, Any]) -> str:
+    """llama-server's object prompt, `{"prompt_string": ..., "multimodal_data": [...]}`: its text (a text model
+    takes no multimodal data: a 400, where llama-server refuses it too)."""
+    text = obj.get("prompt_string")
+    if not isinstance(text, str):
+        raise ApiError(400, "an object prompt needs a `prompt_string` text")
+    if obj.get("multimodal_data"):
+        raise ApiError(400, "multimodal_data is not supported: a text model")
+    return text
+
+
+def split_prompts(prompt: str | Mapping[str, Any] | Sequence[Any]) -> list[One]:
     """The request's prompts, in order (400 for an empty list or a list mixing prompts and ids)."""
     if isinstance(prompt, str):
         return [prompt]
-    items = list(prompt)
+    if isinstance(prompt, Mapping):
+        return [prompt_string(prompt)]
+    items = [prompt_string(p) if isinstance(p, Mapping) else p for p in prompt]
     if not items:
         raise ApiError(400, "prompt is an empty list: send text, token ids, or a list of prompts")
     flat: list[Piece] = [p for p in items if isinstance(p, (int, str))]
@@ -44,7 +58,7 @@ def split_prompts(prompt: str | Sequence[Piece | Sequence[Piece]]) -> list[One]:
     return out
 
 
-def checked_prompts(prompt: str | Sequence[Piece | Sequence[Piece]], n_vocab: int) -> list[One]:
+def checked_prompts(prompt: str | Mapping[str, Any] | Sequence[Any], n_vocab: int) -> list[One]:
     """`split_prompts`, each token id checked against the vocabulary (`/completion`, `/v1/completions`)."""
     prompts = split_prompts(prompt)
     for p in prompts:

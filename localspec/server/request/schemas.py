@@ -25,7 +25,7 @@ class _Body(BaseModel):
 Stop = str | list[str] | None
 # llama-server's prompt forms: text, token ids, a mixed list of both (one prompt), or a list of those (several)
 Piece = int | str
-Prompt = str | list[Piece | list[Piece]]
+Prompt = str | dict[str, Any] | list[Piece | list[Piece] | dict[str, Any]]  # a dict: {"prompt_string": ...}
 
 
 LogitBias = dict[str, float | bool] | list[list[Any]] | None
