@@ -86,3 +86,11 @@ def test_half_sent_heads_do_not_hold_the_routers_descriptors(router):
     time.sleep(0.5)
     assert _fds(pid) <= before + 2
     assert httpx.get(router.url + "/health", timeout=60).status_code == 200
+
+
+@pytest.mark.slow
+def test_deeply_nested_json_is_a_400_from_the_router(router):
+    """The router reads each body's `model`: 100,000 nested brackets were a RecursionError there, a 500."""
+    body = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = httpx.post(router.url + "/completion", content=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]

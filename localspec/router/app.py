@@ -48,6 +48,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
         value = json.loads(body)
     except ValueError as e:
         raise ValueError(f"malformed JSON body: {e}") from None
+    except RecursionError:  # 100,000 nested brackets: Python's parser gives up, as the runner's would
+        raise ValueError("malformed JSON body: nested too deeply") from None
     return value if isinstance(value, dict) else {}
 
 
