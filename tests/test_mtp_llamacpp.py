@@ -92,7 +92,7 @@ def fixture_path(request: pytest.FixtureRequest, smollm2_path: Path) -> Path:
     return out if out.exists() else write_qwen35_echo(smollm2_path, out, noise=1.0)
 
 
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, 3, 4])
 def test_drafts_and_acceptance_match_llama_cpp(fixture_path: Path, k: int):
     theirs, ours = llama_cpp_rounds(fixture_path, k), localspec_rounds(fixture_path, k)
     n = min(len(theirs), len(ours)) - 1  # the last round may be cut by what is left to generate, differently
