@@ -35,19 +35,30 @@ def self_draft(smollm2_twin):
 
 
 @pytest.fixture(scope="module")
-def cal(target, self_draft):
-    """A whole calibration. Its budget is one no load can use up: with 60 s, a suite run beside other work once
-    spent it before the prompt and flash-attention stages, which were then dropped (`complete` False). These
-    tests check what a whole calibration leaves; test_costs.py checks the budget."""
-    return measure_calibration(target, k_max=6, draft_model=self_draft, budget_s=3600.0)
+def calibrated(target, self_draft):
+    """A whole calibration from empty caches, and the tokens it left in each: the module's models are shared,
+    and in reverse order the other tests use them first. Its budget is one no load can use up: with 60 s, a
+    suite run beside other work once spent it before the prompt and flash-attention stages, which were then
+    dropped (`complete` False). These tests check what a whole calibration leaves; test_costs.py checks the
+    budget."""
+    target.rewind(0)
+    self_draft.rewind(0)
+    cal = measure_calibration(target, k_max=6, draft_model=self_draft, budget_s=3600.0)
+    return cal, (list(target.tokens), list(self_draft.tokens))
+
+
+@pytest.fixture(scope="module")
+def cal(calibrated):
+    return calibrated[0]
 
 
 def chat(engine: Engine, text: str) -> list[int]:
     return engine.tokenize(engine.chat_prompt([{"role": "user", "content": text}]))
 
 
-def test_calibration_leaves_caches_untouched(target, self_draft, cal):
-    assert target.tokens == [] and self_draft.tokens == []
+def test_calibration_leaves_caches_untouched(calibrated):
+    cal, (target_tokens, draft_tokens) = calibrated
+    assert target_tokens == [] and draft_tokens == []
     # v(γ) is not monotone by design (costs.at_least_one: a batch that fills the kernels' tiles may cost less
     # than one row fewer), so only its shape is asserted: v(0) = 1, one entry per γ, none cheaper than a row.
     assert cal.v[0] == 1.0 and len(cal.v) == 7 and min(cal.v) >= 1.0
