@@ -10,12 +10,12 @@ catch a stream waiting for its prefill, not speed limits.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any, Iterator
 
 import httpx
 import pytest
+from inprocess import load, serving
 
 from localspec.server.execution import run as run_module
 
@@ -29,14 +29,7 @@ FIRST_BYTE_S = 1.0  # the issue's deadline for the head and the opening event
 
 @pytest.fixture(scope="module")
 def url(smollm2_path) -> Iterator[str]:
-    import uvicorn
-
-    from localspec.backend.loading import LoadOptions
-    from localspec.engine.loader import EngineConfig, load_engine
-    from localspec.server import ServerConfig, bind, create_app
-
-    engine = load_engine(EngineConfig(model=str(smollm2_path), n_ctx=2048, threads=2,
-                                      load=LoadOptions(n_batch=N_BATCH)), log=lambda *a: None)
+    engine = load(smollm2_path, n_batch=N_BATCH)
     decode = engine.target.decode
 
     def slow(tokens, logits_rows=1):
@@ -44,18 +37,9 @@ def url(smollm2_path) -> Iterator[str]:
             time.sleep(SLOW_S)
         return decode(tokens, logits_rows)
 
-    engine.target.decode = slow  # type: ignore[method-assign]
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig()), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(30)
+    engine.target.decode = slow
+    with serving(engine) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
