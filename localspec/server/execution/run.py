@@ -168,7 +168,9 @@ class Choices:
         self._first: Run | None = None
 
     async def _start(self, choice: Choice) -> Run:
-        run = Run(self.state, self.job(choice), self.request)
+        # in a thread: making a job builds its grammar (a schema's conversion, the bounds check, llama.cpp's
+        # parse), seconds for a large one, which would hold every other request's event loop
+        run = Run(self.state, await asyncio.to_thread(self.job, choice), self.request)
         await run.start()
         return run
 
