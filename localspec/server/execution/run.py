@@ -100,30 +100,36 @@ class Run:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """The answer's chunks (an answer sent whole, or a stream that needs no keep-alive)."""
-        async for ev in self._events(None):
+        async for ev in self._events(None, False):
             if isinstance(ev, Chunk):
                 yield ev
 
-    def events(self) -> AsyncIterator[Chunk | Progress | None]:
-        """The chunks, with the prefill's Progress events before them, and None after each KEEPALIVE_S seconds
-        with neither: a stream sends its protocol's keep-alive for it, so a client's idle watchdog does not give
-        up on a long prompt."""
-        return self._events(KEEPALIVE_S)
+    def events(self, progress: bool = False) -> AsyncIterator[Chunk | Progress | None]:
+        """The chunks, and before the first one None whenever KEEPALIVE_S seconds passed without a yield: a stream
+        sends its protocol's keep-alive for it, so a client's idle watchdog does not give up on a long prompt.
+        `progress`: the prefill's Progress events too (llama-server's `return_progress`), the last one the whole
+        prompt."""
+        return self._events(KEEPALIVE_S, progress)
 
-    async def _events(self, every: float | None) -> AsyncIterator[Chunk | Progress | None]:
+    async def _events(self, every: float | None, progress: bool) -> AsyncIterator[Chunk | Progress | None]:
+        loop = asyncio.get_running_loop()
         shown: Progress | None = None
+        said = loop.time()  # when this stream last yielded
         try:
             while True:
+                wait = None if every is None or self.last is not None else max(0.0, said + every - loop.time())
                 try:
-                    ev = await self._event(every)
+                    ev = await self._event(wait)
                 except asyncio.TimeoutError:
+                    said = loop.time()
                     yield None
                     continue
                 if ev is None:
                     return
                 if isinstance(ev, Progress):
-                    shown = ev
-                    yield ev
+                    if progress:
+                        shown, said = ev, loop.time()
+                        yield ev
                     continue
                 assert isinstance(ev, Chunk)
                 if shown is not None and shown.processed < shown.total:  # the last tokens went with the first round

@@ -88,7 +88,7 @@ class Completion:
         req, stop_type = self.req, "none"
         n_eval = run.started.n_prompt_tokens if run.started else 0
         rules = self.rules[choice.index]
-        async for ch in run.events():
+        async for ch in run.events(bool(req.return_progress)):
             if not isinstance(ch, Chunk):  # the prompt is still being read
                 yield self.waiting(choice, n_eval, ch)
                 continue

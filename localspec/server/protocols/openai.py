@@ -213,7 +213,7 @@ class OpenAIAnswer:
             yield sse_data(head)
         offset = 0
         answer = AnswerStream(self.reading) if self.chat else None
-        async for ch in run.events():
+        async for ch in run.events(bool(req.return_progress)):
             if not isinstance(ch, Chunk):  # the prompt is still being read
                 yield self.waiting(head, ch)
                 continue

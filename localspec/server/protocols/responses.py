@@ -373,7 +373,7 @@ async def events(state: State, req: ResponsesRequest, run: Run, ids: Ids, readin
     yield ev("response.in_progress", response=begun)
     items, answer = Items(ev, ids), AnswerStream(reading)
     try:
-        async for ch in run.events():
+        async for ch in run.events(req.return_progress):
             if not isinstance(ch, Chunk):  # the prompt is still being read
                 yield _waiting(req, ev, begun, ch)
                 continue

@@ -1,5 +1,5 @@
 """The streamed answer of `/v1/messages`, in Anthropic's event order: `message_start` and `ping` as soon as the
-prompt is known to fit (a `ping` again after each prefill batch, and every 10 s without a byte), then per content
+prompt is known to fit (a `ping` again every 10 s without a byte while the prompt is read), then per content
 block `content_block_start` / `content_block_delta` (`thinking_delta`, `text_delta`, or `input_json_delta` for
 a tool call's arguments) / `content_block_stop` with its index, then `message_delta` (stop_reason,
 stop_sequence, usage) and `message_stop`. Every event is sent as `event: NAME` + `data: {...}`: the `anthropic`
