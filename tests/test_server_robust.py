@@ -90,7 +90,7 @@ def test_two_concurrent_streaming_clients(http, server):
 async def test_speculation_off_when_the_queue_is_long(smollm2_path):
     """Three jobs queued before the worker starts, --spec-max-queue 1: the first starts with two waiting."""
     from localspec.engine.loader import EngineConfig, load_engine
-    from localspec.server.execution.worker import Done, Job, Progress, Started, Worker
+    from localspec.server.execution.worker import Done, Job, Started, Worker
 
     engine = load_engine(EngineConfig(n_ctx=256), log=lambda *a: None)
     worker = Worker(engine, spec_max_queue=1)
