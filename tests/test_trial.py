@@ -186,3 +186,26 @@ def test_a_prediction_uses_the_pairs_kept_acceptance(smollm2_path, tmp_path, mon
     after = predict(smollm2_path, smollm2_path, costs=costs)
     assert after.alpha_rounds == 40 and "measured over 40 rounds" in after.basis()
     assert after.alpha > 0.9 and after.speedup > before.speedup and after.k > before.k
+
+
+def test_a_drafting_session_measures_a_plain_step_now_and_then():
+    """Every cost is a ratio to t1, the plain step, which only a plain round measures: while a drafter with a cost
+    drafts every round, the controller takes a plain round at a request's start and at least every T1_REFRESH
+    rounds, and that round replaces a stale t1 (a calibration's, at another depth)."""
+    from localspec.tuning.controller import T1_REFRESH
+
+    ctl = Adaptive(sources=("model",), v=F32_V, t1=0.040, c={"model": 0.5})
+    ks = []
+    for i in range(3 * T1_REFRESH):
+        k = ctl.choose_k()
+        ks.append(k)
+        t_verify = (v_at(F32_V, k) if k else 1.0) * 0.050  # the real step is 50 ms, not the calibrated 40
+        ctl.observe(Step(tuple(range(k + 1)), k, k, k * 0.5 * 0.05, t_verify, "model" if k else "",
+                         n_prompt=10 if i == 0 else 0))
+        if i == 0:
+            assert ctl.t1 == pytest.approx(0.050)  # the request's first, plain round replaced the calibrated 40 ms
+    plain = [i for i, k in enumerate(ks) if k == 0]
+    assert plain[0] == 0 and all(b - a <= T1_REFRESH + 1 for a, b in zip(plain, plain[1:]))
+    assert len(plain) <= 1 + 3  # and no more often than that
+    assert ctl.src["model"].c == pytest.approx(0.5, abs=0.05)  # costs as ratios to the real step
+

@@ -190,7 +190,9 @@ class ModelDrafter:
     name: str = "model"
     sources: tuple[str, ...] = ("model",)
     cost: Mapping[str, float | None] = {"model": None}  # measured at load (calibration) and refined online
-    prior: Mapping[str, tuple[float, ...]] = {}  # a model pair's acceptance is anyone's guess: learnt online
+    # a model pair's acceptance is learnt online; the prior says only that a draft token whose predecessors were
+    # accepted is likelier to be (Gemma-3-270M F32's Q4_0 copy: 79 % of first positions, 93 % of the later ones)
+    prior: Mapping[str, tuple[float, ...]] = {"model": (0.7, 0.85)}
 
     DRAWS = ("coupled", "greedy", "independent")
 

@@ -15,12 +15,16 @@ on while the model drafter is off; each source's cost c starts from what its dra
 from the prior its drafter declares (`Drafter.prior`), else from `alpha_prior`.
 
 A source switches off when its best rate falls below `off_below` and back on above `on_above` (hysteresis).
-Acceptance belongs to the text, so a request's first round weighs every source's counts half (`_new_request`):
+Acceptance belongs to the text, so a request's first round weighs every free source's counts half (`_new_request`):
 a session's estimate from one request's answers leans less on the next request's.
 A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: until its rounds pin its
 acceptance down, it is on trial (`_trial_over`): it drafts at the γ its estimate prefers, and the trial ends as
 soon as the decision is the same at both ends of the acceptance's credible band (±`TRIAL_Z` standard deviations
-of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave.
+of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave. Its
+draft length grows with the evidence (at most one position past the deepest one observed), so an early failed
+round costs little; once on, such a drafter switches off only when its rate at the acceptance's upper band
+(`KEEP_Z`) no longer beats plain decoding, and a new request does not halve its counts (its acceptance belongs
+to the pair more than to one text).
 Only a drafter that could not pay even if every draft were accepted skips the trial. What the rounds measured is
 kept per pair of files (acceptance.py), so the next run starts from it. The measurements:
 docs/bench/adaptive.md#measured-before-judged.
@@ -87,6 +91,8 @@ PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source t
 TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
 # a trial stops after costing this many target steps beyond what it gave: 2 % of a 128-token answer's plain time
 TRIAL_BUDGET = 0.02 * 128
+T1_REFRESH = 32  # a plain round at least this often while a drafter with a cost drafts (and at a request's start)
+KEEP_Z = 1.0  # a drafter with a cost that is on switches off once its rate at α + KEEP_Z sd falls below off_below
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
 _C_FREE = 0.05  # a drafter this cheap (lookup) costs a probe nothing but its verify
 
@@ -121,6 +127,7 @@ class Adaptive:
         # moment, so a busier machine does not skew the ratio), v_scale what every round says of the whole
         # curve (`_learn_v`)
         self.t1 = t1 or 1e-3
+        self._since_plain = T1_REFRESH  # drafted rounds since the last timed plain one (t1 is stale at the start)
         self.t1_weight = 0.3
         self.explore_every = explore_every
         self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
@@ -140,22 +147,38 @@ class Adaptive:
     # -- the Controller protocol --
 
     def choose_k(self) -> int:
-        self._round_k = {s: self._next_k(e) for s, e in self.src.items()}
+        if self._t1_due():  # a plain round now: only plain rounds measure t1, against which every cost is a ratio
+            self._round_k = dict.fromkeys(self.src, 0)
+        else:
+            self._round_k = {s: self._next_k(e) for s, e in self.src.items()}
         k = max(self._round_k.values(), default=0)
         self.k_hist[k] += 1
         return k
 
+    def _t1_due(self) -> bool:
+        """Whether t1 is stale while a drafter with a cost drafts every round: t1 is the calibration's (another
+        depth, another moment) or T1_REFRESH drafted rounds old. A stale t1 makes every cost a ratio to the wrong
+        step: Gemma-3-270M F32's plain step was 55 ms at a request's depth against 44 ms calibrated, so its
+        drafter seemed to cost 0.55 of a step and a verify of 2 rows 1.5, and a drafter that pays 1.2× seemed
+        to lose."""
+        return (self.learn_costs and self._since_plain >= T1_REFRESH
+                and any(e.on and e.c >= _C_FREE for e in self.src.values()))
+
     def observe(self, step: "Step") -> None:
-        if step.n_prompt:  # a request's first round: its content is new
+        if step.n_prompt:  # a request's first round: its content is new, and its depth another
             self._new_request()
+            self._since_plain = T1_REFRESH
         d = step.drafted
         if not self.learn_costs or step.t_verify <= 0:  # no verify timing: the pass also evaluated the prompt's tail
             if d:
                 self._learn_alpha(step)
             return
         if d == 0:
-            self.t1 = (1 - self.t1_weight) * self.t1 + self.t1_weight * step.t_verify
+            w = 1.0 if self._since_plain >= T1_REFRESH else self.t1_weight  # a stale t1 is replaced, not averaged
+            self.t1 = (1 - w) * self.t1 + w * step.t_verify
+            self._since_plain = 0
             return
+        self._since_plain += 1
         moved = self._learn_v(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         c_obs = (step.t_draft / d) / self.t1
@@ -172,9 +195,12 @@ class Adaptive:
         SmolLM2-135M turned verbatim copies off on JSON answers, then drafted 9-42 tokens of rewrites whose answers
         copy 90 % of their tokens (docs/bench/adaptive.md#off-across-requests). So at a request's start every
         source's counts weigh `REQUEST_FADE` of what they did, nearer its prior, and each source is decided
-        again; its own rounds in the new text then speak for it."""
+        again; its own rounds in the new text then speak for it. A drafter with a cost (a model) is left as it is:
+        its acceptance belongs to the pair more than to one text, and halving its counts at every request would
+        bring a drafter that is off back to its prior, which alone keeps it off (docs/bench/adaptive.md
+        #measured-before-judged)."""
         for name, est in self.src.items():
-            if est.rounds:
+            if est.rounds and est.c < _C_FREE:
                 est.fade(self.REQUEST_FADE)
                 self._decide(name)
 
@@ -305,10 +331,14 @@ class Adaptive:
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
         if est.trial and not self._trial_over(est):
+            # γ grows with the evidence: at most one position past the deepest one observed, so a failed early draft
+            # costs little
+            est.k = min(k, next((i for i, n in enumerate(est.n) if n < 0.5), len(est.n)) + 1)
             est.on, est.reason, est.hopeless = True, None, False
             return
         threshold = self.on_above if not est.on else self.off_below
-        if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below):
+        if rate >= threshold or (est.on and est.rounds < self.warmup and rate >= 0.5 * self.off_below) \
+                or (est.on and est.c >= _C_FREE and self._may_pay(est, KEEP_Z)):
             if not est.on:
                 est.probe_every = self.probe_every
             est.on, est.reason = True, None
@@ -320,6 +350,13 @@ class Adaptive:
                                     full=best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1])
             est.hopeless = (best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1] < self.off_below
                             or (est.rounds == 0 and not self._probe_could_turn_on(est)))
+
+    def _may_pay(self, est: SourceEstimate, z: float) -> bool:
+        """Whether the best rate at acceptance z standard deviations above its estimate still beats plain decoding:
+        a drafter with a cost that is on stays on until its rounds show, not merely suggest, that it loses (its
+        estimate rests on about 20 decayed rounds, and a noisy dip would switch off a drafter that pays)."""
+        return best_k(est.alphas_band(self.k_max, z), est.c, self.v, self.k_min, self.k_max,
+                      self.gammas)[1] >= self.off_below
 
     def _trial_over(self, est: SourceEstimate) -> bool:
         """Whether a source on trial is known well enough to judge; when it is, leave `est.on` as the trial
