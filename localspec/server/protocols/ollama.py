@@ -11,6 +11,7 @@ blocks, as Ollama lists them: clients that check it (the `ollama` library's user
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -185,7 +186,9 @@ async def _answer(state: State, options: OllamaOptions | None, stream: bool, req
     o = options or OllamaOptions.model_validate({})
     t0 = time.perf_counter()
     tools = talk.reading.plan
-    extra = request_extras(state.engine, ollama_format=fmt, tool_grammar=tools.grammar if tools else None)
+    # in a thread: building the grammar takes seconds for a large one (execution/run.py, Choices._start)
+    extra = await asyncio.to_thread(request_extras, state.engine, ollama_format=fmt,
+                                    tool_grammar=tools.grammar if tools else None)
     job = Job(build, params=sampling(o.temperature, o.top_k, o.top_p, o.min_p, o.seed, defaults=DEFAULTS,
                                      penalties=o, **extra),
               max_tokens=state.budget(o.num_predict, "num_predict"), stop=stops(o.stop),

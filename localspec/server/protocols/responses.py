@@ -20,6 +20,7 @@ options work as on its chat route: `return_progress` adds `response.in_progress`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -412,7 +413,8 @@ def router(state: State) -> APIRouter:
 async def responses(req: ResponsesRequest, request: Request, state: StateDep) -> Response:
     state.metrics.request("/v1/responses")
     chat, prompt = setup(state, req)
-    run = Run(state, job(state, req, chat, prompt), request)
+    # in a thread: the job builds the request's grammar, seconds for a large one (execution/run.py, Choices._start)
+    run = Run(state, await asyncio.to_thread(job, state, req, chat, prompt), request)
     await run.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
     ids, reading = Ids(), chat.reading(prompt)
     if req.stream:

@@ -11,6 +11,7 @@ it by path).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +109,8 @@ def router(state: State) -> APIRouter:
 async def messages(req: MessagesRequest, request: Request, state: StateDep) -> Response:
     state.metrics.request("/v1/messages")
     prep = prepare(state, req)
-    run = Run(state, job(state, req, prep), request)
+    # in a thread: the job builds the request's grammar, seconds for a large one (execution/run.py, Choices._start)
+    run = Run(state, await asyncio.to_thread(job, state, req, prep), request)
     await run.start()  # a client gone before the start is a 499 (app.py); a prompt too long a 400
     ident = "msg_" + uuid.uuid4().hex[:24]
     if req.stream:
