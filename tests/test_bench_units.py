@@ -13,7 +13,7 @@ from localspec.bench.report import Report, text_table
 from localspec.bench.runner import PLAIN, Plan, Run, TargetResult
 from localspec.bench.summary import ALL, rows_for, verdict, winners
 from localspec.bench.tasks import TASKS, BenchInputError, builtin_prompts, parse_jsonl, select
-from localspec.bench.theory import best_gamma, expected_tokens, predicted_speedup
+from localspec.bench.theory import best_gamma, conditional_alpha, expected_tokens, predicted_speedup
 from localspec.bench.versus import auto_vs_fixed
 from localspec.tuning.costs import Costs
 
@@ -24,6 +24,12 @@ def test_expected_tokens_known_values():
     assert expected_tokens(0.0, 5) == 1.0  # nothing accepted: the target's own token only
     assert expected_tokens(1.0, 5) == 6.0  # everything accepted + the bonus token
     assert expected_tokens(0.5, 0) == 1.0  # γ = 0 is plain decoding
+
+
+def test_conditional_alpha_gives_back_the_measured_length():
+    for alpha, gamma in ((0.5, 2), (0.93, 4), (0.99, 8)):
+        assert conditional_alpha(expected_tokens(alpha, gamma), gamma) == pytest.approx(alpha, abs=1e-6)
+    assert conditional_alpha(1.0, 4) == 0.0
 
 
 def test_predicted_speedup_known_values():
@@ -102,7 +108,9 @@ def test_rows_measured_and_predicted_speedup():
     edit = rows[("lookup k=2", "edit")]
     assert edit.acceptance_rate == pytest.approx(0.75)
     assert edit.mean_acceptance_length == pytest.approx(1 + 60 / 40)
-    assert edit.predicted_speedup == pytest.approx(predicted_speedup(0.75, 2, 0.01, 1.4))
+    # the rounds' own 2.5 tokens a round, not E(0.75, 2) = 2.31: acceptance may come in runs
+    assert edit.predicted_speedup == pytest.approx(2.5 / (2 * 0.01 + 1.4))
+    assert edit.predicted_best_k == best_gamma(conditional_alpha(2.5, 2), 0.01, {1: 1.2, 2: 1.4})[0]
     best = {b.task: b for b in winners(list(rows.values()))}
     assert best["edit"].config == "lookup k=2"
     text = verdict(list(rows.values()))

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 from .runner import PLAIN, Run, TargetResult
-from .theory import best_gamma, predicted_speedup
+from .theory import best_gamma, conditional_alpha, measured_speedup
 
 ALL = "all"
 WIN, LOSS = 1.05, 0.95  # a configuration "wins" / "loses" beyond ±5 % (timing noise on a shared machine)
@@ -105,8 +105,12 @@ def rows_for(result: TargetResult) -> list[Row]:
         speedup, e2e = ratio("tokens_per_second"), ratio("e2e_tokens_per_second")
         c = result.costs.c.get(drafter) if drafter != PLAIN else None
         v = v_all.get(k) if isinstance(k, int) else None
-        pred = predicted_speedup(p["acceptance_rate"], k, c, v) if c is not None and v is not None else None
-        best_k = best_gamma(p["acceptance_rate"], c, v_all)[0] if c is not None else None
+        # from the rounds' own tokens per round: the drafted-token acceptance in E(α, γ) assumes independent
+        # positions, and a model drafter's accepted tokens come in runs (theory.measured_speedup)
+        length = p["mean_acceptance_length"]
+        pred = measured_speedup(length, k, c, v) if c is not None and v is not None and length else None
+        alpha = conditional_alpha(length, k) if isinstance(k, int) else p["acceptance_rate"]
+        best_k = best_gamma(alpha, c, v_all)[0] if c is not None else None
         rows.append(Row(result.label, drafter, k, temp, task, **p, speedup=speedup, e2e_speedup=e2e, c=c, v=v,
                         predicted_speedup=pred, predicted_best_k=best_k))
     order = {t: i for i, t in enumerate(_tasks(result.runs) + [ALL])}
@@ -181,8 +185,8 @@ def verdict(rows: Sequence[Row]) -> str:
         pred = next((r for r in rows if r.target == target and r.temp == temp and r.task == ALL
                      and r.config == (overall.config if overall else None)), None)
         if pred and pred.predicted_speedup is not None:
-            s += (f" (the formula predicted {pred.predicted_speedup:.2f}× from α={pred.acceptance_rate:.2f}, "
-                  f"c={pred.c:.3f}, v({pred.k})={pred.v:.2f}; it would pick k={pred.predicted_best_k})")
+            s += (f" (the formula predicted {pred.predicted_speedup:.2f}× from {pred.mean_acceptance_length:.2f} "
+                  f"tokens a round, c={pred.c:.3f}, v({pred.k})={pred.v:.2f}; it would pick k={pred.predicted_best_k})")
         s += " — " + _advice(won, lost, overall)
         parts.append(s)
     return "\n\n".join(parts)
