@@ -93,7 +93,8 @@ async def test_a_runners_crash_names_the_suspect_the_runner_noted():
 def test_a_runner_runs_unwatched_and_without_the_routers_api_key(monkeypatch):
     monkeypatch.setenv("LOCALSPEC_API_KEY", "secret")
     r = Runner("tiny", ("--model", "x.gguf"), env={FAULT_ENV: MARKER})
-    assert "LOCALSPEC_API_KEY" not in r.env and r.env[WATCH_ENV] == "1" and r.env[FAULT_ENV] == MARKER
+    # not the router's key: a secret of its own, which only the router sends (a local client without it gets 401)
+    assert r.env["LOCALSPEC_API_KEY"] == r.secret != "secret" and r.env[WATCH_ENV] == "1" and r.env[FAULT_ENV] == MARKER
     assert r.command[1:4] == ["-m", "localspec", "serve"]  # the command a user runs, nothing more
     assert r.command[-6:] == ["--host", "127.0.0.1", "--port", "0", "--model", "x.gguf"]
     assert not r.alive and r.failure() is None and r.pid is None
@@ -261,17 +262,23 @@ async def test_unknown_model_and_a_load_that_cannot_fit_are_refused_before_any_p
 
 # -- real runners -------------------------------------------------------------------------------------------------
 
-async def _complete(client: httpx.AsyncClient, url: str, prompt: str, n: int = 8) -> str:
-    r = await client.post(url + "/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0})
+def _key(runner: Runner) -> dict[str, str]:
+    """The header only the router sends: a runner answers nothing but /health without its secret."""
+    return {"Authorization": f"Bearer {runner.secret}"}
+
+
+async def _complete(client: httpx.AsyncClient, runner: Runner, prompt: str, n: int = 8) -> str:
+    r = await client.post(runner.url + "/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0},
+                          headers=_key(runner))
     r.raise_for_status()
     return r.json()["content"]
 
 
-async def _streamed_lines(client: httpx.AsyncClient, url: str, prompt: str) -> list[str]:
+async def _streamed_lines(client: httpx.AsyncClient, runner: Runner, prompt: str) -> list[str]:
     """Data lines of a streamed /completion until the stream breaks (it must: the runner dies)."""
     got: list[str] = []
     with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
-        async with client.stream("POST", url + "/completion",
+        async with client.stream("POST", runner.url + "/completion", headers=_key(runner),
                                  json={"prompt": prompt, "n_predict": 64, "stream": True}) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
@@ -286,13 +293,13 @@ async def test_a_runner_that_crashes_mid_answer_is_named_and_restarted(smollm2_p
         async with httpx.AsyncClient(timeout=120) as client:
             runner = await pool.acquire("tiny")
             assert (await client.get(runner.url + "/health")).status_code == 200
-            assert await _complete(client, runner.url, "The sky is")  # other prompts are untouched by the hook
+            assert await _complete(client, runner, "The sky is")  # other prompts are untouched by the hook
             first = runner.pid
             assert first is not None
             # its own process group (a terminal's Ctrl-C is the router's alone), in the router's session (a new
             # session would be a separate scheduler autogroup on Linux, slowing the router's wake-ups)
             assert os.getpgid(first) == first != os.getpgid(0) and os.getsid(first) == os.getsid(0)
-            lines = await _streamed_lines(client, runner.url, f"Say {MARKER} and go on")
+            lines = await _streamed_lines(client, runner, f"Say {MARKER} and go on")
             assert lines  # the stream died mid-answer, after its first chunks
             assert await runner.died() == crash_line(signal.SIGSEGV)
             pool.release(runner)
@@ -302,7 +309,7 @@ async def test_a_runner_that_crashes_mid_answer_is_named_and_restarted(smollm2_p
             again = await pool.acquire("tiny")  # the next request starts it again
             assert again.pid != first and pool.state("tiny") == LOADED
             with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):  # a whole answer dies too
-                await _complete(client, again.url, f"Say {MARKER}", n=64)
+                await _complete(client, again, f"Say {MARKER}", n=64)
             assert await again.died() == crash_line(signal.SIGSEGV)
             pool.release(again)
             assert _gone(again.pid or 0)
@@ -347,7 +354,7 @@ async def test_an_idle_model_sleeps_and_wakes_on_the_next_request(smollm2_path):
         assert woken is twin and pool.state("tiny") == LOADED and woken.pid != r.pid
         assert pool.status()[0].busy == 2
         async with httpx.AsyncClient(timeout=120) as client:
-            assert await _complete(client, woken.url, "Hello")
+            assert await _complete(client, woken, "Hello")
         resident = _peak_resident(woken.pid or 0)
         ram = pool.status()[0].ram_estimate or 0
         assert resident <= ram < 2 * resident  # the estimate covers what the runner used, and not wildly more

@@ -13,7 +13,8 @@ from tiny_gguf import ARCHS, write_tiny
 from localspec.backend import LoadOptions, Model
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village,"
-KIND = {"mamba": (True, False), "lfm2": (False, True), "granitehybrid": (False, True)}  # (recurrent, hybrid)
+KIND = {"mamba": (True, False), "lfm2": (False, True), "granitehybrid": (False, True),  # (recurrent, hybrid)
+        "qwen35": (False, True)}
 
 
 @pytest.fixture(scope="module")
