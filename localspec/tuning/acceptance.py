@@ -118,14 +118,15 @@ def acceptance_dir() -> Path:
     return Path(env) if env else calibration_dir() / "acceptance"
 
 
-def _file_id(path: Path) -> dict:
+def file_id(path: Path) -> dict:
+    """A file as the caches key it: a rewritten file (another size or mtime) is another file."""
     st = path.stat()
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def acceptance_path(target: Path, drafter: Path) -> Path:
     """The file of this pair: a digest of both files' identities (a rewritten file starts afresh)."""
-    key = json.dumps({"target": _file_id(target), "draft": _file_id(drafter)}, sort_keys=True)
+    key = json.dumps({"target": file_id(target), "draft": file_id(drafter)}, sort_keys=True)
     return acceptance_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 

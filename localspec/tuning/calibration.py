@@ -36,6 +36,7 @@ from ..backend import Model, build_info
 from ..backend.machine import cpu_count, cpu_model, free_cores, openmp_settings
 from ..lifecycle import remove_stale, temp_name
 from ..models.paths import calibration_dir
+from .acceptance import file_id
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .threads import ThreadControl, candidates, preferred
 
@@ -176,16 +177,11 @@ class _Stages:
 
 # -- the cache ------------------------------------------------------------------------------------------------
 
-def _file_id(path: Path) -> dict:
-    st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
 def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) -> dict:
     """Everything a calibration depends on: the files, the machine, the build, the options that change costs."""
     o = target.options
-    return {"schema": SCHEMA, "target": _file_id(target.path),
-            "draft": _file_id(draft_model.path) if draft_model is not None else None,
+    return {"schema": SCHEMA, "target": file_id(target.path),
+            "draft": file_id(draft_model.path) if draft_model is not None else None,
             "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
             "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(), "openmp": openmp_settings(),
             "ngl": o.n_gpu_layers, "type_k": o.type_k, "type_v": o.type_v, "rpc": list(o.rpc_servers),
