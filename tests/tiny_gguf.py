@@ -219,7 +219,6 @@ def write_tiny(arch: str, tokenizer_from: Path, out: Path, *, seed: int = 0) -> 
     Written under a temporary name and renamed, so a run cut short (or a parallel one) never leaves a half file
     under the real name.
     """
-    import gguf
 
     if arch not in _BUILDERS:
         raise ValueError(f"unknown tiny arch {arch!r}; known: {', '.join(ARCHS)}")
@@ -228,17 +227,27 @@ def write_tiny(arch: str, tokenizer_from: Path, out: Path, *, seed: int = 0) -> 
     r = _Random(seed)
     hparams = _BUILDERS[arch](r, n_vocab)
 
+    return write_gguf(out, arch, f"localspec tiny {arch} v{VERSION} seed {seed}", hparams, n_vocab, fields,
+                      r.tensors, lambda name: name == "token_embd.weight")
+
+
+def write_gguf(out: str | Path, arch: str, title: str, hparams: dict, n_vocab: int, fields: list,
+               tensors: list, f16: Callable[[str], bool]) -> Path:
+    """Write a tiny model's header, tokenizer fields and tensors (those `f16` names stored as F16) under a
+    temporary name, then rename it into place: a run cut short never leaves a half file under the real name."""
+    import gguf
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(f"{out.name}.{os.getpid()}.part")
     w = gguf.GGUFWriter(str(part), arch=arch)
-    w.add_name(f"localspec tiny {arch} v{VERSION} seed {seed}")
+    w.add_name(title)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     _add_hparams(w, arch, hparams, n_vocab)
     for name, value, vtype, sub in fields:
         w.add_key_value(name, value, vtype, sub_type=sub)
-    for name, data in r.tensors:
-        w.add_tensor(name, data.astype(np.float16) if name == "token_embd.weight" else data)
+    for name, data in tensors:
+        w.add_tensor(name, data.astype(np.float16) if f16(name) else data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -327,7 +336,6 @@ def write_qwen35_echo(tokenizer_from: Path, out: Path, *, seed: int = 0, noise: 
     the token's normed embedding on (identity on that half, plus `noise` · N(0, 1/√(2·n_embd)) everywhere): with
     noise 0 the head predicts what the trunk will, so every draft is accepted; with some, drafts part from the
     trunk where its top choices are close. For acceptance counts that are neither 0 nor all."""
-    import gguf
 
     fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
     n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
@@ -342,20 +350,5 @@ def write_qwen35_echo(tokenizer_from: Path, out: Path, *, seed: int = 0, noise: 
     # of settling on the one whose embedding is most like itself
     embd = dict(tensors)["token_embd.weight"]
     tensors.append(("output.weight", embd[r.rng.permutation(n_vocab)]))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(f"{out.name}.{os.getpid()}.part")
-    w = gguf.GGUFWriter(str(part), arch="qwen35")
-    w.add_name(f"localspec tiny qwen35 echo v{VERSION} seed {seed} noise {noise}")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    _add_hparams(w, "qwen35", hparams, n_vocab)
-    for name, value, vtype, sub in fields:
-        w.add_key_value(name, value, vtype, sub_type=sub)
-    for name, data in tensors:
-        w.add_tensor(name, data.astype(np.float16) if name in ("token_embd.weight", "output.weight") else data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    part.replace(out)
-    return out
+    return write_gguf(out, "qwen35", f"localspec tiny qwen35 echo v{VERSION} seed {seed} noise {noise}", hparams,
+                      n_vocab, fields, tensors, lambda name: name in ("token_embd.weight", "output.weight"))

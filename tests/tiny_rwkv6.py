@@ -11,11 +11,10 @@ layer is its own F32 matrix, so no other weight goes to AMX.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-from tiny_gguf import N_EMBD, N_FF, _add_hparams, _embeddings, _Random, _tokenizer
+from tiny_gguf import N_EMBD, N_FF, _embeddings, _Random, _tokenizer, write_gguf
 
 VERSION = 1  # part of the file name: bump it when what the file holds changes
 N_LAYER = 2
@@ -63,7 +62,6 @@ def _layer(r: _Random, b: str) -> None:
 def write_rwkv6(tokenizer_from: Path, out: Path, *, seed: int = 0) -> Path:
     """Write the tiny RWKV-6 with the tokenizer of the GGUF `tokenizer_from` to `out` (under a temporary name,
     then renamed, so a run cut short never leaves a half file under the real name)."""
-    import gguf
 
     fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
     n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
@@ -78,20 +76,5 @@ def write_rwkv6(tokenizer_from: Path, out: Path, *, seed: int = 0) -> Path:
                "time_mix_extra_dim": MIX_DIM, "time_decay_extra_dim": DECAY_DIM, "rescale_every_n_layers": 0,
                "token_shift_count": 2, "attention.layer_norm_epsilon": 1e-5}
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(f"{out.name}.{os.getpid()}.part")
-    w = gguf.GGUFWriter(str(part), arch="rwkv6")
-    w.add_name(f"localspec tiny rwkv6 v{VERSION} seed {seed}")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    _add_hparams(w, "rwkv6", hparams, n_vocab)
-    for name, value, vtype, sub in fields:
-        w.add_key_value(name, value, vtype, sub_type=sub)
-    for name, data in r.tensors:
-        w.add_tensor(name, data.astype(np.float16) if name.endswith(F16) else data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    part.replace(out)
-    return out
+    return write_gguf(out, "rwkv6", f"localspec tiny rwkv6 v{VERSION} seed {seed}", hparams, n_vocab, fields,
+                      r.tensors, lambda name: name.endswith(F16))
