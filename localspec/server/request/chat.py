@@ -8,7 +8,8 @@ checks the tools and plans them once, with the messages and template variables t
 
 Assistant prefill: when the last message is the assistant's, the template is applied to the messages before it
 (with the generation prompt) and that message's text is appended, so the model continues it rather than
-starting a new turn. `continue_final_message: false` turns that off (the assistant message is a finished
+starting a new turn (its text parts joined by a blank line, as llama-server joins them; other messages' parts
+are joined with nothing). `continue_final_message: false` turns that off (the assistant message is a finished
 turn); `true` demands a final assistant message. Two assistant messages at the end are a 400, as in
 llama-server: only the last one could be continued; so are `continue_final_message` with `add_generation_prompt:
 true`, and continuing a message that made tool calls. `add_generation_prompt: false` renders the messages as they
@@ -35,6 +36,18 @@ def chat_text(content: str | list[dict[str, Any]] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+
+
+def prefill_text(content: str | list[dict[str, Any]] | None) -> str:
+    """The text of an assistant message the answer continues. Its text parts are joined by a blank line, as
+    llama-server joins them (common_chat_msg::render_content): a separator only after some text."""
+    if not isinstance(content, list):
+        return chat_text(content)
+    text = ""
+    for p in content:
+        if isinstance(p, dict) and p.get("type", "text") == "text":
+            text += ("\n\n" if text else "") + str(p.get("text", ""))
+    return text
 
 
 def chat_messages(req: OAIChatRequest) -> list[dict[str, Any]]:
@@ -118,7 +131,7 @@ def _turn(plan: ChatPlan, req: OAIChatRequest) -> ChatPlan:
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
     if req.messages[-1].tool_calls or req.messages[-1].function_call:
         raise ApiError(400, "Cannot continue an assistant message that contains tool calls.")
-    return plan.continuing()
+    return replace(plan.continuing(), prefill=prefill_text(req.messages[-1].content))
 
 
 def ollama_plan(engine: Engine, req: OllamaChatRequest, default_reasoning: str) -> ChatPlan:
