@@ -123,8 +123,8 @@ _ENGINE = [
                  help="Shortest draft the adaptive controller may choose."),
     click.option("--k-max", type=click.IntRange(1, 64), default=8, show_default=True,
                  help="Longest draft the adaptive controller may choose."),
-    click.option("--hybrid", is_flag=True, help="Prompt lookup first, the --draft model when lookup has no match "
-                 "(same as --draft NAME --lookup)."),
+    click.option("--hybrid", is_flag=True, help="Prompt lookup first, the --draft model (or mtp: the file's own "
+                 "heads) when lookup has no match (same as --draft NAME --lookup)."),
     click.option("--draft-p-min", type=Finite(0, 1), default=0.0, help="Model drafter stops once its top "
                  "probability falls below this (default 0 = never)."),
     click.option("--structure/--no-structure", default=False, help="Draft the text a request's grammar or JSON "
@@ -190,7 +190,7 @@ def _drafter_choice(v: dict) -> tuple[str | None, str | None, bool]:
             draft, lookup = (None, True) if p.drafter == LOOKUP else (p.drafter, False)
     hybrid = v["hybrid"] or bool(draft and lookup)  # --draft NAME --lookup: lookup first, then the model
     if hybrid and not draft:
-        raise click.UsageError("--hybrid needs a drafter model: add --draft NAME|PATH")
+        raise click.UsageError("--hybrid needs a drafter model: add --draft NAME|PATH|mtp")
     if sum(bool(x) for x in (draft, lookup, no_spec)) > 1 and not (hybrid and not no_spec):
         raise click.UsageError("choose one of --draft, --lookup, --no-spec (--draft with --lookup = hybrid)")
     return model, draft or (LOOKUP if lookup else NO_DRAFTER if no_spec else None), hybrid

@@ -240,30 +240,33 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
 
 def assemble(config: EngineConfig, target: Model, draft_model: Model | None = None, *, name: str = "",
              template: str | None = None, k: int = DEFAULT_K, meter: CpuMeter | None = None,
-             controller: Controller | None = None) -> Engine:
+             controller: Controller | None = None, mtp: MtpDrafter | None = None) -> Engine:
     """The Engine over models already loaded: drafter, calibration, γ controller and thread control, built the
     one way every front end gets them (`load_engine`, and the bench, which loads a target once for all its
-    rows). `config.draft` is resolved here: LOOKUP, NO_DRAFTER, or the name of `draft_model`. FixedK's γ is
-    `config.k`, else `k` (the registry pair's)."""
+    rows). `config.draft` is resolved here: LOOKUP, NO_DRAFTER, MTP, or the name of `draft_model`. `mtp` is the
+    target's head drafter when the caller made it already: a target reports its decodes to one head, so the
+    bench's rows share one. FixedK's γ is `config.k`, else `k` (the registry pair's)."""
     k = config.k if config.k is not None else k
     draft = config.draft or NO_DRAFTER
+    own_heads = draft == MTP  # the target's own MTP heads draft (alone or after lookup)
     drafter: Drafter | None = None
     if draft == LOOKUP:
         drafter = make_lookup(config, target)
-    elif draft == MTP:
-        drafter = make_mtp(target)
     elif draft != NO_DRAFTER:
-        if draft_model is None:
+        if own_heads:
+            costly: Drafter = mtp or make_mtp(target)
+        elif draft_model is None:
             raise ValueError(f"drafter {draft} needs its loaded model")
-        model = ModelDrafter(draft_model, p_min=config.p_min)
-        drafter = HybridDrafter(make_lookup(config, target), model) if config.hybrid else model
+        else:
+            costly = ModelDrafter(draft_model, p_min=config.p_min)
+        drafter = HybridDrafter(make_lookup(config, target), costly) if config.hybrid else costly
         draft = f"{LOOKUP}+{draft}" if config.hybrid else draft
     if config.structure:  # speculative/structure.py: forced text first, then the drafter (if any)
         drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
         draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
     cal = load_calibration(config, target, drafter, draft_model, meter)
     # a model drafter's (or the file's own MTP heads') acceptance, as earlier runs measured it (tuning/acceptance.py)
-    own = draft_model.path if draft_model is not None else target.path if draft == MTP else None
+    own = draft_model.path if draft_model is not None else target.path if own_heads else None
     kept = AcceptanceStore.for_pair(target.path, own) if own is not None else None
     if controller is None and drafter is not None:
         controller = make_controller(config, k, drafter, cal, kept=kept.load() if kept else None)

@@ -31,6 +31,7 @@ from .types import (
     LOOKUP_SHORT,
     LOOKUP_VERBATIM,
     Draft,
+    Drafter,
     KFor,
 )
 
@@ -266,13 +267,14 @@ def _top_prob(logits: np.ndarray) -> float:
 
 
 class HybridDrafter:
-    """Prompt lookup first (free); the model drafter only when lookup has no match. `Draft.source` says
-    which one drafted, so stats and the controller keep per-source acceptance, and `k_for` is asked per
-    source: a controller can keep the free lookup on while the model drafter does not pay."""
+    """Prompt lookup first (free); the drafter with a cost (a model drafter, or the target's own MTP head) only
+    when lookup has no match. `Draft.source` says which one drafted, so stats and the controller keep per-source
+    acceptance, and `k_for` is asked per source: a controller can keep the free lookup on while the costly
+    drafter does not pay."""
 
     name: str = "hybrid"
 
-    def __init__(self, lookup: PromptLookup, model: ModelDrafter) -> None:
+    def __init__(self, lookup: PromptLookup, model: Drafter) -> None:
         self.lookup, self.model = lookup, model
         self.sources: tuple[str, ...] = (*lookup.sources, *model.sources)
         self.cost: Mapping[str, float | None] = {**lookup.cost, **model.cost}

@@ -44,7 +44,9 @@ class MtpDrafter:
     name: str = MTP
     sources: tuple[str, ...] = (MTP,)
     cost: Mapping[str, float | None] = {MTP: None}  # measured at load (engine/loader.py), refined online
-    prior: Mapping[str, tuple[float, ...]] = {}  # learnt online, as a model drafter's
+    # learnt online, as a model drafter's; published heads accept ~0.6-0.8 of first positions and a little less
+    # than a small model's later ones (one head reused past its trained offset): docs/bench/mtp.md#prior
+    prior: Mapping[str, tuple[float, ...]] = {MTP: (0.7, 0.8)}
 
     def __init__(self, head: Head) -> None:
         self.head = head
