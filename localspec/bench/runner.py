@@ -1,9 +1,9 @@
 """Run the bench: plain decoding and every speculative configuration on the same prompts, interleaved.
 
-One loaded target per model is shared by all its configurations (plain, prompt lookup, each model drafter,
-each k), so they differ only in the drafter and k. Every configuration's Engine comes from the loader's
-`assemble`, the way `run`, `chat` and `serve` build theirs: a k row is that engine with γ pinned (FixedK), and
-the "auto" row is the shipped default (adaptive, the default k range, the drafter's priors, the lookup's
+One loaded target per model is shared by all its configurations (plain, prompt lookup, each model drafter, the
+file's own MTP heads, each k), so they differ only in the drafter and k. Every configuration's Engine comes from
+the loader's `assemble`, the way `run`, `chat` and `serve` build theirs: a k row is that engine with γ pinned
+(FixedK), and the "auto" row is the shipped default (adaptive, the default k range, the drafter's priors, the lookup's
 SuffixCache, the load-time calibration). Configurations are interleaved prompt by prompt, in an order
 rotated per prompt, to cancel machine drift; every run starts from an empty KV cache so TTFT includes the
 prompt. A short warm-up runs every configuration once before anything is timed. Costs (c, v(γ)) are measured
@@ -12,17 +12,18 @@ after the warm-up and again at the end, and averaged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..backend import LoadOptions, Model
 from ..backend.machine import CpuMeter
 from ..engine.engine import Engine
-from ..engine.loader import EngineConfig, assemble, check_drafter
+from ..engine.loader import EngineConfig, assemble, check_drafter, make_mtp
 from ..models import LOOKUP
 from ..sampling.params import SamplingParams
 from ..speculative.drafters import PromptLookup
+from ..speculative.mtp import MTP, MtpDrafter
 from ..speculative.structure import STRUCTURE, StructureDrafter
 from ..speculative.suffix import SuffixCache
 from ..speculative.types import NO_DRAFTER, Drafter
@@ -44,6 +45,7 @@ class TargetSpec:
     path: Path
     drafters: tuple[tuple[str, Path], ...] = ()  # (label, path) of model drafters for this target
     lookup: bool = True
+    mtp: bool = False  # rows for the file's own MTP heads (`bench --draft mtp`), labelled MTP as `run` labels them
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class Config:
-    drafter: str  # PLAIN, "lookup", or a model drafter's label
+    drafter: str  # PLAIN, "lookup", MTP (the target's own heads), or a model drafter's label
     k: int | str  # 0 for plain, an int, or AUTO
 
     @property
@@ -121,7 +123,8 @@ class TargetResult:
 
 def configs_for(target: TargetSpec, plan: Plan) -> list[Config]:
     ks: list[int | str] = list(plan.ks) + ([AUTO] if plan.auto else [])
-    drafters = ([LOOKUP] if target.lookup else []) + [label for label, _ in target.drafters]
+    drafters = [LOOKUP] if target.lookup else []
+    drafters += ([MTP] if target.mtp else []) + [label for label, _ in target.drafters]
     if any(p.schema for p in plan.prompts):  # a grammar to draft from: structure alone and with lookup
         drafters += [STRUCTURE] + ([STRUCTURE_LOOKUP] if target.lookup else [])
     return [Config(PLAIN, 0)] + [Config(d, k) for d in drafters for k in ks]
@@ -153,7 +156,8 @@ def render_prompt(engine: Engine, p: Prompt) -> list[int]:
 
 class Family:
     """One loaded target and its drafter models, and an Engine per configuration over them, all sharing the
-    target Model (no file is loaded twice)."""
+    target Model (no file is loaded twice). With MTP rows the target is loaded with its heads for every row (plain
+    too: its decodes then also keep each row's hidden state for the head), and the rows share one head drafter."""
 
     def __init__(self, target: TargetSpec, plan: Plan) -> None:
         for label, path in target.drafters:
@@ -161,13 +165,15 @@ class Family:
         meter = CpuMeter()  # as load_engine: started before the models load, shared by every row's controllers
         opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads, fast_path=plan.fast_path)
         self.models: list[Model] = []
+        self.mtp: MtpDrafter | None = None
         try:
-            self.target = self._load(target.path, opts)
+            self.target = self._load(target.path, replace(opts, mtp=target.mtp))
             self.draft_models = {label: self._load(path, opts) for label, path in target.drafters}
+            self.mtp = make_mtp(self.target) if target.mtp else None
             # each row calibrates as `run` would (cached per model, machine and k range: a first bench pays it)
             self.engines: dict[Config, Engine] = {
                 cfg: assemble(row_config(cfg, plan), self.target, self.draft_models.get(cfg.drafter),
-                              name=target.label, meter=meter)
+                              name=target.label, meter=meter, mtp=self.mtp)
                 for cfg in configs_for(target, plan)}
         except BaseException:  # a failed load or Ctrl-C: free what is loaded
             self.close()
@@ -191,6 +197,8 @@ class Family:
             forget_requests(e.drafter)
 
     def close(self) -> None:
+        if self.mtp is not None:  # the head's context lives on the target's weights: freed first
+            self.mtp.close()
         for m in self.models:
             m.close()
 
@@ -263,6 +271,8 @@ def _bench_family(fam: Family, target: TargetSpec, plan: Plan, progress, log) ->
     prompts = [p for p in plan.prompts if p.id not in too_long]
 
     log(f"bench: {target.label}: CPU fast paths {fam.target.fast_path.describe()}")
+    if fam.mtp is not None:
+        log(f"bench: {target.label}: the mtp rows draft with the file's own MTP heads (no drafter model loaded)")
     log(f"bench: warming up {target.label} ({len(cfgs)} configurations)")
     for cfg in cfgs:
         run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)
@@ -303,9 +313,18 @@ def _run_prompts(fam: Family, target: TargetSpec, plan: Plan, prompts, cfgs, ren
 
 
 def _measure(fam: Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
-    """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt)."""
+    """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt); the
+    MTP head's c as the loader measures it (backend/mtp.py, `measure_cost`)."""
     fam.reset()
-    return measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
+    costs = measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
+    if fam.mtp is None:
+        return costs
+    from ..backend.mtp import MtpHead, measure_cost
+
+    head = fam.mtp.head
+    c = measure_cost(head) if isinstance(head, MtpHead) else None
+    fam.reset()
+    return replace(costs, c={**costs.c, MTP: c}) if c is not None else costs
 
 
 def _greedy_pairs(runs: Sequence[Run]):

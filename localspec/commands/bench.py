@@ -64,16 +64,17 @@ def parse_floats(text: str, hint: str) -> tuple[float, ...]:
 @click.command()
 @click.option("--model", "-m", "models", multiple=True, metavar="NAME|PATH",
               help="Target model (repeatable; default: the embedded SmolLM2-135M).")
-@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|auto|self",
+@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|auto|self|mtp",
               help="Model drafter (repeatable); used for every target whose tokenizer it shares. 'auto': each "
               "target's fastest predicted local drafter (as run --draft auto); 'self': its low-bit copy "
-              "('localspec models make-drafter').")
+              "('localspec models make-drafter'); 'mtp': the target file's own MTP heads (rows labelled mtp).")
 @click.option("--models-dir", "models_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
               help="A folder of GGUFs --draft auto also searches (repeatable).")
 @click.option("--pair", "pairs", multiple=True, metavar="NAME|TARGET=DRAFTER",
               help="A models.toml pair, or an explicit target/drafter pair (repeatable).")
 @click.option("--lookup", is_flag=True, help="Bench prompt lookup (the default when no --draft/--pair is given).")
-@click.option("--all-drafters", is_flag=True, help="Prompt lookup and every given or registry-paired drafter.")
+@click.option("--all-drafters", is_flag=True, help="Prompt lookup, every given or registry-paired drafter, and a "
+              "target's own MTP heads.")
 @click.option("-k", "--k", "ks", metavar="LIST", help="Draft lengths, e.g. 1,2,4,6,8, and/or 'auto' (the adaptive "
               "controller; default 2,4,6,auto, --quick 2,4,auto). No drafting (plain) is always measured.")
 @click.option("--tasks", metavar="LIST", help="Tasks to run: code,edit,chat,rag,json,prose (default: all), and "
@@ -235,6 +236,7 @@ def bench_targets(models, drafts, pairs, lookup: bool = False, all_drafters: boo
     from ..engine.loader import AUTO, SELF
     from ..models.registry import load_registry
     from ..models.resolve import resolve_model
+    from ..speculative.mtp import MTP
 
     quiet = log_err
     want_lookup = lookup or all_drafters or not (drafts or pairs)
@@ -261,14 +263,29 @@ def bench_targets(models, drafts, pairs, lookup: bool = False, all_drafters: boo
             target(tr)
     for kind in dict.fromkeys(d for d in drafts if d in (AUTO, SELF)):
         _auto_drafters(specs, kind, tuple(models_dirs))
-    extra = [d for d in drafts if d not in (AUTO, SELF)]
+    if MTP in drafts or all_drafters:
+        _own_heads(specs, required=MTP in drafts)
+    extra = [d for d in drafts if d not in (AUTO, SELF, MTP)]
     if all_drafters:
         reg = load_registry()
         extra += [p.drafter for n in specs for p in [reg.pair_for(n)] if p and p.drafter not in ("lookup", "none")]
     for dr in extra:
         _shared_drafter(specs, resolve_model(dr, log=quiet))
-    return [TargetSpec(name, s["path"], tuple(s["drafters"].items()), want_lookup or s.get("lookup", False))
-            for name, s in specs.items()]
+    return [TargetSpec(name, s["path"], tuple(s["drafters"].items()), want_lookup or s.get("lookup", False),
+                       mtp=s.get("mtp", False)) for name, s in specs.items()]
+
+
+def _own_heads(specs: dict[str, dict], *, required: bool) -> None:
+    """--draft mtp (or --all-drafters): rows for each target file's own MTP heads, where it has them; --draft mtp
+    is refused when no target has any."""
+    from ..models.nextn import nextn_heads
+
+    for name, s in specs.items():
+        s["mtp"] = nextn_heads(s["path"]) > 0
+        if required and not s["mtp"]:
+            log_err(f"bench: {name} carries no MTP heads; no mtp rows for it")
+    if required and not any(s["mtp"] for s in specs.values()):
+        raise click.BadParameter("no target carries MTP heads to draft with", param_hint="--draft mtp")
 
 
 def _from_log(path: str, json_file: str | None) -> None:
