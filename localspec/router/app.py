@@ -53,7 +53,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-OWN_POSTS = frozenset({"/models/load", "/models/unload", "/api/pull"})  # the router's own POST routes (routes.py)
+# the router's own POST routes (routes.py)
+OWN_POSTS = frozenset({"/models", "/models/load", "/models/unload", "/api/pull"})
 
 
 def create_router_app(pool: Any, config: RouterConfig = RouterConfig(),

@@ -5,6 +5,8 @@ runner fetches), a presets file ([NAME] sections in the spirit of llama-server's
 in --models-dir folders (named by file stem), and the hub cache (named owner/repo:QUANT, as pulled).
 A registry model's runner gets `--model NAME`, so it resolves its models.toml pair itself and pairs stay pairs;
 a preset can give any model a drafter (`draft = ...`) or its own --ctx, --ngl, ...
+A preset with llama-server's `dedup-cache-models = true` (its own or [*]'s) hides the hub-cache entry of the
+file it serves, so the model is listed once, by the preset's name.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ _PRESET_ALIASES = {"ctx-size": "ctx", "c": "ctx", "n-gpu-layers": "ngl", "gpu-la
                    "model-draft": "draft", "md": "draft", "n-gpu-layers-draft": "ngl-draft", "t": "threads",
                    "draft-max": "k-max", "draft-min": "k-min", "gpu-layers-draft": "ngl-draft"}
 GLOBAL_SECTION = "*"
+DEDUP = "dedup-cache-models"  # a preset-only key (llama-server's), not a serve option
 DEFAULT_CTX = 4096  # engine/loader.py's DEFAULT_CTX restated: importing the loader would load llama.cpp here
 
 
@@ -167,14 +170,30 @@ def discover(config: EngineConfig, presets: Path | None = None) -> dict[str, Mod
         if k.present or k.default:
             specs[k.name] = _registry_spec(k, known, base, config)
     sections = read_presets(presets) if presets else {}
-    shared = preset_args(sections.pop(GLOBAL_SECTION, {}))
+    shared_values, dedup_all = _without_dedup(sections.pop(GLOBAL_SECTION, {}))
+    shared = preset_args(shared_values)
+    hidden: set[Path | str] = set()  # the files (and hub names) of the presets that deduplicate the cache
     for name, values in sections.items():
+        values, dedup = _without_dedup(values)
         specs[name] = _preset_spec(name, values, specs.get(name), (*base, *shared), known, config)
+        spec = specs[name]
+        if dedup_all if dedup is None else dedup:  # its model's name (a hub owner/repo:QUANT) and its file
+            hidden |= {spec.args[1], *((spec.path.resolve(),) if spec.path else ())}
     if shared:
         specs = {n: s if s.source == "preset" else _with(s, shared) for n, s in specs.items()}
     for s in _file_specs(config, (*base, *shared), set(specs)):
-        specs[s.name] = s
+        if s.source != "hub cache" or not ({s.name, s.path.resolve() if s.path else None} & hidden):
+            specs[s.name] = s
     return specs
+
+
+def _without_dedup(values: dict[str, Any]) -> tuple[dict[str, Any], bool | None]:
+    """A section's options without `dedup-cache-models`, and that key's value (None: not set)."""
+    rest = {k: v for k, v in values.items() if _key(k) != DEDUP}
+    flag = next((v for k, v in values.items() if _key(k) == DEDUP), None)
+    if flag is None:
+        return rest, None
+    return rest, flag is True or str(flag).strip().lower() in ("1", "true", "on", "yes")
 
 
 def _with(spec: ModelSpec, extra: tuple[str, ...]) -> ModelSpec:

@@ -1,8 +1,10 @@
 """The router's own routes: what llama-server's router mode and Ollama answer about models, not a model's text.
 
 llama-server: GET /models (= /v1/models, every model with its `status`), POST /models/load and /models/unload
-({"model": name}, answered {"success": true} at once: the state moves in /models), GET /props (`role: router`;
-?model=X is that model's runner's own /props), GET /health. Ollama: GET /api/tags (every model), /api/ps (the
+({"model": name}, answered {"success": true} at once: the state moves in /models), POST /models (a download into
+the hub cache, in the background: the model is listed once it is there), DELETE /models?model=NAME (a hub-cache
+model only, as /api/delete), GET /props (`role: router`, llama.cpp's `build_info`; ?model=X is that model's
+runner's own /props), GET /health. Ollama: GET /api/tags (every model), /api/ps (the
 loaded ones, with `expires_at`), /api/version, POST /api/pull (NDJSON progress into the hub cache: pulls.py),
 DELETE /api/delete (a hub-cache model only: the router deletes no file it did not pull).
 """
@@ -10,6 +12,8 @@ DELETE /api/delete (a hub-cache model only: the router deletes no file it did no
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +29,7 @@ from .choice import choose_model
 from .proxy import Client, Relayed
 
 OWNER = "localspec"
+log = logging.getLogger("localspec.router")
 
 
 def _iso(t: float | None) -> str:
@@ -82,7 +87,7 @@ def router(pool: Any, config: Any, client: Client, rediscover: Callable[[], None
         """The router's own props; ?model=X: that model's runner's, or, when it is not running, its state
         (`is_sleeping` as llama-server reports it): reading props never wakes a model."""
         if model is None:
-            return JSONResponse(router_props(config))
+            return JSONResponse(router_props(config, await asyncio.to_thread(llama_build)))
         name = pool.resolve(model)
         state = pool.state(name)
         if state != "loaded":
@@ -130,6 +135,57 @@ def _model_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> No
         await pool.unload(await _named(pool, request))
         return JSONResponse({"success": True})
 
+    @r.post("/models")
+    async def download(request: Request) -> Response:
+        """llama-server's download: refused at once for a name that is no hub model or is listed already;
+        otherwise {"success": true} while the pull runs, and GET /models lists the model when it is in."""
+        body = await request.json()
+        name = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("model must be a non-empty string")
+        if name in pool.known():
+            raise ValueError(f"model '{name}' already exists")
+        if pulls.hub_ref(name) is None:
+            raise ValueError(f"model validation failed, unable to download '{name}' (not owner/repo[:QUANT] "
+                             "or a models.toml name)")
+        task = asyncio.ensure_future(_downloaded(name, rediscover))
+        loads.add(task)
+        task.add_done_callback(loads.discard)
+        return JSONResponse({"success": True})
+
+    @r.delete("/models")
+    async def remove(model: str = "") -> Response:
+        if not model:
+            raise ValueError("model must be a non-empty string: DELETE /models?model=NAME")
+        refused = await _delete(pool, str(pool.resolve(model)), rediscover, "/models")
+        return refused or JSONResponse({"success": True})
+
+
+async def _downloaded(name: str, rediscover: Callable[[], None]) -> None:
+    """A background pull for POST /models; a failure is logged (llama-server reports it on /models/sse)."""
+    async for event in pulls.pull_events(name, on_pulled=rediscover):
+        if "error" in event:
+            log.warning("download of %s failed: %s", name, event["error"])
+
+
+async def _delete(pool: Any, name: str, rediscover: Callable[[], None], path: str) -> Response | None:
+    """Unload `name` and remove its files from the hub cache; a 400 when it is not a pulled model."""
+    await pool.unload(name)
+    if await asyncio.to_thread(pulls.delete_pulled, name) is None:
+        return error_body(path, 400, f"model '{name}' is not one localspec pulled into the hub cache; "
+                          "the router deletes only what it pulled (remove the file yourself)")
+    rediscover()
+    return None
+
+
+@functools.cache
+def llama_build() -> str:
+    """llama.cpp's build as llama-server's router reports it (`b<build>-<commit>`), read once: the first
+    /props loads libllama into the router (about 19 MB more resident; runners load it anyway)."""
+    from ..backend import llama_build as build
+
+    return build()
+
 
 async def _runner_get(pool: Any, client: Client, model: str) -> Response:
     """A GET answered by the model's own runner (started if need be)."""
@@ -137,12 +193,13 @@ async def _runner_get(pool: Any, client: Client, model: str) -> Response:
     return Relayed(client, runner, model, lambda: pool.release(runner, None))
 
 
-def router_props(config: Any) -> dict[str, Any]:
-    """llama-server's router /props: who answers (`role`), how many models may be loaded at once."""
+def router_props(config: Any, build: str) -> dict[str, Any]:
+    """llama-server's router /props: who answers (`role`), how many models may be loaded at once, and the
+    llama.cpp `build` the runners use."""
     return {"role": "router", "max_instances": config.models_max, "models_autoload": config.autoload,
              "model_alias": "localspec", "model_path": "none",
              "default_generation_settings": {"params": {}, "n_ctx": 0},
-             "build_info": f"localspec {__version__}", "sleep_idle_seconds": config.sleep_idle_s}
+             "build_info": build, "localspec_version": __version__, "sleep_idle_seconds": config.sleep_idle_s}
 
 
 def _ollama_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> None:
@@ -174,14 +231,8 @@ def _ollama_routes(r: APIRouter, pool: Any, rediscover: Callable[[], None]) -> N
 
     @r.delete("/api/delete")
     async def delete(request: Request) -> Response:
-        name = await _named(pool, request)
-        await pool.unload(name)
-        gone = await asyncio.to_thread(pulls.delete_pulled, name)
-        if gone is None:
-            return error_body("/api/delete", 400, f"model '{name}' is not one localspec pulled into the hub cache; "
-                              "the router deletes only what it pulled (remove the file yourself)")
-        rediscover()
-        return Response(status_code=200)
+        refused = await _delete(pool, await _named(pool, request), rediscover, "/api/delete")
+        return refused or Response(status_code=200)
 
 
 async def _named(pool: Any, request: Request) -> str:
