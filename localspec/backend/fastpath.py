@@ -6,10 +6,11 @@ They are chosen at load and first run at the first batch. Where one is broken fo
 shape, the process dies (llama.cpp's AMX kernels on Sapphire Rapids and later: SIGILL or SIGSEGV on the first
 prompt), which no Python code can catch, or it quietly computes other logits (the same AMX code on a 3-D F16
 weight, as RWKV-6's time_mix_w2), which would make speculation's "lossless" mean nothing. So before a model's
-first load on a machine and build, a child process runs a short decode on the reference path (no extra buffer
-type) and then in a mode, at the engine's thread counts (fastpath_trial.py). A mode is used only when its
-next-token distributions stay within TOLERANCE of the reference's and the same decode gives the same logits
-again; a death by signal, an abort, a time-out or a mismatch sends the parent to the next mode:
+first load on a machine and build, a child process runs a short decode in a mode at the engine's thread counts
+while this process runs it on the reference path (no extra buffer type: plain llama.cpp, which a process can
+trust), beside its own load of the model (fastpath_trial.py). A mode is used only when its next-token
+distributions stay within TOLERANCE of the reference's and the same decode gives the same logits again; a death
+by signal, an abort, a time-out or a mismatch sends the parent to the next mode:
 
   all     llama.cpp's default: every extra buffer type
   repack  CPU_REPACK only (AMX and the rest left out), through `tensor_buft_overrides` for the tensors it takes
@@ -30,6 +31,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ from typing import Mapping, Sequence
 
 import llama_cpp
 
+from ..errors import LocalspecError
 from ..models.gguf_header import read_header
 from ..models.paths import calibration_dir
 from .ggml import build_info, extra_buffer_types, supports_gpu_offload, system_info
@@ -253,7 +256,7 @@ def _write_json(p: Path, data: object) -> None:
 
 
 def _timeout(path: Path) -> float:
-    """Seconds a trial may take: it loads the model twice (the reference path, then the mode under trial)."""
+    """Seconds a trial may take: one load of the model and a short decode at each thread count, and once more."""
     env = os.environ.get(TIMEOUT_ENV)
     return float(env) if env else 30.0 + 30.0 * path.stat().st_size / 1e9
 
@@ -265,17 +268,15 @@ def _died(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def _number(text: str) -> float | None:
-    """The trial's last printed word as a number (its largest logit difference), or None."""
-    try:
-        return float(text.split()[-1])
-    except (IndexError, ValueError):
-        return None
+MISMATCH_EXIT = 4  # the trial's exit status when the mode's repeated decode gave other logits
 
 
-UNLOADABLE = "unloadable"  # a trial: the file would not load at all (the real load says why; nothing cached)
-UNLOADABLE_EXIT = 3  # the trial's exit status then (fastpath_trial.py)
-MISMATCH_EXIT = 4  # the trial's exit status when the mode's logits were not the reference's
+def _reference(path: Path, verbose: bool) -> list:
+    """The reference path's short decode, run here (fastpath_trial.reference: it needs the model, which
+    imports this module, so it is imported when first called)."""
+    from .fastpath_trial import reference
+
+    return reference(str(path), verbose)
 
 
 class Trial:
@@ -285,30 +286,43 @@ class Trial:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's localspec
         self.mode, self.timeout, self.t0 = mode, timeout, time.perf_counter()
         self.distance: float | None = None  # its largest distance from the reference, when it ran to the end
+        fd, out = tempfile.mkstemp(prefix="localspec-trial-", suffix=".npz")  # where the child writes its logits
+        os.close(fd)
+        self.out = Path(out)
         self.proc = subprocess.Popen([sys.executable, "-m", "localspec.backend.fastpath_trial", str(path), mode,
-                                      ",".join(map(str, counts))],
+                                      ",".join(map(str, counts)), out],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env)
 
-    def verdict(self) -> str | None:
-        """None if its logits matched, UNLOADABLE if the file would not load, else how it failed ("SIGILL",
-        "timed out after 30 s", "next-token distributions 0.93 from the reference's ...", "exit 1: <its last
-        line>")."""
+    def verdict(self, reference: Sequence) -> str | None:
+        """None if its logits matched `reference` (the reference path's short decode), else how it failed
+        ("SIGILL", "timed out after 30 s", "next-token distributions 0.93 from the reference's ...", "exit 1:
+        <its last line>")."""
+        from .fastpath_trial import compare  # as _reference
+
         try:
-            out, err = self.proc.communicate(timeout=max(0.0, self.t0 + self.timeout - time.perf_counter()))
+            _, err = self.proc.communicate(timeout=max(0.0, self.t0 + self.timeout - time.perf_counter()))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
+            self.stop()
             return f"timed out after {self.timeout:.0f} s"
         rc = self.proc.returncode
-        if rc == UNLOADABLE_EXIT:
-            return UNLOADABLE
-        if rc in (0, MISMATCH_EXIT):
-            self.distance = _number(out.decode("utf-8", "replace"))
         last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:100]
-        if rc == 0:
-            return None
+        try:
+            if rc == 0:
+                self.distance, how = compare(reference, str(self.out))
+                return how
+        except (OSError, ValueError, EOFError) as e:  # exit 0 without its logits: not a trial that passed
+            return f"exit 0 without its logits ({e})"
+        finally:
+            self.out.unlink(missing_ok=True)
         return last if rc == MISMATCH_EXIT else _died(rc) + (f": {last}" if rc > 0 and last else "")
+
+    def stop(self) -> None:
+        """Kill the child if it still runs, and remove its logits' file."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        self.out.unlink(missing_ok=True)
 
 
 @dataclass
@@ -320,25 +334,31 @@ class Choice:
     key: dict | None = None
     counts: Sequence[int] = ()
     trial: Trial | None = None
+    verbose: bool = False  # llama.cpp's log, for the reference load in this process
 
     def cancel(self) -> None:
         """Stop a trial still running (the caller's own load failed)."""
-        if self.trial is not None and self.trial.proc.poll() is None:
-            self.trial.proc.kill()
-            self.trial.proc.communicate()
+        if self.trial is not None:
+            self.trial.stop()
 
     def finish(self) -> FastPath:
         """The verdict: `guess` if it needed no trial or passed it, else the next mode that does (tried now,
-        one after another), cached."""
+        one after another), cached. The reference decode runs here while the first trial's child runs."""
         if self.trial is None or self.path is None or self.key is None:
             return self.guess
+        try:
+            reference = _reference(self.path, self.verbose)
+        except LocalspecError:  # the file loads in no mode: the real load says why, and nothing is cached
+            self.cancel()
+            return self.guess
+        except BaseException:
+            self.cancel()
+            raise
         failures: list[tuple[str, str]] = []
         chosen, trial, distance = NONE, self.trial, None
         for m in _candidates(self.path, self.guess.extras):
             t = trial if m == trial.mode else Trial(self.path, m, self.counts, _timeout(self.path))
-            how = t.verdict()
-            if how == UNLOADABLE:
-                return self.guess
+            how = t.verdict(reference)
             if how is None:
                 chosen, distance = m, t.distance
                 break
@@ -349,7 +369,8 @@ class Choice:
         return plan
 
 
-def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int = 0) -> Choice:
+def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int = 0,
+          verbose: bool = False) -> Choice:
     """The placement to load `path` with: `mode` when the user chose one, else the cached verdict, else mode
     `all` with its trial started (call `finish`: all, then repack, then none, the first that passes)."""
     extras = tuple(extra_buffer_types())
@@ -364,7 +385,8 @@ def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, 
         m = cached["mode"]
         return Choice(FastPath(m, "cache", tuple(tuple(f) for f in cached.get("failures", ())), extras,
                                repacked=_repacked(path, m), distance=cached.get("distance")))
-    return Choice(FastPath(ALL, "probe", extras=extras), path, key, counts, Trial(path, ALL, counts, _timeout(path)))
+    return Choice(FastPath(ALL, "probe", extras=extras), path, key, counts, Trial(path, ALL, counts, _timeout(path)),
+                  verbose)
 
 
 def choose(path: Path, **kw) -> FastPath:

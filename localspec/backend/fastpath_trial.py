@@ -1,23 +1,23 @@
-"""A fast path's trial, in the child process fastpath.Trial starts:
-`python -m localspec.backend.fastpath_trial PATH MODE COUNTS`.
+"""A fast path's trial. The child process fastpath.Trial starts, `python -m localspec.backend.fastpath_trial PATH
+MODE COUNTS OUT`, loads the model in the mode under trial and runs a short decode at each thread count, and once
+more; the parent, meanwhile, runs the same decode on the reference path (mode none: no extra buffer type, plain
+llama.cpp, safe in any process) and compares (`reference`, `compare`).
 
-The child first runs a short decode on the reference path (mode none: no extra buffer type, plain llama.cpp),
-then loads the model in the mode under trial and runs the same decode at each thread count, and once more. A
-broken kernel either kills the child by a signal, which its parent reads as the verdict, or gives other logits
-than the reference or than its own first run: the child then exits with MISMATCH_EXIT and says by how much. It
-prints the largest distance it saw, so a verdict records its margin. A module of its own, so that the decision
-(fastpath.py) does not import the model that imports it.
+A broken kernel either kills the child by a signal, which its parent reads as the verdict, or gives other logits
+than its own first run (the child then exits with MISMATCH_EXIT and says by how much) or than the reference (the
+parent finds it in the logits the child wrote to OUT). The parent keeps the largest distance, so a verdict records
+its margin. A module of its own, so that the decision (fastpath.py) does not import the model that imports it.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import LocalspecError
-from .fastpath import MISMATCH_EXIT, NONE, REPEAT_TOLERANCE, TOLERANCE, UNLOADABLE_EXIT
+from .fastpath import MISMATCH_EXIT, NONE, REPEAT_TOLERANCE, TOLERANCE
 from .loading import LoadOptions
 from .model import Model
 
@@ -71,37 +71,56 @@ def spread(first: Sequence[np.ndarray], again: Sequence[np.ndarray]) -> float:
     return worst
 
 
-def _load(path: str, mode: str) -> Model:
-    return Model.load(path, LoadOptions(n_ctx=128, n_batch=64, fast_path=mode, mmap=True))
+def _load(path: str, mode: str, verbose: bool = False) -> Model:
+    return Model.load(path, LoadOptions(n_ctx=128, n_batch=64, fast_path=mode, mmap=True, verbose=verbose))
 
 
-def trial(path: str, mode: str, counts: str) -> int:
-    """The trial of `mode` at the thread `counts` ("1,2"): 0 when every decode matched the reference within
-    TOLERANCE and gave the same logits again, MISMATCH_EXIT when one did not, UNLOADABLE_EXIT when the file
-    would not load."""
+def reference(path: str, verbose: bool = False) -> list[np.ndarray]:
+    """The short decode on the reference path at one thread, in this process (the parent, while its child runs
+    the mode under trial): plain llama.cpp, the path every mode is measured against. Raises LocalspecError when
+    the file does not load."""
+    model = _load(path, NONE, verbose)
+    try:
+        return short_decode(model, 1)
+    finally:
+        model.close()
+
+
+def compare(reference_rows: Sequence[np.ndarray], out: str) -> tuple[float, str | None]:
+    """The largest distance of the child's decodes (written to `out`) from the reference's, and why they fail
+    the trial, or None when every one is within TOLERANCE."""
+    with np.load(out) as saved:
+        runs: dict[str, list[np.ndarray]] = {}
+        for name in sorted(saved.files, key=lambda k: [int(x) for x in k.split("_")]):
+            runs.setdefault(name.split("_")[0], []).append(saved[name].astype(np.float64))
+    worst = max((distance(reference_rows, run) for run in runs.values()), default=float("nan"))
+    if worst <= TOLERANCE:  # a NaN is a mismatch too
+        return worst, None
+    return worst, f"next-token distributions {worst:.2g} from the reference's (total variation; tolerance {TOLERANCE})"
+
+
+def trial(path: str, mode: str, counts: str, out: str) -> int:
+    """The child's side of the trial of `mode` at the thread `counts` ("1,2"): 0 when every decode ran and the
+    repeat gave the same logits (its decodes are then in `out`, for the parent to compare with the reference),
+    MISMATCH_EXIT when the repeat did not, 1 when the model would not load in that mode."""
     threads = [int(c) for c in counts.split(",")]
     try:
-        model = _load(path, NONE)
-    except LocalspecError as e:
+        model = _load(path, mode)
+    except LocalspecError as e:  # the parent's reference load says whether the file loads at all
         print(e, file=sys.stderr)
-        return UNLOADABLE_EXIT
-    reference = short_decode(model, 1)
-    model.close()
-    model = _load(path, mode)
+        return 1
     runs = {n: short_decode(model, n) for n in threads}
     again = short_decode(model, threads[-1])
     model.close()
-    worst = max(distance(reference, run) for run in runs.values())
     moved = spread(runs[threads[-1]], again)
-    print(f"{worst:.3g}")
-    if not worst <= TOLERANCE:  # a NaN is a mismatch too
-        print(f"next-token distributions {worst:.2g} from the reference's (total variation; tolerance {TOLERANCE})",
-              file=sys.stderr)
-        return MISMATCH_EXIT
     if not moved <= REPEAT_TOLERANCE:
         print(f"the same decode gave other logits the second time ({moved:.2g} standard deviations)",
               file=sys.stderr)
         return MISMATCH_EXIT
+    # float32, as llama.cpp computed them: exact, and half the bytes (Gemma's 262k-token rows: 6 MB a run)
+    arrays: dict[str, Any] = {f"{n}_{i}": rows.astype(np.float32)
+                              for n, run in runs.items() for i, rows in enumerate(run)}
+    np.savez(out, **arrays)
     return 0
 
 

@@ -120,9 +120,9 @@ class Model:
             split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*options.tensor_split)
             mparams.tensor_split = split
         weights, advisor = place_weights(mparams, p, options)
-        # the fast-path trial (a child process) runs while this process loads: crashes come at compute
+        # the fast-path trial (a child) runs while this process loads and decodes the reference: crashes at compute
         choice = fastpath.begin(p, mode=options.fast_path, n_threads=options.n_threads,
-                                n_gpu_layers=options.n_gpu_layers)
+                                n_gpu_layers=options.n_gpu_layers, verbose=options.verbose)
         overrides = fastpath.apply(mparams, choice.guess)
         try:
             model = load_weights(p, mparams, options)
