@@ -90,6 +90,7 @@ def test_hybrid_lookup_then_the_head_is_plain_decoding(fixture: str, request: py
     spec = _run(path, "--hybrid", "--draft", MTP, "-k", "3", "--no-adaptive")
     plain = _run(path, "--no-spec")
     assert spec["drafter"] == f"lookup+{MTP}" and spec["by_source"][MTP]["draft_n"] > 0
+    assert any(s.startswith("lookup") and v["draft_n"] > 0 for s, v in spec["by_source"].items())  # both drafted
     assert spec["text"] == plain["text"]
     if fixture == "echo_path":
         assert spec["by_source"][MTP]["draft_n_accepted"] > 0
@@ -124,3 +125,27 @@ def test_bench_gives_the_heads_rows_of_their_own(echo_path: Path, tmp_path: Path
 def test_bench_refuses_mtp_for_a_file_without_heads(smollm2_path: Path):
     r = CliRunner().invoke(main, ["bench", "--model", str(smollm2_path), "--draft", MTP, "-k", "2", "-n", "4"])
     assert r.exit_code != 0 and "no target carries MTP heads" in r.output
+
+
+@pytest.mark.slow
+def test_the_heads_cost_is_calibrated_and_cached(qwen35_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The head's c is timed by the load-time calibration with v(γ), kept in the target's cache entry (its key
+    names the head), and read back by the next start; the controller starts from it."""
+    from localspec.engine.loader import EngineConfig, load_engine
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
+    config = EngineConfig(model=str(qwen35_path), draft=MTP, n_ctx=512, threads=1)
+    seen = []
+    for _ in range(2):
+        engine = load_engine(config, log=lambda *a: None)
+        try:
+            ctl = engine.controller
+            cal = ctl.calibration if isinstance(ctl, Adaptive) else None
+            assert cal is not None and cal.costs is not None
+            seen.append((cal.cached, cal.costs.c[MTP], ctl.state().c[MTP]))
+        finally:
+            engine.close()
+    (_, c1, ctl1), (_, c2, _) = seen
+    assert c1 > 0 and c2 == c1 and ctl1 == pytest.approx(c1)
+    keys = [json.loads(p.read_text()).get("key", {}) for p in tmp_path.glob("*.json")]
+    assert any(k.get("mtp") == 1 for k in keys)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..backend import LoadOptions, Model, add_rpc_servers, devicefa, in_own_thread
 from ..backend.machine import CpuMeter
@@ -32,6 +32,9 @@ from ..tuning.calibration import Calibration
 from ..tuning.controller import DEFAULT_K, K_MAX, K_MAX_LOOKUP, K_MIN, Adaptive, FixedK, k_range
 from ..tuning.threads import ThreadControl
 from .engine import Engine
+
+if TYPE_CHECKING:
+    from ..backend.mtp import MtpHead
 
 DEFAULT_CTX = 4096
 
@@ -250,11 +253,13 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     draft = config.draft or NO_DRAFTER
     own_heads = draft == MTP  # the target's own MTP heads draft (alone or after lookup)
     drafter: Drafter | None = None
+    if own_heads:
+        mtp = mtp or make_mtp(target)
     if draft == LOOKUP:
         drafter = make_lookup(config, target)
     elif draft != NO_DRAFTER:
-        if own_heads:
-            costly: Drafter = mtp or make_mtp(target)
+        if mtp is not None and own_heads:
+            costly: Drafter = mtp
         elif draft_model is None:
             raise ValueError(f"drafter {draft} needs its loaded model")
         else:
@@ -264,7 +269,7 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     if config.structure:  # speculative/structure.py: forced text first, then the drafter (if any)
         drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
         draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
-    cal = load_calibration(config, target, drafter, draft_model, meter)
+    cal = load_calibration(config, target, drafter, draft_model, meter, head=_own_head(mtp) if own_heads else None)
     # a model drafter's (or the file's own MTP heads') acceptance, as earlier runs measured it (tuning/acceptance.py)
     own = draft_model.path if draft_model is not None else target.path if own_heads else None
     kept = AcceptanceStore.for_pair(target.path, own) if own is not None else None
@@ -311,15 +316,18 @@ def make_lookup(config: EngineConfig, target: Model) -> PromptLookup:
 
 
 def make_mtp(target: Model) -> MtpDrafter:
-    """The target's own MTP head as its drafter, with its cost c measured now (backend/mtp.py)."""
-    from ..backend.mtp import MtpHead, measure_cost
+    """The target's own MTP head as its drafter (backend/mtp.py); its cost c comes from the calibration."""
+    from ..backend.mtp import MtpHead
 
-    head = MtpHead(target)
-    drafter = MtpDrafter(head)
-    c = in_own_thread(measure_cost, head)  # one-shot compute: see backend/model.py, "Threads"
-    if c is not None:
-        drafter.cost = {MTP: c}
-    return drafter
+    return MtpDrafter(MtpHead(target))
+
+
+def _own_head(drafter: MtpDrafter | None) -> MtpHead | None:
+    """The llama.cpp head under an MTP drafter, whose c the calibration times (a test's fake head has none)."""
+    from ..backend.mtp import MtpHead
+
+    head = drafter.head if drafter is not None else None
+    return head if isinstance(head, MtpHead) else None
 
 
 def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int, int]:
@@ -328,10 +336,12 @@ def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int,
 
 
 def load_calibration(config: EngineConfig, target: Model, drafter: Drafter | None,
-                     draft_model: Model | None, meter: CpuMeter | None = None) -> Calibration | None:
-    """One budgeted, cached calibration (calibration.py) seeds both controllers: γ's v and c, and the step
-    time per thread count. None when neither needs it (threads pinned and no adaptive drafting). The meter
-    says how busy the machine is, so thread times measured on a busy one are not kept for a quiet one."""
+                     draft_model: Model | None, meter: CpuMeter | None = None, *,
+                     head: MtpHead | None = None) -> Calibration | None:
+    """One budgeted, cached calibration (calibration.py) seeds both controllers: γ's v and c (a model drafter's,
+    or `head`'s: the target's own MTP head), and the step time per thread count. None when neither needs it
+    (threads pinned and no adaptive drafting). The meter says how busy the machine is, so thread times measured
+    on a busy one are not kept for a quiet one."""
     adaptive = drafter is not None and config.adaptive
     if config.threads and not adaptive:
         return None
@@ -340,7 +350,7 @@ def load_calibration(config: EngineConfig, target: Model, drafter: Drafter | Non
     # off this thread: a server loads on its main thread and decodes on a worker (backend/model.py, "Threads")
     k_max = _k_range(config, drafter)[1] if adaptive else 0
     return in_own_thread(calibrate, target, k_max=k_max, draft_model=draft_model,
-                         threads=config.threads, others=meter.others if meter is not None else None)
+                         threads=config.threads, others=meter.others if meter is not None else None, head=head)
 
 
 def make_threads(config: EngineConfig, target: Model, draft_model: Model | None,
@@ -362,7 +372,9 @@ def make_controller(config: EngineConfig, k: int, drafter: Drafter, cal: Calibra
         return FixedK(k)
     k_min, k_max = _k_range(config, drafter)
     costs = cal.costs if cal else None
-    measured = {s: costs.c["model"] for s, c in drafter.cost.items() if c is None and costs and "model" in costs.c}
+    # c the drafter left to the calibration: a source's own (the MTP head's), else the model drafter's
+    measured = {s: m for s, c in drafter.cost.items() if c is None and costs
+                and (m := costs.c.get(s, costs.c.get("model"))) is not None}
     ctl = Adaptive(sources=drafter.sources, k_min=k_min, k_max=k_max, v=cal.v if cal else (),
                    t1=costs.t1 if costs else None, c={**drafter.cost, **measured}, prior=drafter.prior,
                    gammas=costs.timed if costs else (), kept=kept)

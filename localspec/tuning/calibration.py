@@ -9,6 +9,8 @@ seconds on a busy machine (docs/bench/calibration.md#calibration-budget), so:
   that cannot finish before `budget_s` is dropped (the budget is overrun by at most one decode), except v(γ)
   when the controller drafts adaptively: it is timed in full however long that takes (once: the
   entry is cached), because every decision rests on it;
+- a target's own MTP head (backend/mtp.py) is a drafter without a file of its own: its c is timed with v(γ) and
+  cached with the target's entry, as a model drafter's is;
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
   version and CPU features, OpenMP settings) + the load options that change costs, so the next start measures
   nothing;
@@ -30,7 +32,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Hashable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping, TypeVar
 
 from ..backend import Model, build_info
 from ..backend.machine import cpu_count, cpu_model, free_cores, openmp_settings
@@ -40,6 +42,9 @@ from .acceptance import file_id
 from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_tokens, thread_times
 from .threads import ThreadControl, candidates, preferred
 
+if TYPE_CHECKING:
+    from ..backend.mtp import MtpHead
+
 SCHEMA = 5  # raised whenever how an entry is measured changes, so older entries are measured again
 # (the versions: docs/bench/calibration.md#cache-schema)
 CONTEXT = 16  # tokens before the probe position (thread counts, flash attention)
@@ -48,13 +53,15 @@ CONTEXT = 16  # tokens before the probe position (thread counts, flash attention
 V_DEPTH = 128
 PROMPT_CHUNK = 32  # tokens per prompt-evaluation timing
 MIN_LEFT = 0.1  # a later stage starts only with this share of the budget left
+MTP = "mtp"  # the MTP head's source name (speculative/mtp.py), its key in Costs.c
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    costs: Costs | None  # v(γ), t1, c ("model" for a model drafter); None if the budget ran out before it
+    costs: Costs | None  # v(γ), t1, c ("model" for a model drafter, MTP for the target's head); None if the budget
+    # ran out before it
     threads: dict[str, dict[int, float]] = field(default_factory=dict)  # phase -> threads -> seconds per unit
     flash_attn: bool | None = None  # None: not measured (llama.cpp's auto)
     complete: bool = True  # False: the budget cut it short
@@ -95,7 +102,8 @@ def _best(times: Mapping[K, float]) -> K | None:
 
 def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
                         cores: int | None = None, counts: list[int] | None = None, flash_attn: bool = True,
-                        repeats: int = 2, have: Calibration | None = None) -> Calibration:
+                        repeats: int = 2, have: Calibration | None = None,
+                        head: MtpHead | None = None) -> Calibration:
     """Measure what a start needs, most useful first, within `budget_s`. Stages `have` (an earlier partial
     entry) holds are skipped. The first stage measured always finishes (so every start makes progress and a
     budget too short for everything still completes over a few starts); a later stage that cannot finish one
@@ -115,12 +123,15 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
         run.per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
     if costs is None:
         costs = _measure_costs(run, target, draft_model, k_max)
+    if costs is not None and head is not None and MTP not in costs.c:
+        costs = _with_head_cost(run, costs, head, must=k_max > 0)
     run.per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
     if flash_attn and fa is None and target.n_past == 0:
         fa = _best(run.stage(lambda d: flash_attn_times(target, toks[:CONTEXT + 1], repeats=repeats, deadline=d))
                    or {})
     phases = {"target", "prompt"} | ({"draft"} if draft_model is not None else set())
-    complete = costs is not None and phases <= set(run.threads) and (fa is not None or not flash_attn)
+    complete = costs is not None and phases <= set(run.threads) and (fa is not None or not flash_attn) \
+        and (head is None or MTP in costs.c)
     return Calibration(costs, run.threads, fa, complete, time.perf_counter() - t0)
 
 
@@ -132,6 +143,25 @@ def _measure_costs(run: "_Stages", target: Model, draft_model: Model | None, k_m
     must = k_max > 0
     return run.stage(lambda d: measure(target, run.toks[:depth + k_max + 1], k_max, repeats=run.repeats,
                                        deadline=None if must else d, drafters=drafters), must=must)
+
+
+def _with_head_cost(run: "_Stages", costs: Costs, head: MtpHead, *, must: bool) -> Costs:
+    """`costs` with the MTP head's c (a head step ÷ a target row, backend/mtp.py's `measure_cost`), timed from
+    an empty cache and left empty; unchanged when the target holds tokens or the stage is not run."""
+    from ..backend.mtp import measure_cost
+
+    target = head.target
+    if target.n_past != 0:
+        return costs
+
+    def timed(_: Deadline) -> float | None:
+        try:
+            return measure_cost(head)
+        finally:
+            target.rewind(0)
+
+    c = run.stage(timed, must=must)
+    return replace(costs, c={**costs.c, MTP: c}) if c is not None else costs
 
 
 class _Stages:
@@ -177,10 +207,12 @@ class _Stages:
 
 # -- the cache ------------------------------------------------------------------------------------------------
 
-def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int) -> dict:
-    """Everything a calibration depends on: the files, the machine, the build, the options that change costs."""
+def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int, head: MtpHead | None = None) -> dict:
+    """Everything a calibration depends on: the files, the machine, the build, the options that change costs (and,
+    with the target's MTP head drafting, its head count: an entry made without the head lacks its c)."""
     o = target.options
-    return {"schema": SCHEMA, "target": file_id(target.path),
+    heads = {"mtp": head.n_heads} if head is not None else {}
+    return heads | {"schema": SCHEMA, "target": file_id(target.path),
             "draft": file_id(draft_model.path) if draft_model is not None else None,
             "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
             "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(), "openmp": openmp_settings(),
@@ -215,15 +247,16 @@ def write_cached(key: Mapping, cal: Calibration) -> None:
 
 def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
               use_cache: bool = True, cores: int | None = None, threads: int | None = None,
-              others: Callable[[], float | None] | None = None) -> Calibration:
+              others: Callable[[], float | None] | None = None, head: MtpHead | None = None) -> Calibration:
     """The cached calibration when there is a complete one (its flash-attention choice applied), else measure
     what the cache entry lacks within `budget_s` and cache the result. `threads` (pinned): measure at that
     count only. `others` reads how many cores other programs use now (the CPU meter): an entry whose thread
     times came from a busy machine is measured again on a quiet one. Flash attention the user set
-    (`target.options.flash_attn` not None) is neither measured nor changed."""
+    (`target.options.flash_attn` not None) is neither measured nor changed. `head`: the target's MTP head, which
+    drafts: its c is measured and cached too."""
     cores = cores or cpu_count()
     user_fa = target.options.flash_attn
-    key = cache_key(target, draft_model, k_max, cores) | {"pinned": threads, "flash_attn": user_fa} \
+    key = cache_key(target, draft_model, k_max, cores, head) | {"pinned": threads, "flash_attn": user_fa} \
         if use_cache else None
     old = read_cached(key) if key else None
     if key and old is None:
@@ -238,7 +271,7 @@ def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, bu
         return old
     cal = measure_calibration(target, k_max=k_max, draft_model=draft_model, budget_s=budget_s, cores=cores,
                               counts=[threads] if threads else _counts_now(cores, now), have=old,
-                              flash_attn=user_fa is None)
+                              flash_attn=user_fa is None, head=head)
     cal = replace(cal, others=others() if others else None)
     if key:
         write_cached(key, cal)
