@@ -314,7 +314,7 @@ def _run_prompts(fam: Family, target: TargetSpec, plan: Plan, prompts, cfgs, ren
 
 def _measure(fam: Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
     """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt); the
-    MTP head's c as the loader measures it (backend/mtp.py, `measure_cost`)."""
+    MTP head's c as the calibration times it (backend/mtp.py, `measure_cost`)."""
     fam.reset()
     costs = measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
     if fam.mtp is None:

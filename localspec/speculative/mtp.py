@@ -4,7 +4,7 @@ A GGUF of Qwen3.5/3.6, GLM-4.5+ or DeepSeek-V3 can carry MTP ("nextn") blocks th
 to predict one token further from its last hidden state. No second model is loaded: the head runs on the
 target's weights in a context of its own (backend/mtp.py drives llama.cpp), reading the hidden states the
 target's own decodes left behind. To the loop it is one more drafter with one source, "mtp", whose cost c the
-loader measures and whose acceptance the controller learns as it does a model drafter's.
+load-time calibration measures and whose acceptance the controller learns as it does a model drafter's.
 
 A draft is chosen as `ModelDrafter` chooses its coupled one: a greedy request takes the head's argmax (what
 llama.cpp's `draft-mtp` driver takes), a sampled one picks at the uniform the target will draw at that position,
@@ -43,7 +43,7 @@ class MtpDrafter:
 
     name: str = MTP
     sources: tuple[str, ...] = (MTP,)
-    cost: Mapping[str, float | None] = {MTP: None}  # measured at load (engine/loader.py), refined online
+    cost: Mapping[str, float | None] = {MTP: None}  # measured at load (tuning/calibration.py), refined online
     # learnt online, as a model drafter's; published heads accept ~0.6-0.8 of first positions and a little less
     # than a small model's later ones (one head reused past its trained offset): docs/bench/mtp.md#prior
     prior: Mapping[str, tuple[float, ...]] = {MTP: (0.7, 0.8)}
