@@ -190,8 +190,15 @@ def test_v_is_timed_at_long_drafts_and_interpolated_between():
 
 
 def test_measure_times_long_drafts_on_the_real_model(target):
+    """Every γ up to 20 gets a cost: the timed ones measured (a finite time, at least one row's), the others
+    interpolated between their timed neighbours. No timing is compared with another: with one repeat on a busy
+    machine a descheduled round can make any γ look dearer than a longer one."""
     c = measure(target, probe_tokens(target, 40), 20, repeats=1)
-    assert len(c.v) == 21 and c.v[20] > c.v[8] > 1.0 and c.timed == (*range(1, 9), 11, 15, 19, 20)
+    assert len(c.v) == 21 and c.timed == (*range(1, 9), 11, 15, 19, 20)
+    assert 0 < c.t1 < float("inf") and c.v[0] == 1.0 and all(1.0 <= x < float("inf") for x in c.v)
+    for lo, hi in zip(c.timed, c.timed[1:]):
+        for g in range(lo + 1, hi):
+            assert min(c.v[lo], c.v[hi]) - 1e-9 <= c.v[g] <= max(c.v[lo], c.v[hi]) + 1e-9
     assert target.tokens == []
 
 
