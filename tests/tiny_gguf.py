@@ -59,7 +59,7 @@ def file_name(arch: str) -> str:
     return f"tiny-{arch}-v{VERSION}.gguf"
 
 
-class _Random:
+class Random:
     """Draws tensors in a fixed order from one seeded generator and keeps them in that order."""
 
     def __init__(self, seed: int) -> None:
@@ -86,18 +86,18 @@ class _Random:
         self.put(name, dt + np.log(-np.expm1(-dt)))  # inverse softplus
 
 
-def _embeddings(r: _Random, n_vocab: int) -> None:
+def embeddings(r: Random, n_vocab: int) -> None:
     r.put("token_embd.weight", r.rng.normal(0.0, EMBD_STD, (n_vocab, N_EMBD)))
 
 
-def _ffn(r: _Random, b: str) -> None:
+def _ffn(r: Random, b: str) -> None:
     r.ones(b + "ffn_norm.weight", N_EMBD)
     r.matrix(b + "ffn_gate.weight", N_FF, N_EMBD)
     r.matrix(b + "ffn_up.weight", N_FF, N_EMBD)
     r.matrix(b + "ffn_down.weight", N_EMBD, N_FF)
 
 
-def _attention(r: _Random, b: str, qk_norm: bool = False) -> None:
+def _attention(r: Random, b: str, qk_norm: bool = False) -> None:
     r.matrix(b + "attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
     r.matrix(b + "attn_k.weight", N_HEAD_KV * HEAD_DIM, N_EMBD)
     r.matrix(b + "attn_v.weight", N_HEAD_KV * HEAD_DIM, N_EMBD)
@@ -107,7 +107,7 @@ def _attention(r: _Random, b: str, qk_norm: bool = False) -> None:
         r.ones(b + "attn_k_norm.weight", HEAD_DIM)
 
 
-def _mamba1(r: _Random, b: str) -> None:
+def _mamba1(r: Random, b: str) -> None:
     """One Mamba-1 mixer: A = -(1..d_state) per channel (the usual S4D-real start), D = 1."""
     r.matrix(b + "ssm_in.weight", 2 * D_INNER, N_EMBD)
     r.matrix(b + "ssm_conv1d.weight", D_INNER, D_CONV)
@@ -120,7 +120,7 @@ def _mamba1(r: _Random, b: str) -> None:
     r.matrix(b + "ssm_out.weight", N_EMBD, D_INNER)
 
 
-def _mamba2(r: _Random, b: str) -> None:
+def _mamba2(r: Random, b: str) -> None:
     """One Mamba-2 mixer: in_proj gives z, x, B, C and dt per head; A = -(1..n_heads), D = 1, grouped RMS norm."""
     conv_dim = D_INNER + 2 * N_GROUP * D_STATE
     r.matrix(b + "ssm_in.weight", D_INNER + conv_dim + DT_RANK, N_EMBD)
@@ -133,15 +133,15 @@ def _mamba2(r: _Random, b: str) -> None:
     r.matrix(b + "ssm_out.weight", N_EMBD, D_INNER)
 
 
-def _shortconv(r: _Random, b: str) -> None:
+def _shortconv(r: Random, b: str) -> None:
     """One LFM2 short convolution: in_proj gives the gates B, C and the input x; the kernel is l_cache wide."""
     r.matrix(b + "shortconv.in_proj.weight", 3 * N_EMBD, N_EMBD)
     r.matrix(b + "shortconv.conv.weight", N_EMBD, L_CACHE)
     r.matrix(b + "shortconv.out_proj.weight", N_EMBD, N_EMBD)
 
 
-def _mamba(r: _Random, n_vocab: int) -> dict[str, Any]:
-    _embeddings(r, n_vocab)
+def _mamba(r: Random, n_vocab: int) -> dict[str, Any]:
+    embeddings(r, n_vocab)
     r.ones("output_norm.weight", N_EMBD)
     n_layer = 2
     for i in range(n_layer):
@@ -152,8 +152,8 @@ def _mamba(r: _Random, n_vocab: int) -> dict[str, Any]:
             "ssm.state_size": D_STATE, "ssm.time_step_rank": DT_RANK}
 
 
-def _lfm2(r: _Random, n_vocab: int) -> dict[str, Any]:
-    _embeddings(r, n_vocab)
+def _lfm2(r: Random, n_vocab: int) -> dict[str, Any]:
+    embeddings(r, n_vocab)
     r.ones("token_embd_norm.weight", N_EMBD)  # LFM2's final norm goes by this name
     kv_heads = [0, 0, N_HEAD_KV, 0]  # 0: a short-convolution layer
     for i, n_kv in enumerate(kv_heads):
@@ -168,8 +168,8 @@ def _lfm2(r: _Random, n_vocab: int) -> dict[str, Any]:
             "attention.head_count_kv": kv_heads, "shortconv.l_cache": L_CACHE, "rope.freq_base": ROPE_BASE}
 
 
-def _granitehybrid(r: _Random, n_vocab: int) -> dict[str, Any]:
-    _embeddings(r, n_vocab)
+def _granitehybrid(r: Random, n_vocab: int) -> dict[str, Any]:
+    embeddings(r, n_vocab)
     r.ones("output_norm.weight", N_EMBD)
     kv_heads = [0, N_HEAD_KV, 0, 0]  # 0: a Mamba-2 layer
     for i, n_kv in enumerate(kv_heads):
@@ -186,7 +186,7 @@ def _granitehybrid(r: _Random, n_vocab: int) -> dict[str, Any]:
             "rope.freq_base": ROPE_BASE}
 
 
-_BUILDERS: dict[str, Callable[[_Random, int], dict[str, Any]]] = {
+_BUILDERS: dict[str, Callable[[Random, int], dict[str, Any]]] = {
     "mamba": _mamba, "lfm2": _lfm2, "granitehybrid": _granitehybrid}
 
 
@@ -213,6 +213,13 @@ def _tokenizer(path: Path, mtime_ns: int) -> tuple[tuple[str, Any, Any, Any], ..
     return tuple(tokenizer_fields(path))
 
 
+def read_tokenizer(tokenizer_from: Path) -> tuple[tuple[tuple[str, Any, Any, Any], ...], int]:
+    """The tokenizer keys of the GGUF `tokenizer_from` (cached per file and process) and its vocabulary size: what
+    every tiny writer copies, here and in tiny_rwkv6.py."""
+    fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
+    return fields, len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
+
+
 def write_tiny(arch: str, tokenizer_from: Path, out: Path, *, seed: int = 0) -> Path:
     """Write a tiny random `arch` model with the tokenizer of the GGUF `tokenizer_from` to `out`.
 
@@ -222,9 +229,8 @@ def write_tiny(arch: str, tokenizer_from: Path, out: Path, *, seed: int = 0) -> 
 
     if arch not in _BUILDERS:
         raise ValueError(f"unknown tiny arch {arch!r}; known: {', '.join(ARCHS)}")
-    fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
-    n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
-    r = _Random(seed)
+    fields, n_vocab = read_tokenizer(tokenizer_from)
+    r = Random(seed)
     hparams = _BUILDERS[arch](r, n_vocab)
 
     return write_gguf(out, arch, f"localspec tiny {arch} v{VERSION} seed {seed}", hparams, n_vocab, fields,
@@ -266,7 +272,7 @@ QWEN35_K_HEADS, QWEN35_V_HEADS = 2, 4  # gated delta-net key heads (ssm.group_co
 QWEN35_ROT = 8  # rotary dims of a head (here all of them; Qwen3.5 rotates a quarter), in IMROPE sections of 2, 1, 1
 
 
-def _qwen35_attention(r: _Random, b: str) -> None:
+def _qwen35_attention(r: Random, b: str) -> None:
     """Gated attention: attn_q gives the query and its output gate (2 × head_dim per head)."""
     r.ones(b + "attn_norm.weight", N_EMBD)
     r.ones(b + "post_attention_norm.weight", N_EMBD)
@@ -278,7 +284,7 @@ def _qwen35_attention(r: _Random, b: str) -> None:
     r.ones(b + "attn_k_norm.weight", HEAD_DIM)
 
 
-def _qwen35_delta_net(r: _Random, b: str) -> None:
+def _qwen35_delta_net(r: Random, b: str) -> None:
     """One gated delta-net mixer: head dims d_state (16), conv over q, k and v, decay gate -exp(A) · softplus."""
     key_dim, value_dim = D_STATE * QWEN35_K_HEADS, D_STATE * QWEN35_V_HEADS
     conv_dim = 2 * key_dim + value_dim
@@ -295,14 +301,14 @@ def _qwen35_delta_net(r: _Random, b: str) -> None:
     r.matrix(b + "ssm_out.weight", N_EMBD, value_dim)
 
 
-def _qwen35_ffn(r: _Random, b: str) -> None:
+def _qwen35_ffn(r: Random, b: str) -> None:
     r.matrix(b + "ffn_gate.weight", N_FF, N_EMBD)
     r.matrix(b + "ffn_up.weight", N_FF, N_EMBD)
     r.matrix(b + "ffn_down.weight", N_EMBD, N_FF)
 
 
-def _qwen35(r: _Random, n_vocab: int) -> dict[str, Any]:
-    _embeddings(r, n_vocab)
+def _qwen35(r: Random, n_vocab: int) -> dict[str, Any]:
+    embeddings(r, n_vocab)
     r.ones("output_norm.weight", N_EMBD)
     for i in range(QWEN35_TRUNK):
         b = f"blk.{i}."
@@ -337,9 +343,8 @@ def write_qwen35_echo(tokenizer_from: Path, out: Path, *, seed: int = 0, noise: 
     noise 0 the head predicts what the trunk will, so every draft is accepted; with some, drafts part from the
     trunk where its top choices are close. For acceptance counts that are neither 0 nor all."""
 
-    fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
-    n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
-    r = _Random(seed)
+    fields, n_vocab = read_tokenizer(tokenizer_from)
+    r = Random(seed)
     hparams = _qwen35(r, n_vocab)
     silent = ("ssm_out.weight", "attn_output.weight", "ffn_down.weight")
     eh = np.concatenate([np.eye(N_EMBD), np.zeros((N_EMBD, N_EMBD))], axis=1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tiny_gguf import N_EMBD, N_FF, _embeddings, _Random, _tokenizer, write_gguf
+from tiny_gguf import N_EMBD, N_FF, Random, embeddings, read_tokenizer, write_gguf
 
 VERSION = 1  # part of the file name: bump it when what the file holds changes
 N_LAYER = 2
@@ -28,17 +28,17 @@ def file_name() -> str:
     return f"tiny-rwkv6-v{VERSION}.gguf"
 
 
-def _norm(r: _Random, name: str) -> None:
+def _norm(r: Random, name: str) -> None:
     r.ones(name + ".weight", N_EMBD)
     r.zeros(name + ".bias", N_EMBD)
 
 
-def _lerp(r: _Random, name: str, *lead: int) -> None:
+def _lerp(r: Random, name: str, *lead: int) -> None:
     """A token-shift mix in [0, 1], as trained RWKV models have."""
     r.put(name, r.rng.uniform(0.0, 1.0, (*lead, 1, 1, N_EMBD)))
 
 
-def _layer(r: _Random, b: str) -> None:
+def _layer(r: Random, b: str) -> None:
     _norm(r, b + "attn_norm")
     _norm(r, b + "attn_norm_2")
     r.matrix(b + "time_mix_w1.weight", MIX_DIM * 5, N_EMBD)
@@ -63,10 +63,9 @@ def write_rwkv6(tokenizer_from: Path, out: Path, *, seed: int = 0) -> Path:
     """Write the tiny RWKV-6 with the tokenizer of the GGUF `tokenizer_from` to `out` (under a temporary name,
     then renamed, so a run cut short never leaves a half file under the real name)."""
 
-    fields = _tokenizer(Path(tokenizer_from), Path(tokenizer_from).stat().st_mtime_ns)
-    n_vocab = len(next(v for name, v, *_ in fields if name == "tokenizer.ggml.tokens"))
-    r = _Random(seed)
-    _embeddings(r, n_vocab)
+    fields, n_vocab = read_tokenizer(tokenizer_from)
+    r = Random(seed)
+    embeddings(r, n_vocab)
     _norm(r, "token_embd_norm")
     for i in range(N_LAYER):
         _layer(r, f"blk.{i}.")
