@@ -29,7 +29,6 @@ from gpu_common import K_MAX, _bin, _load, _run, _save, _value
 from gpu_measure import cmd_costs, cmd_measure
 from gpu_report import cmd_report
 
-
 # -- subcommands -----------------------------------------------------------------------------------------------
 
 def cmd_note(a) -> int:
