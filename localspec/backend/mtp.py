@@ -15,10 +15,10 @@ the classic `llama_batch` (token ids and `embd` both set), which llama.cpp turns
 
 `MtpHead` keeps the target's hidden state for every position the target has decoded (the target calls
 `_after_target_decode` after each chunk: `Model.on_decode`), brings the head's own KV cache up to the accepted
-context lazily when a draft is asked for, and drops what the draft steps wrote afterwards. Only the shape with one
-trained head and a KV cache of its own (qwen35, qwen35moe, glm4moe, deepseek) is driven here: chained heads
-(step35) and a head that shares the target's cache (gemma4) need `llama_set_nextn_layer_offset` and
-`llama_get_ctx_other` and are not done yet.
+context lazily when a draft is asked for, and drops what the draft steps wrote afterwards. This drives one trained
+head with a KV cache of its own (qwen35, qwen35moe, glm4moe, deepseek); a file with several heads chains them
+(step35: mtp_chain.py, which `open_head` picks); a head that shares the target's cache (gemma4) needs
+`llama_get_ctx_other` and is not done yet.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class MtpHead:
     """The target's MTP head as a drafter's engine: `start(context)` gives the head's logits for the token after
     the context, `step(token)` feeds a drafted token and gives the next row, `finish()` drops the draft steps.
     Invariant: the head's cache holds `tokens[p]` at position p, each paired with the target's h_{p-1}."""
+
+    max_draft: int | None = None  # the most tokens one draft may have: one head drafts as far as asked
 
     def __init__(self, target: Model) -> None:
         if target.on_decode is not None:
@@ -133,6 +135,22 @@ class MtpHead:
         """Logits for the token after `context`, from the pair (context[-1], h of the token before it); None when
         the target has not yet decoded context[:-1] (a prompt tail that its first verify pass evaluates)."""
         n = len(context)
+        keep = self._prepare(context)
+        if keep is None:
+            return None
+        # the pairs the head lacks, then the last token's pair alone: llama.cpp copies a head's hidden states from
+        # the first rows of its batch (its graph does not pick the output rows first), so the row whose hidden
+        # state the next draft step reads must be a batch of its own, as in llama.cpp's draft-mtp driver
+        self._catch_up(context[:n - 1], keep)
+        self._decode(context[n - 1:n], [self._h_at(n - 2)], n - 1, out=True)
+        self.tokens = list(context[:n])
+        self._draft_pos = n
+        return self._logits()
+
+    def _prepare(self, context: Sequence[int]) -> int | None:
+        """How much of the head's cache still holds pairs of `context[:-1]` (the cache is cut there), or None when
+        the context does not fit or the target has not decoded context[:-1]."""
+        n = len(context)
         if n < 1 or n + 1 > self.target.n_ctx:
             return None
         if not self._known(context[:n - 1]):
@@ -144,17 +162,14 @@ class MtpHead:
         keep = min(_common_prefix(self.tokens, context[:n - 1]), self._stale)
         self._cut(keep)
         self._stale = 1 << 62
-        # the pairs the head lacks, then the last token's pair alone: llama.cpp copies a head's hidden states from
-        # the first rows of its batch (its graph does not pick the output rows first), so the row whose hidden
-        # state the next draft step reads must be a batch of its own, as in llama.cpp's draft-mtp driver
+        return keep
+
+    def _catch_up(self, prefix: Sequence[int], keep: int) -> None:
+        """Decode the pairs of `prefix` from position `keep` on (no outputs), in batches of n_batch."""
         step = self.target.options.n_batch
-        for at in range(keep, n - 1, step):
-            end = min(at + step, n - 1)
-            self._decode(context[at:end], [self._h_at(p - 1) for p in range(at, end)], at, out=False)
-        self._decode(context[n - 1:n], [self._h_at(n - 2)], n - 1, out=True)
-        self.tokens = list(context[:n])
-        self._draft_pos = n
-        return self._logits()
+        for at in range(keep, len(prefix), step):
+            end = min(at + step, len(prefix))
+            self._decode(prefix[at:end], [self._h_at(p - 1) for p in range(at, end)], at, out=False)
 
     def _known(self, prefix: Sequence[int]) -> bool:
         """Whether the target's hidden state of every token of `prefix` is at hand. Rows a decode did not leave

@@ -316,10 +316,11 @@ def make_lookup(config: EngineConfig, target: Model) -> PromptLookup:
 
 
 def make_mtp(target: Model) -> MtpDrafter:
-    """The target's own MTP head as its drafter (backend/mtp.py); its cost c comes from the calibration."""
-    from ..backend.mtp import MtpHead
+    """The target's own MTP head(s) as its drafter (backend/mtp.py, chained heads: mtp_chain.py); its cost c comes
+    from the calibration."""
+    from ..backend.mtp_chain import open_head
 
-    return MtpDrafter(MtpHead(target))
+    return MtpDrafter(open_head(target))
 
 
 def _own_head(drafter: MtpDrafter | None) -> MtpHead | None:

@@ -54,6 +54,9 @@ class MtpDrafter:
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         k = k_for(self.name)
+        limit = getattr(self.head, "max_draft", None)  # chained heads: one draft token per head (mtp_chain.py)
+        if limit is not None:
+            k = min(k, limit)
         if k <= 0:
             return EMPTY
         logits = self.head.start(context)
