@@ -96,7 +96,7 @@ def test_a_restart_starts_from_the_kept_measurement(tmp_path):
     simulate(first, 0.95, 0.5, F32_V, 60)
     assert store.save(first.measurements())
     kept = store.load()
-    assert 0 < kept["model"].n[0] <= KEEP_N and kept["model"].alpha > 0.9
+    assert 0 < kept["model"].n[0] <= KEEP_N and kept["model"].alpha > 0.85  # 0.95 measured over ~45 decayed rounds
     second = controller(kept=kept)
     est = second.src["model"]
     assert not est.trial and est.on and second.choose_k() >= 3

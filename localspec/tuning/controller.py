@@ -89,8 +89,12 @@ class FixedK:
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
-# a trial stops after costing this many target steps beyond what it gave: 2 % of a 128-token answer's plain time
-TRIAL_BUDGET = 0.02 * 128
+# a trial stops after costing this many target steps beyond what it gave: 3 % of a 128-token answer's plain time
+TRIAL_BUDGET = 0.03 * 128
+# a drafter with a cost forgets more slowly than a free one: its acceptance belongs to the pair more than to the
+# text, and γ chosen from ~20 decayed rounds flipped between neighbours on noise (3 % below the best fixed k in
+# simulation, 1.5 % at this decay: docs/bench/adaptive.md#measured-before-judged)
+DECAY_COSTLY = 0.98
 T1_REFRESH = 32  # a plain round at least this often while a drafter with a cost drafts (and at a request's start)
 KEEP_Z = 1.0  # a drafter with a cost that is on switches off once its rate at α + KEEP_Z sd falls below off_below
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
@@ -237,7 +241,7 @@ class Adaptive:
         if est.probe_due:  # the probe was drafted: the next one waits a doubled interval
             est.probe_due = False
             est.probe_every = min(2 * est.probe_every, self.probe_max)
-        est.update(step.drafted, step.accepted, self.decay)
+        est.update(step.drafted, step.accepted, self.decay if est.c < _C_FREE else max(self.decay, DECAY_COSTLY))
         if decide:
             self._decide(name)
         return est
@@ -269,7 +273,7 @@ class Adaptive:
         # off until the prior clears on_above, and then off like a source that switched off: first probe after
         # probe_every rounds; a drafter with a cost is on trial instead (`_trial_over`)
         est = SourceEstimate(alpha_prior=first, later=tuple(later), c=c, on=False, probe_every=self.probe_every,
-                             trial=c >= _C_FREE)
+                             trial=c >= _C_FREE, carries=c >= _C_FREE)
         if (k := self.kept.get(source)) is not None:
             est.seed(k.n, k.a, k.rounds)
             est.trial = est.trial and not k.judged  # an earlier run's trial judged it: decide from its counts

@@ -21,6 +21,7 @@ class SourceEstimate:
 
     alpha_prior: float = 0.7  # prior acceptance of the first draft position ...
     later: tuple[float, ...] = ()  # ... and of the later ones, by PRIOR_FROM (empty: each leans on the one before)
+    carries: bool = False  # a later position's prior is at least the estimate of the one before it (a model drafter)
     c: float = 0.0
     n: list[float] = field(default_factory=list)  # decayed observations per position (position reached)
     a: list[float] = field(default_factory=list)  # ... accepted
@@ -43,7 +44,10 @@ class SourceEstimate:
     def alphas(self, k: int, prior_n: float = 2.0) -> list[float]:
         """α_1..α_k: each position's counts over its prior, which is `alpha_prior` for the first and the
         position's value of `later` (by `PRIOR_FROM`) when the drafter declared one, else the estimate of the
-        position before."""
+        position before. With `carries`, a later position's prior is never below the estimate of the one before:
+        a model drafter's accepted tokens come in runs (Gemma-3-270M's Q4_0 copy at k = 8: 0.78 at the first position,
+        0.83-1.0 at positions 2-8), and a deep position seldom drafted would otherwise sit at the declared prior
+        and keep γ shorter than the text pays for."""
         hit = self._alphas.get((k, prior_n))
         if hit is not None:
             return list(hit)
@@ -53,6 +57,8 @@ class SourceEstimate:
             n = self.n[i] if i < len(self.n) else 0.0
             a = self.a[i] if i < len(self.a) else 0.0
             prior = prev if i == 0 or not self.later else self._later_at(i)
+            if i and self.carries:
+                prior = max(prior, prev)
             prev = (a + prior_n * prior) / (n + prior_n)
             out.append(prev)
         self._alphas[(k, prior_n)] = tuple(out)
