@@ -111,6 +111,18 @@ def test_a_kept_low_acceptance_starts_off(tmp_path):
     assert not second.src["model"].on and second.choose_k() == 0
 
 
+def test_a_restart_resumes_the_state_it_was_kept_in():
+    """Acceptance 0.8 at c = 0.5 pays about 1.08×: between off_below (1.0) and on_above (1.1). Measured on, it
+    starts on again; the same counts kept off stay off: the hysteresis goes on from where it was left."""
+    n, a = (24.0, 19.2, 15.4, 12.3), (19.2, 15.4, 12.3, 9.8)
+    on = controller(kept={"model": Kept(n, a, 60, 0.0, judged=True, on=True)})
+    off = controller(kept={"model": Kept(n, a, 60, 0.0, judged=True, on=False)})
+    assert 1.0 < on.src["model"].rate < 1.1
+    assert on.src["model"].on and on.choose_k() > 0
+    assert not off.src["model"].on and off.choose_k() == 0
+    assert Kept.from_dict(Kept(n, a, 60, 0.0, judged=True, on=True).to_dict()).on
+
+
 def test_kept_counts_fade_toward_the_prior_with_age():
     k = Kept((20.0, 18.0), (19.0, 17.0), 40, at=1_000_000.0)
     week = 7 * 86400

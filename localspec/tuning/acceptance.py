@@ -41,6 +41,7 @@ class Kept:
     rounds: int
     at: float  # when they were written (seconds since the epoch)
     judged: bool = False  # the trial that measured them ended (controller._trial_over): no new trial is due
+    on: bool = False  # ... and whether the source was drafting when they were written: the next start resumes it
 
     def faded(self, now: float) -> "Kept":
         """The counts as they weigh now: halved every HALF_LIFE_DAYS, then capped at KEEP_N. A judgement older
@@ -50,7 +51,7 @@ class Kept:
         if self.n and self.n[0] * w > KEEP_N:
             w = KEEP_N / self.n[0]
         return Kept(tuple(w * x for x in self.n), tuple(w * x for x in self.a), self.rounds, self.at,
-                    self.judged and age < 1)
+                    self.judged and age < 1, self.on)
 
     @property
     def alpha(self) -> float | None:
@@ -59,14 +60,15 @@ class Kept:
 
     def to_dict(self) -> dict:
         return {"n": [round(x, 4) for x in self.n], "a": [round(x, 4) for x in self.a], "rounds": self.rounds,
-                "at": round(self.at, 1), "judged": self.judged}
+                "at": round(self.at, 1), "judged": self.judged, "on": self.on}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Kept":
         n, a = tuple(float(x) for x in d["n"]), tuple(float(x) for x in d["a"])
         if len(n) != len(a) or any(x < 0 or y < 0 or y > x + 1e-6 for x, y in zip(n, a)):
             raise ValueError("inconsistent counts")
-        return cls(n, a, int(d.get("rounds", 0)), float(d["at"]), bool(d.get("judged", False)))
+        return cls(n, a, int(d.get("rounds", 0)), float(d["at"]), bool(d.get("judged", False)),
+                   bool(d.get("on", False)))
 
 
 def kept_sources(sources: Mapping[str, Kept]) -> dict[str, Kept]:

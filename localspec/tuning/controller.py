@@ -277,6 +277,10 @@ class Adaptive:
         if (k := self.kept.get(source)) is not None:
             est.seed(k.n, k.a, k.rounds)
             est.trial = est.trial and not k.judged  # an earlier run's trial judged it: decide from its counts
+            # ... starting from the state it was left in, so the hysteresis goes on from there: a pair that pays
+            # 1.08× (Gemma-3-270M F16 + its Q4_0 copy) measured on, started off, would need on_above (1.1) to
+            # draft again and never did
+            est.on = k.judged and k.on
         return est
 
     def _next_k(self, est: SourceEstimate) -> int:
@@ -396,7 +400,7 @@ class Adaptive:
     def measurements(self) -> dict[str, Kept]:
         """Each source's acceptance counts as its rounds left them, to keep for the pair's next run."""
         now = time.time()
-        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not e.trial)
+        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not e.trial, on=e.on)
                 for s, e in self.src.items() if e.measured}
 
     # -- reporting --
