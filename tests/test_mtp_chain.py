@@ -187,6 +187,16 @@ def test_each_heads_cache_follows_the_accepted_context(step35_path: Path, target
     assert np.abs(rows[0] - rows[1]).max() > 0.01  # the heads differ: the second is not the first again
 
 
+def test_the_controller_plans_no_draft_longer_than_the_heads(step35_path: Path, drafter: MtpDrafter):
+    """γ's range stops at the head count, so the controller prices only drafts the heads can make; a pinned
+    longer k is cut to it as well."""
+    from localspec.engine.loader import EngineConfig, _k_range
+
+    assert drafter.max_k == HEADS
+    assert _k_range(EngineConfig(model=str(step35_path)), drafter) == (1, HEADS)
+    assert _k_range(EngineConfig(model=str(step35_path), k=8), drafter) == (HEADS, HEADS)
+
+
 def test_cost_is_measured(drafter: MtpDrafter):
     c = measure_cost(drafter.head)  # type: ignore[arg-type]
     assert c is not None and c > 0

@@ -332,8 +332,14 @@ def _own_head(drafter: MtpDrafter | None) -> MtpHead | None:
 
 
 def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int, int]:
-    return k_range(drafter.sources if drafter is not None else (), k=config.k, k_min=config.k_min, k_max=config.k_max,
-                   k_max_lookup=config.k_max_lookup)
+    """γ's range for this drafter, within the longest draft it can make (a file's chained MTP heads: one each)."""
+    lo, hi = k_range(drafter.sources if drafter is not None else (), k=config.k, k_min=config.k_min,
+                     k_max=config.k_max, k_max_lookup=config.k_max_lookup)
+    cap = getattr(drafter, "max_k", None)
+    if cap:
+        hi = min(hi, cap)
+        lo = min(lo, hi)
+    return lo, hi
 
 
 def load_calibration(config: EngineConfig, target: Model, drafter: Drafter | None,

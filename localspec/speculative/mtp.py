@@ -51,12 +51,17 @@ class MtpDrafter:
     def __init__(self, head: Head) -> None:
         self.head = head
 
+    @property
+    def max_k(self) -> int | None:
+        """The longest draft the head can make, None for any: chained heads draft one token each (mtp_chain.py),
+        so the controller plans γ within it (engine/loader.py `_k_range`) and prices no draft it cannot make."""
+        return getattr(self.head, "max_draft", None)
+
     def propose(self, context: Sequence[int], k_for: KFor, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         k = k_for(self.name)
-        limit = getattr(self.head, "max_draft", None)  # chained heads: one draft token per head (mtp_chain.py)
-        if limit is not None:
-            k = min(k, limit)
+        if self.max_k is not None:
+            k = min(k, self.max_k)
         if k <= 0:
             return EMPTY
         logits = self.head.start(context)
