@@ -171,3 +171,22 @@ def test_closing_the_drafter_frees_the_target(pair):
     assert target.on_decode is None
     target.rewind(0)
     target.decode(target.tokenize(PROMPT, add_special=True), 1)  # no rows kept, nothing read: still decodes
+
+
+def test_a_rebuilt_target_context_keeps_drafting(pair, drafter: Eagle3Drafter):
+    """A flash attention switch rebuilds the target's context (the calibration makes one), which may come back at
+    the old address without the rows switched on: the drafter tells, and still drafts plain decoding's text."""
+    _, _, _, target, reference = pair
+    prompt = target.tokenize(PROMPT, add_special=True)
+    _run(target, prompt, drafter, k=3, n=8)
+    was = target.options.flash_attn
+    try:
+        for on in (True, False):  # twice, so that one of them is a change whatever llama.cpp chose
+            target.set_flash_attn(on)
+            target.decode(prompt[:-1], 0)  # the calibration decodes on the new context before any draft
+            spec, steps = _run(target, prompt, drafter, k=3, n=20)
+            plain, _ = _run(reference, prompt, n=20)
+            assert sum(s.drafted for s in steps) > 0
+            _same_or_near_tie(reference, prompt, plain, spec)
+    finally:
+        target.set_flash_attn(was)

@@ -56,10 +56,6 @@ def is_eagle3(path: str | Path) -> bool:
         return False
 
 
-def _address(pointer: Any) -> int | None:
-    return ctypes.cast(pointer, ctypes.c_void_p).value
-
-
 class Eagle3Head:
     """An EAGLE-3 drafter as a drafter's engine (speculative/eagle3.py): `start(context)` gives the logits for the
     token after the context, `step(token)` feeds a drafted token and gives the next row, `finish()` drops the draft
@@ -133,7 +129,7 @@ class Eagle3Head:
             raise RuntimeError(f"llama.cpp could not make a context for {self.path.name}")
         self._ctx = ctx
         self._n_ubatch = int(llama_cpp.llama_n_ubatch(ctx))  # llama.cpp encodes a batch in one ubatch or aborts
-        self._target_ctx = _address(t.ctx_pointer)
+        self._target_ctx = t.context  # held: the identity tells a rebuilt context (its address may be reused)
         _set_embeddings_nextn(ctx, True, True)  # g from the encoder, the pre-norm state from the decoder
         self._switch_target_rows(True)
         self.tokens: list[int] = []
@@ -152,7 +148,7 @@ class Eagle3Head:
         if start < len(self._g_tokens):
             self._stale = min(self._stale, start)
             del self._g_tokens[start:]
-        if _address(self.target.ctx_pointer) != self._target_ctx:  # rebuilt (a flash attention switch)
+        if self.target.context is not self._target_ctx:  # rebuilt (a flash attention switch)
             self._new_context()  # these rows were not kept: `_known` has the target decode them again
             return
         if start > len(self._g_tokens):
@@ -215,7 +211,7 @@ class Eagle3Head:
         """Logits for the token after `context`, from the pair (context[-1], g of the token before it); None when
         the target has not decoded context[:-1] or the context is a single token."""
         n = len(context)
-        if _address(self.target.ctx_pointer) != self._target_ctx:  # rebuilt: ctx_other must not point at the old
+        if self.target.context is not self._target_ctx:  # rebuilt: ctx_other must not point at the old one
             self._new_context()
         if n < 2 or n + 1 > self.target.n_ctx or not self._known(context[:n - 1]):
             return None
@@ -299,7 +295,7 @@ class Eagle3Head:
         if target.on_decode == self._after_target_decode:
             target.on_decode = None
         if self._ctx is not None:
-            if _address(target.ctx_pointer) == self._target_ctx:
+            if target.context is self._target_ctx:
                 self._switch_target_rows(False)  # the target stops keeping rows nobody reads
             llama_cpp.llama_free(self._ctx)
             self._ctx = None

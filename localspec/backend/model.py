@@ -202,6 +202,12 @@ class Model:
         return self._ctx.ctx
 
     @property
+    def context(self) -> object:
+        """The llama context's wrapper: a new object whenever the context is rebuilt (set_flash_attn), where a
+        new llama context may reuse the old one's address. A reader that set flags on it (eagle3.py) holds it."""
+        return self._ctx
+
+    @property
     def cuts_in_place(self) -> bool:
         """Whether a rewind only drops cache entries (attention), or restores a checkpoint (rollback.py)."""
         return self._rollback is None
