@@ -213,10 +213,13 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
         raise IncompatibleDrafter(f"{target_ref.name} carries no MTP heads to draft with "
                                   "(use --draft NAME or --lookup)")
     draft_model: Model | None = None
+    eagle3: Path | None = None  # an EAGLE-3 drafter file: it runs beside the target, made once the target is loaded
     judged = True  # the drafter's size judged before the load (warn_if_too_large)
     if draft not in (LOOKUP, NO_DRAFTER, MTP):
         draft_ref = resolve_model(draft, log=log)
         check_drafter(target_ref.path, draft_ref.path, target_name=target_ref.name, drafter_name=draft_ref.name)
+        eagle3 = draft_ref.path if _is_eagle3(draft_ref.path) else None
+    if draft not in (LOOKUP, NO_DRAFTER, MTP) and eagle3 is None:
         ngl_d = config.ngl_draft
         if ngl_d is None:
             ngl_d = _draft_ngl(config, target_ref.name, draft_ref, ngl)
@@ -234,8 +237,10 @@ def load_engine(config: EngineConfig, *, controller: Controller | None = None, l
             devicefa.settle(m, log)  # flash attention on a GPU device: tested once per device and build
     devicefa.name_suspect([m for m in (target, draft_model) if m is not None])  # for a crash line
     template = target_ref.entry.chat_template if target_ref.entry else None
+    if eagle3 is not None:
+        draft = draft_ref.name
     engine = assemble(replace(config, draft=draft), target, draft_model, name=target_ref.name, template=template,
-                      k=k, meter=meter, controller=controller)
+                      k=k, meter=meter, controller=controller, mtp=make_eagle3(target, eagle3) if eagle3 else None)
     if not judged and engine.drafter is not None:
         warn_if_measured_too_large(engine, draft, log=log)
     return engine
@@ -248,7 +253,8 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     one way every front end gets them (`load_engine`, and the bench, which loads a target once for all its
     rows). `config.draft` is resolved here: LOOKUP, NO_DRAFTER, MTP, or the name of `draft_model`. `mtp` is the
     target's head drafter when the caller made it already: a target reports its decodes to one head, so the
-    bench's rows share one. FixedK's γ is `config.k`, else `k` (the registry pair's)."""
+    bench's rows share one; or, with no `draft_model`, the EAGLE-3 drafter file `load_engine` made. FixedK's γ
+    is `config.k`, else `k` (the registry pair's)."""
     k = config.k if config.k is not None else k
     draft = config.draft or NO_DRAFTER
     own_heads = draft == MTP  # the target's own MTP heads draft (alone or after lookup)
@@ -258,7 +264,7 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     if draft == LOOKUP:
         drafter = make_lookup(config, target)
     elif draft != NO_DRAFTER:
-        if mtp is not None and own_heads:
+        if mtp is not None and (own_heads or draft_model is None):
             costly: Drafter = mtp
         elif draft_model is None:
             raise ValueError(f"drafter {draft} needs its loaded model")
@@ -321,6 +327,22 @@ def make_mtp(target: Model) -> MtpDrafter:
     from ..backend.mtp_chain import open_head
 
     return MtpDrafter(open_head(target))
+
+
+def _is_eagle3(path: Path) -> bool:
+    """Whether `path` is an EAGLE-3 drafter file (imported here: backend.eagle3 loads llama_cpp)."""
+    from ..backend.eagle3 import is_eagle3
+
+    return is_eagle3(path)
+
+
+def make_eagle3(target: Model, path: Path) -> MtpDrafter:
+    """An EAGLE-3 drafter file as the target's drafter (backend/eagle3.py), fed the target's hidden states; its
+    cost c is not calibrated at load but learnt online (the controller starts it unknown)."""
+    from ..backend.eagle3 import Eagle3Head
+    from ..speculative.eagle3 import Eagle3Drafter
+
+    return Eagle3Drafter(Eagle3Head(target, path))
 
 
 def _own_head(drafter: MtpDrafter | None) -> MtpHead | None:
