@@ -52,7 +52,9 @@ class ServerProcess:
     def __init__(self, args: list[str], *, timeout: float = 300.0, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.timeout = timeout
-        self.env = {**os.environ, **(env or {})}
+        # not PYTEST_CURRENT_TEST: it holds the test's id, and a test parametrized with a 300 KB grammar made the
+        # environment too long to start a process (E2BIG) when it was the first to ask for a module's server
+        self.env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "PYTEST_CURRENT_TEST"}
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.log: list[str] = []

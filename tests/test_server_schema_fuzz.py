@@ -143,7 +143,7 @@ def test_a_pattern_repeating_an_empty_match_is_a_400(server, route):
 
 @pytest.mark.parametrize("gbnf", ["root ::= " + "(" * 100_000 + '"a"' + ")?" * 100_000,
                                   "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(60_000))
-                                  + 'r60000 ::= "a"'])
+                                  + 'r60000 ::= "a"'], ids=["100000-nested-groups", "60000-chained-rules"])
 def test_a_deep_gbnf_is_a_400(server, gbnf):
     status, answer = _post(server.url + "/completion", {"prompt": "hi", "n_predict": 2, "grammar": gbnf})
     assert status == 400 and "grammar" in answer["error"]["message"]
