@@ -36,7 +36,15 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..models.gguf_header import read_header
 from .model import Model
-from .mtp import _bind, _common_prefix, _get_embeddings_nextn, _get_embeddings_nextn_ith, _rows, _set_embeddings_nextn
+from .mtp import (
+    _bind,
+    _common_prefix,
+    _get_embeddings_nextn,
+    _get_embeddings_nextn_ith,
+    _rows,
+    _set_embeddings_nextn,
+    decode_pairs,
+)
 
 EAGLE3 = "eagle3"  # the GGUF architecture, the drafter's source name
 
@@ -268,23 +276,8 @@ class Eagle3Head:
     def _decode(self, tokens: Sequence[int], g: np.ndarray, pos: int, *, out: bool) -> None:
         """One batch of (token, g) pairs at pos, pos+1, ...; logits and the pre-norm state of the last row if
         `out` (then a batch of one row: llama.cpp copies outputs from the first rows)."""
-        b, n = self._batch, len(tokens)
-        self._embd[:n] = g
-        for i, t in enumerate(tokens):
-            b.token[i] = t
-            b.pos[i] = pos + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = out and i == n - 1
-        b.n_tokens = n
-        b.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        try:
-            rc = llama_cpp.llama_decode(self._ctx, b)
-        finally:
-            b.embd = None  # ours, not the batch's: llama_batch_free must not free it
-        if rc != 0:
-            raise RuntimeError(f"llama_decode of the EAGLE-3 drafter failed with code {rc}")
-        self._last = n - 1
+        decode_pairs(self._ctx, self._batch, self._embd, tokens, g, pos, out=out, what="the EAGLE-3 drafter")
+        self._last = len(tokens) - 1
 
     def _logits(self) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, self._last)

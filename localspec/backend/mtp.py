@@ -224,23 +224,8 @@ class MtpHead:
 
     def _decode(self, tokens: Sequence[int], h: Sequence[np.ndarray], pos: int, *, out: bool) -> None:
         """One batch of (token, h) pairs at pos, pos+1, ...; logits and the head's h for the last row if `out`."""
-        b, n = self._batch, len(tokens)
-        self._embd[:n] = np.stack(h)
-        for i, t in enumerate(tokens):
-            b.token[i] = t
-            b.pos[i] = pos + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = out and i == n - 1
-        b.n_tokens = n
-        b.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        try:
-            rc = llama_cpp.llama_decode(self._ctx, b)
-        finally:
-            b.embd = None  # ours, not the batch's: llama_batch_free must not free it
-        if rc != 0:
-            raise RuntimeError(f"llama_decode of the MTP head failed with code {rc}")
-        self._last = n - 1
+        decode_pairs(self._ctx, self._batch, self._embd, tokens, np.stack(h), pos, out=out, what="the MTP head")
+        self._last = len(tokens) - 1
 
     def _logits(self) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, self._last)
@@ -258,6 +243,29 @@ class MtpHead:
 
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the head drafts a few tokens."
+
+
+def decode_pairs(ctx: Any, batch: Any, embd: np.ndarray, tokens: Sequence[int], rows: np.ndarray, pos: int, *,
+                 out: bool, what: str) -> None:
+    """Decode (token, embedding row) pairs at pos, pos+1, ... in a context whose graph reads both (an MTP head, an
+    EAGLE-3 decoder), with an output for the last row only if `out`. `embd` is ours, lent to the batch for the call:
+    llama_batch_free must not free it."""
+    n = len(tokens)
+    embd[:n] = rows
+    for i, t in enumerate(tokens):
+        batch.token[i] = t
+        batch.pos[i] = pos + i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = out and i == n - 1
+    batch.n_tokens = n
+    batch.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    try:
+        rc = llama_cpp.llama_decode(ctx, batch)
+    finally:
+        batch.embd = None
+    if rc != 0:
+        raise RuntimeError(f"llama_decode of {what} failed with code {rc}")
 
 
 def measure_cost(head: MtpHead, repeats: int = 5) -> float | None:
