@@ -5,12 +5,15 @@ loaded: the engine's model is a fake whose tokens are the prompt's characters.""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from fakes import FakeModel
 
 from localspec.engine.engine import Engine
+from localspec.server.protocols.anthropic import routes as anthropic
+from localspec.server.protocols.anthropic.convert import MessagesRequest
 from localspec.server.request.chat import chat_prompt, chat_text, openai_plan, prefill_text
 from localspec.server.request.schemas import OAIChatRequest
 
@@ -65,3 +68,13 @@ def test_a_finished_assistant_turn_keeps_its_parts_joined_as_before():
     messages = [*ASKED, {"role": "assistant", "content": parts}]
     assert chat_text(parts) == "Whill"
     assert "Whill<|eot_id|>" in prompt({"messages": messages, "continue_final_message": False})
+
+
+def test_an_anthropic_prefill_of_text_blocks_is_joined_the_same_way():
+    """/v1/messages continues a final assistant message; its text blocks join as the OpenAI route's parts do."""
+    e = Engine(Target(lambda c: 1), name="fake", chat_template=LLAMA_31)
+    state: Any = SimpleNamespace(engine=e, config=SimpleNamespace(reasoning_format="auto"))
+    req = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "system": "Book", "messages": [
+        {"role": "user", "content": "What is the best book"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]})
+    assert anthropic.prepare(state, req).prompt.endswith(TURN + "Wh\n\nill")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,7 +23,7 @@ from ....engine.answer import Answer, Reading, read_answer
 from ...execution.run import Run
 from ...execution.timings import speculative
 from ...execution.worker import Job
-from ...request.chat import chat_plan, chat_prompt
+from ...request.chat import chat_plan, chat_prompt, prefill_text
 from ...request.sampling_fields import sampling, stops
 from ...request.structured import request_extras
 from ...state import State, StateDep
@@ -60,7 +60,9 @@ def prepare(state: State, req: CountTokensRequest) -> Prepared:
                      parallel=parallel, reasoning=state.config.reasoning_format)
     last = plan.messages[-1] if plan.messages else {}
     if last.get("role") == "assistant" and not last.get("tool_calls"):
-        plan = plan.continuing()  # Anthropic's prefill: the answer continues this text
+        # Anthropic's prefill: the answer continues this text, its text blocks joined by a blank line as
+        # llama-server joins a continued message's parts
+        plan = replace(plan.continuing(), prefill=prefill_text(req.messages[-1].content))
     text = chat_prompt(state.engine, plan)
     return Prepared(text, plan.reading(text))
 
