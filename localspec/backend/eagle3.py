@@ -92,15 +92,20 @@ class Eagle3Head:
             self.close()
             raise
         self._embd = np.zeros((target.options.n_batch, self.n_embd), dtype=np.float32)  # the batch's g rows
-        self._g = np.zeros((256, self.n_embd), dtype=np.float32)  # g_p of the target's position p ...
+        self._g = np.zeros((256, self.row_width), dtype=np.float32)  # g_p of the target's position p ...
         self._g_tokens: list[int] = []  # ... for these tokens
         self._stale = _NEVER  # the first position whose g the target wrote again since the pair was decoded
         self._draft_pos = -1  # the position of the next draft step; -1: no draft under way
         self._last = 0  # the batch index of the last row decoded with outputs
         target.on_decode = self._after_target_decode
 
-    def _check(self) -> None:
-        """Read the drafter's target layers and sizes, and refuse a file that cannot draft for this target."""
+    @property
+    def row_width(self) -> int:
+        """The width of the row kept per target position: g (a DFlash drafter keeps the features instead)."""
+        return self.n_embd
+
+    def _read_sizes(self) -> None:
+        """The drafter's target layers and the widths of both models (shared with backend/dflash.py)."""
         t = self.target
         n = int(_layer_ids_n(self._model))
         ids = _layer_ids(self._model)
@@ -109,6 +114,11 @@ class Eagle3Head:
         self.n_embd_tgt = int(llama_cpp.llama_model_n_embd(t.model_pointer))
         self.n_layer_tgt = int(llama_cpp.llama_model_n_layer(t.model_pointer))
         self.n_embd_enc = n * self.n_embd_tgt
+
+    def _check(self) -> None:
+        """Read the drafter's target layers and sizes, and refuse a file that cannot draft for this target."""
+        self._read_sizes()
+        t, n = self.target, len(self.layers)
         kv = read_header(self.path, tokens=False).kv
         width = int(kv.get(f"{EAGLE3}.target_hidden_size", 0) or 0)
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
@@ -163,7 +173,7 @@ class Eagle3Head:
             return
         need = start + n
         if need > len(self._g):
-            grown = np.zeros((max(need, 2 * len(self._g)), self.n_embd), dtype=np.float32)
+            grown = np.zeros((max(need, 2 * len(self._g)), self._g.shape[1]), dtype=np.float32)
             grown[:start] = self._g[:start]
             self._g = grown
         self._g[start:need] = self._encode(self._features(n))
@@ -223,10 +233,7 @@ class Eagle3Head:
             self._new_context()
         if n < 2 or n + 1 > self.target.n_ctx or not self._known(context[:n - 1]):
             return None
-        threads = self.target.threads  # the thread controller's choice for the target holds for its drafter
-        if threads != self._threads:
-            llama_cpp.llama_set_n_threads(self._ctx, *threads)
-            self._threads = threads
+        self._follow_threads()
         keep = max(0, min(_common_prefix(self.tokens, context) - 1, self._stale, n - 2))  # the last pair: again
         self._cut(keep)
         self._stale = _NEVER
@@ -238,6 +245,13 @@ class Eagle3Head:
         self.tokens = list(context)
         self._draft_pos = n - 1
         return self._logits()
+
+    def _follow_threads(self) -> None:
+        """The thread controller's choice for the target holds for its drafter."""
+        threads = self.target.threads
+        if threads != self._threads:
+            llama_cpp.llama_set_n_threads(self._ctx, *threads)
+            self._threads = threads
 
     def step(self, token: int) -> np.ndarray:
         """Logits for the token after `token` (the draft so far), from the drafter's own pre-norm state."""

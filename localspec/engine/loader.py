@@ -330,18 +330,23 @@ def make_mtp(target: Model) -> MtpDrafter:
 
 
 def _is_eagle3(path: Path) -> bool:
-    """Whether `path` is an EAGLE-3 drafter file (imported here: backend.eagle3 loads llama_cpp)."""
+    """Whether `path` is an EAGLE-3 or DFlash drafter file (imported here: backend.eagle3 loads llama_cpp)."""
+    from ..backend.dflash import is_dflash
     from ..backend.eagle3 import is_eagle3
 
-    return is_eagle3(path)
+    return is_eagle3(path) or is_dflash(path)
 
 
 def make_eagle3(target: Model, path: Path) -> MtpDrafter:
     """An EAGLE-3 drafter file as the target's drafter (backend/eagle3.py), fed the target's hidden states; its
     cost c is not calibrated at load but learnt online (the controller starts it unknown)."""
+    from ..backend.dflash import DFlashHead, is_dflash
     from ..backend.eagle3 import Eagle3Head
+    from ..speculative.dflash import DFlashDrafter
     from ..speculative.eagle3 import Eagle3Drafter
 
+    if is_dflash(path):  # a DFlash file: the same plumbing, a block drafted at once (backend/dflash.py)
+        return DFlashDrafter(DFlashHead(target, path))
     return Eagle3Drafter(Eagle3Head(target, path))
 
 

@@ -13,7 +13,7 @@ so the same-seed rule verifies it and the text is plain decoding's, token for to
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -24,6 +24,23 @@ from .drafters import peek
 from .types import EMPTY, Draft, KFor
 
 MTP = "mtp"  # the source name, the drafter's name and `--draft mtp`
+
+
+def choose(context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator, first: np.ndarray,
+           next_row: Callable[[int, int], np.ndarray]) -> list[int]:
+    """k draft tokens from rows of logits: `first`, then `next_row(i, token i)` for row i + 1 (a head's next step,
+    or a DFlash block's next row). Greedy takes the argmax, sampled the coupled same-seed pick (module docstring)."""
+    tokens: list[int] = []
+    u = [] if params.greedy else peek(rng, k)
+    logits = first
+    for i in range(k):
+        row = constrain_row(params, logits, context, tokens)  # q constrained as p is (constrain.py)
+        q = warp(row, params, context, tokens)  # the history the target's verify row i will see
+        t = int(q.ids[0, int(np.argmax(q.probs[0]))]) if params.greedy else q.pick(0, u[i])
+        tokens.append(t)
+        if i < k - 1:
+            logits = next_row(i, t)
+    return tokens
 
 
 class Head(Protocol):
@@ -67,16 +84,8 @@ class MtpDrafter:
         logits = self.head.start(context)
         if logits is None:  # the target has not decoded the context's tail yet
             return EMPTY
-        tokens: list[int] = []
-        u = [] if params.greedy else peek(rng, k)
         try:
-            for i in range(k):
-                row = constrain_row(params, logits, context, tokens)  # q constrained as p is (constrain.py)
-                q = warp(row, params, context, tokens)  # the history the target's verify row i will see
-                t = int(q.ids[0, int(np.argmax(q.probs[0]))]) if params.greedy else q.pick(0, u[i])
-                tokens.append(t)
-                if i < k - 1:
-                    logits = self.head.step(t)
+            tokens = choose(context, k, params, rng, logits, lambda i, t: self.head.step(t))
         finally:
             self.head.finish()
         return Draft(tuple(tokens), None, self.name)
