@@ -70,11 +70,14 @@ class Eagle3Head:
     steps. Invariant: the drafter's cache holds at position p the pair (tokens[p + 1], g_p)."""
 
     max_draft: int | None = None  # one decoder layer drafts as far as asked
+    source: str = EAGLE3  # speculative/eagle3.py's source: the calibration keeps its c under this name
+    n_heads: int = 1  # one decoder layer
 
     def __init__(self, target: Model, path: str | Path) -> None:
         if target.on_decode is not None:
             raise ValueError(f"{target.path.name} already reports its decodes to another reader")
         self.target, self.path = target, Path(path)
+        self.file: Path | None = self.path  # the calibration's cache key names the drafter file
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = target.options.n_gpu_layers
         self._model: Any = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
@@ -269,7 +272,9 @@ class Eagle3Head:
             self._draft_pos = -1
 
     def time_step(self, context: Sequence[int], repeats: int = 5) -> float | None:
-        """Seconds of one draft step after `context` (the median of `repeats`), for the drafter's cost c."""
+        """Seconds of one draft step after `context` (the median of `repeats`), for the drafter's cost c
+        (mtp.py's `measure_cost`, which the load-time calibration runs); None when the target has not decoded
+        context[:-1]."""
         if self.start(context) is None:
             return None
         times = []

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Protocol, Sequence
 
 import llama_cpp
 import numpy as np
@@ -68,12 +69,26 @@ def _rows(address: int | None, n: int, n_embd: int) -> np.ndarray:
     return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n, n_embd))
 
 
+class TimedHead(Protocol):
+    """A drafter's engine beside the target whose cost c the load-time calibration times (`measure_cost`): the
+    target's MTP head, or an EAGLE-3 drafter file (eagle3.py)."""
+
+    target: Model
+    source: str  # the drafter's source name: its c's key in Costs.c
+    file: Path | None  # the drafter's own file (the calibration's cache key names it); None: the target's heads
+    n_heads: int  # the head count (the calibration's cache key names it for the target's heads)
+
+    def time_step(self, context: Sequence[int], repeats: int = 5) -> float | None: ...
+
+
 class MtpHead:
     """The target's MTP head as a drafter's engine: `start(context)` gives the head's logits for the token after
     the context, `step(token)` feeds a drafted token and gives the next row, `finish()` drops the draft steps.
     Invariant: the head's cache holds `tokens[p]` at position p, each paired with the target's h_{p-1}."""
 
     max_draft: int | None = None  # the most tokens one draft may have: one head drafts as far as asked
+    source: str = "mtp"  # speculative/mtp.py's MTP
+    file: Path | None = None  # the heads are in the target's file
 
     def __init__(self, target: Model) -> None:
         if target.on_decode is not None:
@@ -268,9 +283,9 @@ def decode_pairs(ctx: Any, batch: Any, embd: np.ndarray, tokens: Sequence[int], 
         raise RuntimeError(f"llama_decode of {what} failed with code {rc}")
 
 
-def measure_cost(head: MtpHead, repeats: int = 5) -> float | None:
-    """c: one draft step of the head ÷ one one-row decode of the target, timed in turns at the same position
-    (medians). The target's cache is left holding the probe's tokens but its last."""
+def measure_cost(head: TimedHead, repeats: int = 5) -> float | None:
+    """c: one draft step of the head (an MTP head or an EAGLE-3 drafter) ÷ one one-row decode of the target, timed
+    in turns at the same position (medians). The target's cache is left holding the probe's tokens but its last."""
     target = head.target
     probe = target.tokenize(PROBE_TEXT, add_special=True)
     target.restore(0)

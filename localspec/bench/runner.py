@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from ..backend import LoadOptions, Model
 from ..backend.machine import CpuMeter
 from ..engine.engine import Engine
-from ..engine.loader import EngineConfig, assemble, check_drafter, make_mtp
+from ..engine.loader import EngineConfig, assemble, check_drafter, eagle3_drafters, make_eagle3, make_mtp
 from ..models import LOOKUP
 from ..sampling.params import SamplingParams
 from ..speculative.drafters import PromptLookup
@@ -157,23 +157,30 @@ def render_prompt(engine: Engine, p: Prompt) -> list[int]:
 class Family:
     """One loaded target and its drafter models, and an Engine per configuration over them, all sharing the
     target Model (no file is loaded twice). With MTP rows the target is loaded with its heads for every row (plain
-    too: its decodes then also keep each row's hidden state for the head), and the rows share one head drafter."""
+    too: its decodes then also keep each row's hidden state for the head), and the rows share one head drafter.
+    An EAGLE-3 drafter file is no model of its own: it runs beside the target as `run` runs it (`make_eagle3`),
+    its rows labelled with the file's name share it, and the target's decodes keep its three layers' rows for
+    every row. A target reports its decodes to one reader, so it has MTP rows or one EAGLE-3 file, not both."""
 
     def __init__(self, target: TargetSpec, plan: Plan) -> None:
         for label, path in target.drafters:
             check_drafter(target.path, path, target_name=target.label, drafter_name=label)
+        eagle3 = eagle3_drafters(target.label, target.drafters, mtp=target.mtp)
         meter = CpuMeter()  # as load_engine: started before the models load, shared by every row's controllers
         opts = LoadOptions(n_ctx=plan.n_ctx, n_threads=plan.threads, fast_path=plan.fast_path)
         self.models: list[Model] = []
-        self.mtp: MtpDrafter | None = None
+        self.mtp: MtpDrafter | None = None  # the MTP rows' or the EAGLE-3 rows' drafter
+        self.mtp_label = MTP if target.mtp else eagle3[0][0] if eagle3 else None  # the rows self.mtp drafts for
         try:
             self.target = self._load(target.path, replace(opts, mtp=target.mtp))
-            self.draft_models = {label: self._load(path, opts) for label, path in target.drafters}
-            self.mtp = make_mtp(self.target) if target.mtp else None
+            self.draft_models = {label: self._load(path, opts) for label, path in target.drafters
+                                 if (label, path) not in eagle3}
+            self.mtp = make_mtp(self.target) if target.mtp else make_eagle3(self.target, eagle3[0][1]) \
+                if eagle3 else None
             # each row calibrates as `run` would (cached per model, machine and k range: a first bench pays it)
             self.engines: dict[Config, Engine] = {
                 cfg: assemble(row_config(cfg, plan), self.target, self.draft_models.get(cfg.drafter),
-                              name=target.label, meter=meter, mtp=self.mtp)
+                              name=target.label, meter=meter, mtp=self.mtp if cfg.drafter == self.mtp_label else None)
                 for cfg in configs_for(target, plan)}
         except BaseException:  # a failed load or Ctrl-C: free what is loaded
             self.close()
@@ -271,8 +278,11 @@ def _bench_family(fam: Family, target: TargetSpec, plan: Plan, progress, log) ->
     prompts = [p for p in plan.prompts if p.id not in too_long]
 
     log(f"bench: {target.label}: CPU fast paths {fam.target.fast_path.describe()}")
-    if fam.mtp is not None:
+    if fam.mtp is not None and fam.mtp_label == MTP:
         log(f"bench: {target.label}: the mtp rows draft with the file's own MTP heads (no drafter model loaded)")
+    elif fam.mtp is not None:
+        log(f"bench: {target.label}: {fam.mtp_label} is an EAGLE-3 drafter: it runs beside the target, fed its "
+            "hidden states (not loaded as a model)")
     log(f"bench: warming up {target.label} ({len(cfgs)} configurations)")
     for cfg in cfgs:
         run_one(fam, cfg, rendered[prompts[0].id], SamplingParams(), 8, k_hist)
@@ -314,17 +324,19 @@ def _run_prompts(fam: Family, target: TargetSpec, plan: Plan, prompts, cfgs, ren
 
 def _measure(fam: Family, context: list[int], k_max: int, lookup: bool, repeats: int) -> Costs:
     """v(1..k_max) and c of every drafter, from an empty cache (a realistic position: the longest prompt); the
-    MTP head's c as the calibration times it (backend/mtp.py, `measure_cost`)."""
+    MTP head's or EAGLE-3 drafter's c as the calibration times it (backend/mtp.py, `measure_cost`), under its rows'
+    label."""
     fam.reset()
     costs = measure(fam.target, context, k_max, drafters=fam.draft_models, lookup=lookup, repeats=repeats)
-    if fam.mtp is None:
+    if fam.mtp is None or fam.mtp_label is None:
         return costs
+    from ..backend.eagle3 import Eagle3Head
     from ..backend.mtp import MtpHead, measure_cost
 
     head = fam.mtp.head
-    c = measure_cost(head) if isinstance(head, MtpHead) else None
+    c = measure_cost(head) if isinstance(head, (MtpHead, Eagle3Head)) else None
     fam.reset()
-    return replace(costs, c={**costs.c, MTP: c}) if c is not None else costs
+    return replace(costs, c={**costs.c, fam.mtp_label: c}) if c is not None else costs
 
 
 def _greedy_pairs(runs: Sequence[Run]):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..backend import LoadOptions, Model, add_rpc_servers, devicefa, in_own_thread
 from ..backend.machine import CpuMeter
@@ -34,7 +34,7 @@ from ..tuning.threads import ThreadControl
 from .engine import Engine
 
 if TYPE_CHECKING:
-    from ..backend.mtp import MtpHead
+    from ..backend.mtp import TimedHead
 
 DEFAULT_CTX = 4096
 
@@ -259,6 +259,7 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     draft = config.draft or NO_DRAFTER
     own_heads = draft == MTP  # the target's own MTP heads draft (alone or after lookup)
     drafter: Drafter | None = None
+    head: TimedHead | None = None  # the drafter's engine whose c the calibration times
     if own_heads:
         mtp = mtp or make_mtp(target)
     if draft == LOOKUP:
@@ -266,6 +267,7 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     elif draft != NO_DRAFTER:
         if mtp is not None and (own_heads or draft_model is None):
             costly: Drafter = mtp
+            head = _timed_head(mtp)
         elif draft_model is None:
             raise ValueError(f"drafter {draft} needs its loaded model")
         else:
@@ -275,7 +277,7 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
     if config.structure:  # speculative/structure.py: forced text first, then the drafter (if any)
         drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
         draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
-    cal = load_calibration(config, target, drafter, draft_model, meter, head=_own_head(mtp) if own_heads else None)
+    cal = load_calibration(config, target, drafter, draft_model, meter, head=head)
     # a model drafter's (or the file's own MTP heads') acceptance, as earlier runs measured it (tuning/acceptance.py)
     own = draft_model.path if draft_model is not None else target.path if own_heads else None
     kept = AcceptanceStore.for_pair(target.path, own) if own is not None else None
@@ -338,8 +340,8 @@ def _is_eagle3(path: Path) -> bool:
 
 
 def make_eagle3(target: Model, path: Path) -> MtpDrafter:
-    """An EAGLE-3 drafter file as the target's drafter (backend/eagle3.py), fed the target's hidden states; its
-    cost c is not calibrated at load but learnt online (the controller starts it unknown)."""
+    """An EAGLE-3 (or DFlash) drafter file as the target's drafter (backend/eagle3.py), fed the target's hidden
+    states; its cost c comes from the calibration, timed as an MTP head's is (under the head's source)."""
     from ..backend.dflash import DFlashHead, is_dflash
     from ..backend.eagle3 import Eagle3Head
     from ..speculative.dflash import DFlashDrafter
@@ -350,12 +352,26 @@ def make_eagle3(target: Model, path: Path) -> MtpDrafter:
     return Eagle3Drafter(Eagle3Head(target, path))
 
 
-def _own_head(drafter: MtpDrafter | None) -> MtpHead | None:
-    """The llama.cpp head under an MTP drafter, whose c the calibration times (a test's fake head has none)."""
+def eagle3_drafters(target_name: str, drafters: Sequence[tuple[str, Path]], *,
+                    mtp: bool = False) -> list[tuple[str, Path]]:
+    """The EAGLE-3 (and DFlash) drafter files among (label, path) `drafters`; refused when they and the target's
+    MTP heads (`mtp`) are more than one: each reads the target's hidden states, and a target reports its decodes
+    to one."""
+    files = [(label, path) for label, path in drafters if _is_eagle3(path)]
+    if len(files) + mtp > 1:
+        raise IncompatibleDrafter(f"{target_name}: its MTP heads and EAGLE-3/DFlash drafter files each read the "
+                                  "target's hidden states, and a target feeds one: give them in separate runs")
+    return files
+
+
+def _timed_head(drafter: MtpDrafter) -> TimedHead | None:
+    """The llama.cpp engine under an MTP or EAGLE-3 drafter, whose c the calibration times (a test's fake head,
+    or chained heads, have none)."""
+    from ..backend.eagle3 import Eagle3Head
     from ..backend.mtp import MtpHead
 
-    head = drafter.head if drafter is not None else None
-    return head if isinstance(head, MtpHead) else None
+    head = drafter.head
+    return head if isinstance(head, (MtpHead, Eagle3Head)) else None
 
 
 def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int, int]:
@@ -371,11 +387,11 @@ def _k_range(config: EngineConfig, drafter: Drafter | None = None) -> tuple[int,
 
 def load_calibration(config: EngineConfig, target: Model, drafter: Drafter | None,
                      draft_model: Model | None, meter: CpuMeter | None = None, *,
-                     head: MtpHead | None = None) -> Calibration | None:
+                     head: TimedHead | None = None) -> Calibration | None:
     """One budgeted, cached calibration (calibration.py) seeds both controllers: γ's v and c (a model drafter's,
-    or `head`'s: the target's own MTP head), and the step time per thread count. None when neither needs it
-    (threads pinned and no adaptive drafting). The meter says how busy the machine is, so thread times measured
-    on a busy one are not kept for a quiet one."""
+    or `head`'s: the target's own MTP head or an EAGLE-3 drafter file), and the step time per thread count. None
+    when neither needs it (threads pinned and no adaptive drafting). The meter says how busy the machine is, so
+    thread times measured on a busy one are not kept for a quiet one."""
     adaptive = drafter is not None and config.adaptive
     if config.threads and not adaptive:
         return None

@@ -10,7 +10,8 @@ seconds on a busy machine (docs/bench/calibration.md#calibration-budget), so:
   when the controller drafts adaptively: it is timed in full however long that takes (once: the
   entry is cached), because every decision rests on it;
 - a target's own MTP head (backend/mtp.py) is a drafter without a file of its own: its c is timed with v(γ) and
-  cached with the target's entry, as a model drafter's is;
+  cached with the target's entry, as a model drafter's is; so is an EAGLE-3 drafter file's (backend/eagle3.py,
+  which runs beside the target as a head does: its c under "eagle3", its file in the entry's key);
 - the result is cached per model file (path, size, mtime) + machine (CPU model, cores) + build (llama.cpp
   version and CPU features, OpenMP settings) + the load options that change costs, so the next start measures
   nothing;
@@ -43,7 +44,7 @@ from .costs import Costs, Deadline, OutOfTime, flash_attn_times, measure, probe_
 from .threads import ThreadControl, candidates, preferred
 
 if TYPE_CHECKING:
-    from ..backend.mtp import MtpHead
+    from ..backend.mtp import TimedHead
 
 SCHEMA = 5  # raised whenever how an entry is measured changes, so older entries are measured again
 # (the versions: docs/bench/calibration.md#cache-schema)
@@ -60,8 +61,8 @@ K = TypeVar("K", bound=Hashable)
 
 @dataclass(frozen=True)
 class Calibration:
-    costs: Costs | None  # v(γ), t1, c ("model" for a model drafter, MTP for the target's head); None if the budget
-    # ran out before it
+    costs: Costs | None  # v(γ), t1, c ("model" for a model drafter, MTP for the target's head, "eagle3" for an
+    # EAGLE-3 drafter file); None if the budget ran out before it
     threads: dict[str, dict[int, float]] = field(default_factory=dict)  # phase -> threads -> seconds per unit
     flash_attn: bool | None = None  # None: not measured (llama.cpp's auto)
     complete: bool = True  # False: the budget cut it short
@@ -103,7 +104,7 @@ def _best(times: Mapping[K, float]) -> K | None:
 def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
                         cores: int | None = None, counts: list[int] | None = None, flash_attn: bool = True,
                         repeats: int = 2, have: Calibration | None = None,
-                        head: MtpHead | None = None) -> Calibration:
+                        head: TimedHead | None = None) -> Calibration:
     """Measure what a start needs, most useful first, within `budget_s`. Stages `have` (an earlier partial
     entry) holds are skipped. The first stage measured always finishes (so every start makes progress and a
     budget too short for everything still completes over a few starts); a later stage that cannot finish one
@@ -123,7 +124,7 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
         run.per_count(draft_model, "draft", toks[CONTEXT:CONTEXT + 1], 1)
     if costs is None:
         costs = _measure_costs(run, target, draft_model, k_max)
-    if costs is not None and head is not None and MTP not in costs.c:
+    if costs is not None and head is not None and head.source not in costs.c:
         costs = _with_head_cost(run, costs, head, must=k_max > 0)
     run.per_count(target, "prompt", toks[:PROMPT_CHUNK], 0)
     if flash_attn and fa is None and target.n_past == 0:
@@ -131,7 +132,7 @@ def measure_calibration(target: Model, *, k_max: int, draft_model: Model | None 
                    or {})
     phases = {"target", "prompt"} | ({"draft"} if draft_model is not None else set())
     complete = costs is not None and phases <= set(run.threads) and (fa is not None or not flash_attn) \
-        and (head is None or MTP in costs.c)
+        and (head is None or head.source in costs.c)
     return Calibration(costs, run.threads, fa, complete, time.perf_counter() - t0)
 
 
@@ -145,9 +146,10 @@ def _measure_costs(run: "_Stages", target: Model, draft_model: Model | None, k_m
                                        deadline=None if must else d, drafters=drafters), must=must)
 
 
-def _with_head_cost(run: "_Stages", costs: Costs, head: MtpHead, *, must: bool) -> Costs:
-    """`costs` with the MTP head's c (a head step ÷ a target row, backend/mtp.py's `measure_cost`), timed from
-    an empty cache and left empty; unchanged when the target holds tokens or the stage is not run."""
+def _with_head_cost(run: "_Stages", costs: Costs, head: TimedHead, *, must: bool) -> Costs:
+    """`costs` with the head's c under its source (the MTP head's or an EAGLE-3 drafter's: a head step ÷ a target
+    row, backend/mtp.py's `measure_cost`), timed from an empty cache and left empty; unchanged when the target
+    holds tokens or the stage is not run."""
     from ..backend.mtp import measure_cost
 
     target = head.target
@@ -161,7 +163,7 @@ def _with_head_cost(run: "_Stages", costs: Costs, head: MtpHead, *, must: bool) 
             target.rewind(0)
 
     c = run.stage(timed, must=must)
-    return replace(costs, c={**costs.c, MTP: c}) if c is not None else costs
+    return replace(costs, c={**costs.c, head.source: c}) if c is not None else costs
 
 
 class _Stages:
@@ -207,17 +209,29 @@ class _Stages:
 
 # -- the cache ------------------------------------------------------------------------------------------------
 
-def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int, head: MtpHead | None = None) -> dict:
+def cache_key(target: Model, draft_model: Model | None, k_max: int, cores: int,
+              head: TimedHead | None = None) -> dict:
     """Everything a calibration depends on: the files, the machine, the build, the options that change costs (and,
-    with the target's MTP head drafting, its head count: an entry made without the head lacks its c)."""
+    with the target's MTP head drafting, its head count; with an EAGLE-3 drafter file, that file: an entry made
+    without the head lacks its c)."""
     o = target.options
-    heads = {"mtp": head.n_heads} if head is not None else {}
+    heads = _head_key(head)
     return heads | {"schema": SCHEMA, "target": file_id(target.path),
             "draft": file_id(draft_model.path) if draft_model is not None else None,
             "draft_ngl": draft_model.options.n_gpu_layers if draft_model is not None else None,
             "k_max": k_max, "cpu": cpu_model(), "cores": cores, "build": build_info(), "openmp": openmp_settings(),
             "ngl": o.n_gpu_layers, "type_k": o.type_k, "type_v": o.type_v, "rpc": list(o.rpc_servers),
             "n_batch": o.n_batch, "weights": target.weights, "fast_path": target.fast_path.mode}
+
+
+def _head_key(head: TimedHead | None) -> dict:
+    """What a drafting head adds to the cache key: the MTP heads' count (as entries made so far have it), or the
+    drafter file's identity under its source."""
+    if head is None:
+        return {}
+    if head.file is None:
+        return {MTP: head.n_heads}
+    return {head.source: file_id(head.file)}
 
 
 def cache_path(key: Mapping) -> Path:
@@ -247,13 +261,13 @@ def write_cached(key: Mapping, cal: Calibration) -> None:
 
 def calibrate(target: Model, *, k_max: int, draft_model: Model | None = None, budget_s: float = 2.0,
               use_cache: bool = True, cores: int | None = None, threads: int | None = None,
-              others: Callable[[], float | None] | None = None, head: MtpHead | None = None) -> Calibration:
+              others: Callable[[], float | None] | None = None, head: TimedHead | None = None) -> Calibration:
     """The cached calibration when there is a complete one (its flash-attention choice applied), else measure
     what the cache entry lacks within `budget_s` and cache the result. `threads` (pinned): measure at that
     count only. `others` reads how many cores other programs use now (the CPU meter): an entry whose thread
     times came from a busy machine is measured again on a quiet one. Flash attention the user set
-    (`target.options.flash_attn` not None) is neither measured nor changed. `head`: the target's MTP head, which
-    drafts: its c is measured and cached too."""
+    (`target.options.flash_attn` not None) is neither measured nor changed. `head`: the target's MTP head or an
+    EAGLE-3 drafter file, which drafts: its c is measured and cached too."""
     cores = cores or cpu_count()
     user_fa = target.options.flash_attn
     key = cache_key(target, draft_model, k_max, cores, head) | {"pinned": threads, "flash_attn": user_fa} \
