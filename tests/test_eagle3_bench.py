@@ -74,6 +74,34 @@ def test_the_eagle3_cost_is_calibrated_and_cached(smollm2_path: Path, tmp_path: 
     assert any(isinstance(k.get(EAGLE3), dict) and "mtp" not in k for k in keys)
 
 
+@pytest.mark.slow
+def test_the_eagle3_acceptance_is_kept_for_the_pair(smollm2_path: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """What the drafter file's rounds measured is kept per (target, drafter file), as a model drafter's is, and
+    the next start's controller begins from it."""
+    from localspec.engine.loader import EngineConfig, load_engine
+    from localspec.tuning.acceptance import kept_for
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path / "cal"))
+    monkeypatch.setenv("LOCALSPEC_ACCEPTANCE", str(tmp_path / "acc"))
+    target, drafter = qwen35_file(smollm2_path, True), eagle3_file(smollm2_path, True)
+    config = EngineConfig(model=str(target), draft=str(drafter), n_ctx=512, threads=1)
+    engine = load_engine(config, log=lambda *a: None)
+    try:  # the tiny drafter costs about a target step, so it would not draft: a controller told it is cheap does
+        engine.controller = Adaptive(sources=(EAGLE3,), c={EAGLE3: 0.1}, learn_costs=False)
+        list(engine.generate("Write a short story about a robot who learns to paint.", max_tokens=24))
+    finally:
+        engine.close()
+    kept = kept_for(target, drafter, EAGLE3)
+    assert kept is not None and kept.n[0] > 0
+    engine = load_engine(config, log=lambda *a: None)
+    try:
+        ctl = engine.controller
+        assert isinstance(ctl, Adaptive) and ctl.src[EAGLE3].n[0] == pytest.approx(kept.n[0], rel=1e-3)
+    finally:
+        engine.close()
+
+
 def test_a_target_feeds_one_reader_of_its_hidden_states(smollm2_path: Path):
     """The bench refuses a target with both MTP rows and an EAGLE-3 file (or two files), before any load: each
     would read the target's decodes, and a target reports them to one reader."""

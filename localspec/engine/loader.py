@@ -278,8 +278,10 @@ def assemble(config: EngineConfig, target: Model, draft_model: Model | None = No
         drafter = StructureDrafter(target.piece, is_eog=target.is_eog, fallback=drafter)
         draft = STRUCTURE if draft == NO_DRAFTER else f"{STRUCTURE}+{draft}"
     cal = load_calibration(config, target, drafter, draft_model, meter, head=head)
-    # a model drafter's (or the file's own MTP heads') acceptance, as earlier runs measured it (tuning/acceptance.py)
-    own = draft_model.path if draft_model is not None else target.path if own_heads else None
+    # a model drafter's (the file's own MTP heads', an EAGLE-3 or DFlash file's) acceptance, as earlier runs of
+    # the pair measured it (tuning/acceptance.py)
+    own = (draft_model.path if draft_model is not None else target.path if own_heads
+           else getattr(head, "file", None))
     kept = AcceptanceStore.for_pair(target.path, own) if own is not None else None
     if controller is None and drafter is not None:
         controller = make_controller(config, k, drafter, cal, kept=kept.load() if kept else None)
