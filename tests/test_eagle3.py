@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CACHE
+from drafting import NEAR_TIE
+from drafting import run_fixed as _run
+from drafting import same_or_near_tie as _same_or_near_tie
 from tiny_eagle3 import file_name, write_eagle3, write_eagle3_echo
 from tiny_gguf import VERSION, write_qwen35_echo, write_tiny
 from tiny_gguf import file_name as tiny_name
@@ -21,12 +24,9 @@ from localspec.backend import LoadOptions, Model
 from localspec.backend.eagle3 import Eagle3Head, is_eagle3
 from localspec.sampling.params import SamplingParams
 from localspec.speculative.eagle3 import EAGLE3, Eagle3Drafter
-from localspec.speculative.loop import generate
-from localspec.tuning.controller import FixedK
 
 OPTIONS = LoadOptions(n_ctx=512)
 PROMPT = "Write a short story about a robot who learns to paint."
-NEAR_TIE = 1e-3  # batched and one-row decodes differ by ~1e-4 in these logits; a wrong state by ~0.1
 
 
 def qwen35_file(smollm2_path: Path, echo: bool) -> Path:
@@ -70,25 +70,6 @@ def drafter(pair):
     d = Eagle3Drafter(Eagle3Head(pair[3], pair[2]))
     yield d
     d.close()
-
-
-def _run(target: Model, prompt: list[int], drafter=None, k: int = 0, params: SamplingParams = SamplingParams(),
-         n: int = 40, fresh: bool = True) -> tuple[list[int], list]:
-    if fresh:
-        target.rewind(0)
-    steps = list(generate(target, prompt, drafter=drafter, controller=FixedK(k), params=params, max_tokens=n))
-    return [t for s in steps for t in s.tokens], steps
-
-
-def _same_or_near_tie(reference: Model, prompt: list[int], plain: list[int], spec: list[int]) -> None:
-    """The texts agree, or part where the target's own logits hold a near tie (docs/design.md, Numerics)."""
-    if plain == spec:
-        return
-    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-    assert i < min(len(plain), len(spec)), f"one text stopped early at {i}"
-    reference.rewind(0)
-    row = reference.decode(prompt + plain[:i], 1)[0].astype(np.float64)
-    assert abs(row[plain[i]] - row[spec[i]]) < NEAR_TIE, f"parted at token {i} without a near tie"
 
 
 def test_the_file_is_recognised_and_reads_three_target_layers(pair, drafter: Eagle3Drafter):

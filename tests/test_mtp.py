@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CACHE
+from drafting import NEAR_TIE
+from drafting import run_fixed as _run
+from drafting import same_or_near_tie as _same_or_near_tie
 from tiny_gguf import VERSION, file_name, write_qwen35_echo, write_tiny
 
 from localspec.backend import LoadOptions, Model
@@ -24,14 +27,11 @@ from localspec.backend.mtp import MtpHead, measure_cost, nextn_layers
 from localspec.errors import IncompatibleDrafter
 from localspec.models.nextn import nextn_heads
 from localspec.sampling.params import SamplingParams
-from localspec.speculative.loop import generate
 from localspec.speculative.mtp import MTP, MtpDrafter
 from localspec.speculative.types import NO_DRAFTER
-from localspec.tuning.controller import FixedK
 
 OPTIONS = LoadOptions(n_ctx=512, mtp=True)
 PROMPT = "Write a short story about a robot who learns to paint."
-NEAR_TIE = 1e-3  # batched and one-row decodes differ by ~1e-4 in these logits; a wrong state by ~0.1
 
 
 @pytest.fixture(scope="session")
@@ -81,25 +81,6 @@ def drafter(target: Model):
     d = MtpDrafter(MtpHead(target))
     yield d
     d.close()
-
-
-def _run(target: Model, prompt: list[int], drafter=None, k: int = 0, params: SamplingParams = SamplingParams(),
-         n: int = 40, fresh: bool = True) -> tuple[list[int], list]:
-    if fresh:
-        target.rewind(0)
-    steps = list(generate(target, prompt, drafter=drafter, controller=FixedK(k), params=params, max_tokens=n))
-    return [t for s in steps for t in s.tokens], steps
-
-
-def _same_or_near_tie(reference: Model, prompt: list[int], plain: list[int], spec: list[int]) -> None:
-    """The texts agree, or part where the target's own logits hold a near tie (docs/design.md, Numerics)."""
-    if plain == spec:
-        return
-    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-    assert i < min(len(plain), len(spec)), f"one text stopped early at {i}"
-    reference.rewind(0)
-    row = reference.decode(prompt + plain[:i], 1)[0].astype(np.float64)
-    assert abs(row[plain[i]] - row[spec[i]]) < NEAR_TIE, f"parted at token {i} without a near tie"
 
 
 def test_the_file_carries_one_head_and_loads_it(qwen35_path: Path, target: Model):

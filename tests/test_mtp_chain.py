@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CACHE
+from drafting import NEAR_TIE
+from drafting import run_fixed as _run
 from tiny_step35 import HEADS, file_name, write_step35
 
 from localspec.backend import LoadOptions, Model
@@ -21,13 +23,10 @@ from localspec.backend.mtp import MtpHead, _get_embeddings_nextn_ith, _rows, mea
 from localspec.backend.mtp_chain import ChainedMtpHead, _set_nextn_layer_offset, open_head
 from localspec.models.nextn import nextn_heads
 from localspec.sampling.params import SamplingParams
-from localspec.speculative.loop import generate
 from localspec.speculative.mtp import MTP, MtpDrafter
-from localspec.tuning.controller import FixedK
 
 OPTIONS = LoadOptions(n_ctx=512, mtp=True)
 PROMPT = "Write a short story about a robot who learns to paint."
-NEAR_TIE = 1e-3  # batched and one-row decodes differ by ~1e-4 in these logits; a wrong state by ~0.1
 
 
 def _fixture(smollm2_path: Path, echo: float | None = None) -> Path:
@@ -65,14 +64,6 @@ def drafter(target: Model):
     d = MtpDrafter(open_head(target))
     yield d
     d.close()
-
-
-def _run(target: Model, prompt: list[int], drafter=None, k: int = 0, params: SamplingParams = SamplingParams(),
-         n: int = 40, fresh: bool = True) -> tuple[list[int], list]:
-    if fresh:
-        target.rewind(0)
-    steps = list(generate(target, prompt, drafter=drafter, controller=FixedK(k), params=params, max_tokens=n))
-    return [t for s in steps for t in s.tokens], steps
 
 
 def test_the_file_carries_its_heads_and_gets_the_chained_driver(step35_path: Path, target: Model,

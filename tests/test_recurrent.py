@@ -11,6 +11,7 @@ from typing import Callable
 import httpx
 import numpy as np
 import pytest
+from drafting import run_fixed as _run
 from servers import ServerProcess
 from tiny_gguf import ARCHS
 
@@ -53,13 +54,6 @@ def reference(tiny_recurrent: Path):
 def _fresh_logits(reference: Model, tokens: list[int]) -> np.ndarray:
     reference.rewind(0)
     return reference.decode(tokens, 1)[0].astype(np.float64)
-
-
-def _run(target: Model, prompt: list[int], drafter=None, k: int = 0, params: SamplingParams = SamplingParams(),
-         n: int = 40) -> tuple[list[int], list]:
-    target.rewind(0)
-    steps = list(generate(target, prompt, drafter=drafter, controller=FixedK(k), params=params, max_tokens=n))
-    return [t for s in steps for t in s.tokens], steps
 
 
 def _same_or_near_tie(reference: Model, prompt: list[int], plain: list[int], spec: list[int]) -> None:

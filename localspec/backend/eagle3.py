@@ -26,7 +26,6 @@ rows, so every decode that outputs is a batch of one row, as in llama.cpp's driv
 from __future__ import annotations
 
 import ctypes
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,6 +43,7 @@ from .mtp import (
     _rows,
     _set_embeddings_nextn,
     decode_pairs,
+    time_draft_step,
 )
 
 EAGLE3 = "eagle3"  # the GGUF architecture, the drafter's source name
@@ -275,17 +275,7 @@ class Eagle3Head:
         """Seconds of one draft step after `context` (the median of `repeats`), for the drafter's cost c
         (mtp.py's `measure_cost`, which the load-time calibration runs); None when the target has not decoded
         context[:-1]."""
-        if self.start(context) is None:
-            return None
-        times = []
-        try:
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                self.step(context[-1])
-                times.append(time.perf_counter() - t0)
-        finally:
-            self.finish()
-        return float(np.median(times))
+        return time_draft_step(self, context, repeats)
 
     def _cut(self, n_pairs: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n_pairs, -1):

@@ -217,17 +217,7 @@ class MtpHead:
     def time_step(self, context: Sequence[int], repeats: int = 5) -> float | None:
         """Seconds of one draft step after `context` (the median of `repeats`), for the head's cost c; None when
         the target has not decoded context[:-1]."""
-        if self.start(context) is None:
-            return None
-        times = []
-        try:
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                self.step(context[-1])
-                times.append(time.perf_counter() - t0)
-        finally:
-            self.finish()
-        return float(np.median(times))
+        return time_draft_step(self, context, repeats)
 
     def _h_at(self, p: int) -> np.ndarray:
         return self._h[p] if p >= 0 else np.zeros(self.n_embd, dtype=np.float32)
@@ -258,6 +248,22 @@ class MtpHead:
 
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the head drafts a few tokens."
+
+
+def time_draft_step(head: Any, context: Sequence[int], repeats: int) -> float | None:
+    """Seconds of one draft step of `head` (an MTP head, an EAGLE-3 or DFlash drafter) after `context`, the median of
+    `repeats`; None when the target has not decoded context[:-1]. The head is left as it was (`finish`)."""
+    if head.start(context) is None:
+        return None
+    times = []
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            head.step(context[-1])
+            times.append(time.perf_counter() - t0)
+    finally:
+        head.finish()
+    return float(np.median(times))
 
 
 def decode_pairs(ctx: Any, batch: Any, embd: np.ndarray, tokens: Sequence[int], rows: np.ndarray, pos: int, *,
