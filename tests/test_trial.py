@@ -102,6 +102,29 @@ def test_a_restart_starts_from_the_kept_measurement(tmp_path):
     assert not est.trial and est.on and second.choose_k() >= 3
 
 
+def test_a_trial_its_budget_ended_undecided_tries_again_at_the_next_request():
+    """Acceptance 0.6 at c = 0.5 sits near break-even: a trial often spends its budget while the decision still
+    lies inside the credible band. Then the next request tries again with half the budget (the try after that a
+    quarter, ...), so an unlucky first answer does not settle a pair that pays, and all the tries of a session
+    together cost at most twice TRIAL_BUDGET; until the band decides, what is kept is not a judgement."""
+    retried = 0
+    for seed in range(20):
+        ctl = controller()
+        spent, made, _ = simulate(ctl, 0.6, 0.5, F32_V, 128, seed=seed)
+        est = ctl.src["model"]
+        if not est.undecided:
+            continue
+        assert not est.trial and not ctl.measurements()["model"].judged
+        assert controller(kept=ctl.measurements()).src["model"].trial  # the next run tries again too
+        for request in range(1, 6):
+            s, m, _ = simulate(ctl, 0.6, 0.5, F32_V, 128, seed=100 * seed + request)
+            spent, made = spent + s, made + m
+            retried += est.retries > 0
+        assert est.retries >= 1 and (est.undecided or not est.trial)
+        assert spent - made <= 2 * TRIAL_BUDGET + PROBE_SHARE * spent + 1.0
+    assert retried
+
+
 def test_a_kept_low_acceptance_starts_off(tmp_path):
     store = AcceptanceStore(tmp_path / "pair.json")
     first = controller()

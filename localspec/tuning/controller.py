@@ -20,7 +20,10 @@ a session's estimate from one request's answers leans less on the next request's
 A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: until its rounds pin its
 acceptance down, it is on trial (`_trial_over`): it drafts at the γ its estimate prefers, and the trial ends as
 soon as the decision is the same at both ends of the acceptance's credible band (±`TRIAL_Z` standard deviations
-of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave. Its
+of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave. A
+trial that budget ended with the decision still inside the band tries again at the next request with half the
+budget of the try before (so at most twice TRIAL_BUDGET a session), and what it keeps is no judgement, so the next
+run tries too: one unlucky first answer settled pairs that pay 1.06-1.25× as off for good. Its
 draft length grows with the evidence (at most one position past the deepest one observed), so an early failed
 round costs little; once on, such a drafter switches off only when its rate at the acceptance's upper band
 (`KEEP_Z`) no longer beats plain decoding, and a new request does not halve its counts (its acceptance belongs
@@ -207,6 +210,9 @@ class Adaptive:
             if est.rounds and est.c < _C_FREE:
                 est.fade(self.REQUEST_FADE)
                 self._decide(name)
+            elif est.undecided:  # its trial spent its budget before the band decided: a new budget, one a request
+                est.trial, est.trial_loss, est.retries = True, 0.0, est.retries + 1
+                self._decide(name)
 
     SCALE_WEIGHT = 0.25  # how far one round moves the whole v curve towards it (in log terms)
     SCALE_STEP = 1.5  # ... at most this factor a round before the weight: a one-off stall moves it ≤ 11 %
@@ -372,7 +378,7 @@ class Adaptive:
         on the same side of `off_below` at both ends of the acceptance's credible band, so more rounds would
         not change the decision; or even full acceptance could not pay; or the trial has cost its budget, and
         then the estimate as it stands decides."""
-        est.trial = False
+        est.trial, est.undecided = False, False
         rate_at = lambda alphas: best_k(alphas, est.c, self.v, self.k_min, self.k_max, self.gammas)[1]  # noqa: E731
         if rate_at([1.0]) < self.off_below:
             est.on = False
@@ -380,8 +386,8 @@ class Adaptive:
             est.on = True
         elif rate_at(est.alphas_band(self.k_max, TRIAL_Z)) < self.off_below:
             est.on = False
-        elif est.trial_loss >= TRIAL_BUDGET:
-            est.on = est.rate >= self.off_below
+        elif est.trial_loss >= TRIAL_BUDGET * 0.5 ** est.retries:
+            est.on, est.undecided = est.rate >= self.off_below, True
         else:
             est.trial = True
         return not est.trial
@@ -400,7 +406,7 @@ class Adaptive:
     def measurements(self) -> dict[str, Kept]:
         """Each source's acceptance counts as its rounds left them, to keep for the pair's next run."""
         now = time.time()
-        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not e.trial, on=e.on)
+        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not (e.trial or e.undecided), on=e.on)
                 for s, e in self.src.items() if e.measured}
 
     # -- reporting --

@@ -36,6 +36,8 @@ class SourceEstimate:
     probe_due: bool = False  # off, and a probe is owed the next round this source drafts
     trial: bool = False  # drafting to measure its acceptance before it is judged (controller `_decide`)
     trial_loss: float = 0.0  # target steps the trial's rounds cost beyond the tokens they gave (net)
+    undecided: bool = False  # the trial ran out of budget inside the credible band: the next request tries again
+    retries: int = 0  # ... with half the budget of the try before
     # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
     # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
     _alphas: dict[tuple[int, float], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
