@@ -244,3 +244,17 @@ def test_a_drafting_session_measures_a_plain_step_now_and_then():
     assert len(plain) <= 1 + 3  # and no more often than that
     assert ctl.src["model"].c == pytest.approx(0.5, abs=0.05)  # costs as ratios to the real step
 
+
+
+def test_a_one_token_draft_does_not_time_a_model_drafters_cost():
+    """A model's one-token draft carries the round's fixed cost on one token (Gemma-3-270M F16's Q4_0 copy: 24 ms
+    a token at γ 1, 19-20 at γ 2-8), so c is learnt from longer drafts only: a trial's first rounds, at γ 1,
+    had judged a 1.1× pair off on a c 30 % too high."""
+    ctl = Adaptive(sources=("model",), v=F32_V, t1=T1, c={"model": 0.5})
+    ctl.observe(Step((1,), 0, 0, 0.0, T1, "", n_prompt=10))  # a plain round times t1
+    for _ in range(10):
+        ctl.observe(Step((1, 2), 1, 1, 0.8 * T1, 1.14 * T1, "model"))
+    assert ctl.src["model"].c == 0.5
+    for _ in range(10):
+        ctl.observe(Step((1, 2, 3), 2, 2, 2 * 0.6 * T1, 1.26 * T1, "model"))
+    assert 0.55 < ctl.src["model"].c < 0.6
