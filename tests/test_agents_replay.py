@@ -102,5 +102,8 @@ def test_every_turn_after_the_first_reads_its_prompt_from_the_cache(server):
     rows = replay(server.url)
     print("\n" + table(rows))
     assert rows[0]["prompt"] > 2000  # a prompt worth keeping
-    for r in rows[1:]:
-        assert r["cached"] >= 0.95 * r["prompt"], table(rows)
+    # each turn reads the whole previous prompt from the cache: what it cannot reuse is only what is new (the
+    # last answer and the tool results, ~5 % of these turns, more or less as the answer runs)
+    for before, r in zip(rows, rows[1:]):
+        assert r["cached"] >= before["prompt"], table(rows)
+    assert sum(r["cached"] for r in rows[1:]) >= 0.94 * sum(r["prompt"] for r in rows[1:]), table(rows)
