@@ -29,7 +29,8 @@ from ..speculative.suffix import SuffixCache
 from ..speculative.types import NO_DRAFTER, Controller, Drafter
 from ..tuning.acceptance import AcceptanceStore, Kept
 from ..tuning.calibration import Calibration
-from ..tuning.controller import DEFAULT_K, K_MAX, K_MAX_LOOKUP, K_MIN, Adaptive, FixedK, k_range
+from ..tuning.controller import DEFAULT_K, Adaptive, FixedK
+from ..tuning.sources import K_MAX, K_MAX_LOOKUP, K_MIN, k_range
 from ..tuning.threads import ThreadControl
 from .engine import Engine
 
@@ -59,7 +60,7 @@ class EngineConfig:
     p_min: float = 0.0  # model drafter stops early below this top probability (0 = never)
     lookup_cache: int = 16384  # tokens of earlier requests prompt lookup may draft from (0 = this request only)
     models_dirs: tuple[str, ...] = ()  # folders --draft auto searches besides models.toml and the hub cache
-    k_max_lookup: int = K_MAX_LOOKUP  # with lookup and k_max left at its default (tuning/controller.k_range)
+    k_max_lookup: int = K_MAX_LOOKUP  # with lookup and k_max left at its default (tuning/sources.k_range)
     structure: bool = False  # draft the text a request's grammar forces first, the drafter above otherwise
 
 

@@ -64,7 +64,7 @@ def engine_args(config: EngineConfig) -> tuple[str, ...]:
     """The engine options the user gave the router, as every runner's command line (the model is per runner;
     --draft auto/self, --lookup and --no-spec apply to each model, a --draft file to none)."""
     from ..speculative.types import NO_DRAFTER
-    from ..tuning.controller import K_MAX, K_MIN
+    from ..tuning.sources import K_MAX, K_MIN
 
     a: list[str] = []
     pairs: list[tuple[str, Any]] = [("--ctx", config.n_ctx), ("--threads", config.threads), ("--ngl", config.ngl),

@@ -243,7 +243,7 @@ class ModelDrafter:
                 logits = m.decode([t], 1)[0]
                 if self.p_min > 0 and _top_prob(logits) < self.p_min:
                     break  # the drafter is unsure of the next token: verify what we have
-        return Draft(tuple(tokens), stack(qs) if qs else None, self.name)
+        return Draft(tuple(tokens), stack(qs) if qs else None, self.name, fed=len(context) - keep)
 
     def close(self) -> None:
         self.model.close()

@@ -42,6 +42,7 @@ class Step:
     n_prompt: int = 0  # first round only: prompt tokens evaluated ...
     n_cached: int = 0  # ... and reused from the cache
     t_prompt: float = 0.0  # ... and prefill seconds
+    fed: int = 0  # context tokens the drafter decoded before drafting (`Draft.fed`), inside t_draft
     logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when `params.logprobs` asks (logprobs.py)
 
 
@@ -54,6 +55,9 @@ class Draft:
     # same-seed rule, which emits plain decoding's own tokens (verify.py)
     probs: Warped | None = None
     source: str = ""  # which drafter produced it ("lookup", "model"), for per-source stats
+    # context tokens the drafter decoded before its first draft token: normally the last round's accepted tail;
+    # after rounds it did not draft, everything since (a model drafter's catch-up, priced apart: controller.py)
+    fed: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -20,14 +20,18 @@ a session's estimate from one request's answers leans less on the next request's
 A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: until its rounds pin its
 acceptance down, it is on trial (`_trial_over`): it drafts at the γ its estimate prefers, and the trial ends as
 soon as the decision is the same at both ends of the acceptance's credible band (±`TRIAL_Z` standard deviations
-of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave. A
-trial that budget ended with the decision still inside the band tries again at the next request with half the
-budget of the try before (so at most twice TRIAL_BUDGET a session), and what it keeps is no judgement, so the next
-run tries too: one unlucky first answer settled pairs that pay 1.06-1.25× as off for good. Its
+of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave (its
+rounds as timed, `_round_cost`). A trial that budget ended with the decision still inside the band tries again at
+the next request with half the budget of the try before (so at most twice TRIAL_BUDGET a session, at most
+`TRIAL_RETRIES` tries more), and what it keeps is no judgement, so the next run tries too: one unlucky first answer
+settled pairs that pay 1.06-1.25× as off for good. Besides its budget, each try pays once for the drafter to catch
+up on the prompt (its prefill: ~5 % of a 128-token answer for SmolLM2-135M's Q4_0 copy). Its
 draft length grows with the evidence (at most one position past the deepest one observed), so an early failed
 round costs little; once on, such a drafter switches off only when its rate at the acceptance's upper band
-(`KEEP_Z`) no longer beats plain decoding, and a new request does not halve its counts (its acceptance belongs
-to the pair more than to one text).
+(`KEEP_Z`) no longer beats plain decoding. A model drafter's costs are timed in three parts: c a drafted token
+(from drafts of two or more), a one-token draft's cost (`c1`, added to v(1): `_v_of`), and a catch-up on context it
+has not seen, priced per token (`catch_up`), which makes a probe of a source that is off wait until it is within
+PROBE_SHARE.
 Only a drafter that could not pay even if every draft were accepted skips the trial. What the rounds measured is
 kept per pair of files (acceptance.py), so the next run starts from it. The measurements:
 docs/bench/adaptive.md#measured-before-judged.
@@ -48,20 +52,15 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from ..models import LOOKUP
 from ..speculative.types import ControllerState
 from .acceptance import Kept
 from .estimate import SourceEstimate
 from .rate import best_k, v_at
+from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_one_token
+from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
 
 if TYPE_CHECKING:
     from ..speculative.types import Step
-
-
-DEFAULT_K = 4  # the draft length when nothing else decides it (no pair, no -k, adaptive off)
-K_MIN, K_MAX = 1, 8  # the adaptive range of γ when the user says nothing
-K_MAX_LOOKUP = 32  # a strong lookup match may copy this far; longer rounds cost more than they save
-# (docs/bench/lookup.md#k-max-lookup)
 
 
 class FixedK:
@@ -94,6 +93,10 @@ PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source t
 TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
 # a trial stops after costing this many target steps beyond what it gave: 3 % of a 128-token answer's plain time
 TRIAL_BUDGET = 0.03 * 128
+# an undecided trial tries again at most this many times, at a request's start: each try of a model drafter first
+# catches up on the prompt (6.5 target steps for SmolLM2-135M's Q4_0 copy on a 126-token prompt), which no budget
+# can halve; after the last one the estimate as it stands judges
+TRIAL_RETRIES = 2
 # a drafter with a cost forgets more slowly than a free one: its acceptance belongs to the pair more than to the
 # text, and γ chosen from ~20 decayed rounds flipped between neighbours on noise (3 % below the best fixed k in
 # simulation, 1.5 % at this decay: docs/bench/adaptive.md#measured-before-judged)
@@ -148,6 +151,7 @@ class Adaptive:
         self.src: dict[str, SourceEstimate] = {
             s: self._new_estimate(s, _C_UNKNOWN if (cs := c.get(s)) is None else cs) for s in sources}
         self.k_hist: Counter[int] = Counter()
+        self.ctx = 0  # the context's length in tokens (a drafter that has not seen it catches up on it)
         for s in self.src:
             self._decide(s)
 
@@ -175,7 +179,11 @@ class Adaptive:
         if step.n_prompt:  # a request's first round: its content is new, and its depth another
             self._new_request()
             self._since_plain = T1_REFRESH
+            self.ctx = step.n_prompt + step.n_cached
         d = step.drafted
+        if d and (seen := self.src.get(step.source or "draft")) is not None:
+            seen.seen_to = self.ctx  # the drafter has decoded the context up to here
+        self.ctx += len(step.tokens)
         if not self.learn_costs or step.t_verify <= 0:  # no verify timing: the pass also evaluated the prompt's tail
             if d:
                 self._learn_alpha(step)
@@ -188,7 +196,13 @@ class Adaptive:
         self._since_plain += 1
         moved = self._learn_v(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
-        if d >= 2 or est.c < _C_FREE or self.k_max < 2:
+        if caught_up(step, self.k_max):
+            price = catch_up_price(step, est.c, self.t1)
+            est.catch_up = price if est.catch_up is None else 0.5 * (est.catch_up + price)
+        elif d == 1 and est.c >= _C_FREE and self.k_max >= 2:
+            c1 = step.t_draft / self.t1  # priced apart: see `_v_of`
+            est.c1 = c1 if est.c1 is None else (1 - self.w) * est.c1 + self.w * min(c1, 2 * est.c1 + 0.1)
+        elif d >= 2 or est.c < _C_FREE or self.k_max < 2:
             c_obs = (step.t_draft / d) / self.t1
             # one round may carry a one-off cost (a model drafter catching up on a whole new prompt):
             # a single observation moves c by at most a factor of 2 (+0.1 so a 0 seed can grow)
@@ -206,16 +220,20 @@ class Adaptive:
         SmolLM2-135M turned verbatim copies off on JSON answers, then drafted 9-42 tokens of rewrites whose answers
         copy 90 % of their tokens (docs/bench/adaptive.md#off-across-requests). So at a request's start every
         source's counts weigh `REQUEST_FADE` of what they did, nearer its prior, and each source is decided
-        again; its own rounds in the new text then speak for it. A drafter with a cost (a model) is left as it is:
-        its acceptance belongs to the pair more than to one text, and halving its counts at every request would
-        bring a drafter that is off back to its prior, which alone keeps it off (docs/bench/adaptive.md
-        #measured-before-judged)."""
+        again; its own rounds in the new text then speak for it. A drafter with a cost (a model) fades so only while
+        it drafts: SmolLM2-135M's Q4_0 copy is accepted 0.95 on edits and 0.6 on chat, and without the fade it drafted a
+        whole chat answer at a loss after two edits. One that is off is left as it is: halving its counts would bring
+        it back to its prior, which alone keeps it off (docs/bench/adaptive.md#measured-before-judged)."""
         for name, est in self.src.items():
+            est.seen_to = 0
             if est.rounds and est.c < _C_FREE:
                 est.fade(self.REQUEST_FADE)
                 self._decide(name)
             elif est.undecided:  # its trial spent its budget before the band decided: a new budget, one a request
                 est.trial, est.trial_loss, est.retries = True, 0.0, est.retries + 1
+                self._decide(name)
+            elif est.rounds and est.on and not est.trial:  # drafting: the new text's rounds soon outweigh the last
+                est.fade(self.REQUEST_FADE)
                 self._decide(name)
 
     SCALE_WEIGHT = 0.25  # how far one round moves the whole v curve towards it (in log terms)
@@ -246,8 +264,8 @@ class Adaptive:
     def _learn_alpha(self, step: "Step", decide: bool = True) -> SourceEstimate:
         name = step.source or "draft"
         est = self._estimate(name)
-        if est.trial:  # what this round cost beyond what it gave, at the costs believed now
-            est.trial_loss += step.drafted * est.c + v_at(self._v, step.drafted) - (step.accepted + 1)
+        if est.trial:  # what this round cost beyond what it gave
+            est.trial_loss += self._round_cost(step, est) - (step.accepted + 1)
         if est.probe_due:  # the probe was drafted: the next one waits a doubled interval
             est.probe_due = False
             est.probe_every = min(2 * est.probe_every, self.probe_max)
@@ -255,6 +273,19 @@ class Adaptive:
         if decide:
             self._decide(name)
         return est
+
+    def _round_cost(self, step: "Step", est: SourceEstimate) -> float:
+        """A drafted round's cost in target steps: as timed (round_cost.py) where costs are learnt, else as modelled.
+        Counted at c·γ, a trial of SmolLM2-135M's one-token drafts (0.72 of a step, c 0.47) ran on to 0.8× plain."""
+        if not self.learn_costs:
+            return step.drafted * est.c + v_at(self._v_of(est), step.drafted)
+        return round_cost(step, est.c, self.t1, self._v_of(est), self.k_max)
+
+    def _catch_up_cost(self, est: SourceEstimate) -> float:
+        """Target steps a drafter with a cost spends catching up before its next draft: every context token since it
+        last drafted (a whole new prompt in a new request). A probe of SmolLM2-135M's copy, kept judged off, cost
+        ~7 steps this way on a 126-token prompt, where the probe rule counted under 1."""
+        return catch_up_cost(est.catch_up, est.c, self.ctx - est.seen_to) if est.c >= _C_FREE else 0.0
 
     # -- per source --
 
@@ -316,7 +347,8 @@ class Adaptive:
         k = self._probe_k(est)
         # a failed probe costs v(γ) - 1 + γc target steps: wait long enough that probing costs at most
         # PROBE_SHARE of the time (on a 2-core CPU, v(1) ≈ 2.3: a probe of SmolLM2-135M waits ~90 rounds)
-        wait = max(every, (v_at(self._v, k) - 1 + k * est.c) / PROBE_SHARE)
+        # ... and a model drafter's probe first catches up on the context it has not seen (`_catch_up_cost`)
+        wait = max(every, (v_at(self._v_of(est), k) - 1 + k * est.c + self._catch_up_cost(est)) / PROBE_SHARE)
         if est.since_probe >= wait or est.probe_due:
             # due until the source actually drafts: a bucketed source (lookup by match length) is asked only
             # in rounds whose match falls in it, and a round it did not draft teaches nothing
@@ -343,9 +375,13 @@ class Adaptive:
         """v(0..k_max) as the controller now believes it (`_curve`)."""
         return self._v
 
+    def _v_of(self, est: SourceEstimate) -> tuple[float, ...]:
+        """v(γ) as one source's rounds see it: a one-token draft's cost beyond c added to v(1) (round_cost.py)."""
+        return v_with_one_token(self._v, est.c, est.c1)
+
     def _decide(self, source: str) -> None:
         est = self.src[source]
-        v = self.v
+        v = self._v_of(est)
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
         if est.trial and not self._trial_over(est):
@@ -373,7 +409,7 @@ class Adaptive:
         """Whether the best rate at acceptance z standard deviations above its estimate still beats plain decoding:
         a drafter with a cost that is on stays on until its rounds show, not merely suggest, that it loses (its
         estimate rests on about 20 decayed rounds, and a noisy dip would switch off a drafter that pays)."""
-        return best_k(est.alphas_band(self.k_max, z), est.c, self.v, self.k_min, self.k_max,
+        return best_k(est.alphas_band(self.k_max, z), est.c, self._v_of(est), self.k_min, self.k_max,
                       self.gammas)[1] >= self.off_below
 
     def _trial_over(self, est: SourceEstimate) -> bool:
@@ -383,7 +419,8 @@ class Adaptive:
         not change the decision; or even full acceptance could not pay; or the trial has cost its budget, and
         then the estimate as it stands decides."""
         est.trial, est.undecided = False, False
-        rate_at = lambda alphas: best_k(alphas, est.c, self.v, self.k_min, self.k_max, self.gammas)[1]  # noqa: E731
+        v = self._v_of(est)
+        rate_at = lambda alphas: best_k(alphas, est.c, v, self.k_min, self.k_max, self.gammas)[1]  # noqa: E731
         if rate_at([1.0]) < self.off_below:
             est.on = False
         elif rate_at(est.alphas_band(self.k_max, -TRIAL_Z)) >= self.off_below:
@@ -391,7 +428,7 @@ class Adaptive:
         elif rate_at(est.alphas_band(self.k_max, TRIAL_Z)) < self.off_below:
             est.on = False
         elif est.trial_loss >= TRIAL_BUDGET * 0.5 ** est.retries:
-            est.on, est.undecided = est.rate >= self.off_below, True
+            est.on, est.undecided = est.rate >= self.off_below, est.retries < TRIAL_RETRIES
         else:
             est.trial = True
         return not est.trial
@@ -405,7 +442,8 @@ class Adaptive:
         k = self._probe_k(est)
         after = replace(est, n=list(est.n), a=list(est.a))
         after.update(k, k, self.decay)
-        return best_k(after.alphas(self.k_max), est.c, self.v, self.k_min, self.k_max, self.gammas)[1] >= self.on_above
+        return best_k(after.alphas(self.k_max), est.c, self._v_of(est), self.k_min, self.k_max,
+                      self.gammas)[1] >= self.on_above
 
     def measurements(self) -> dict[str, Kept]:
         """Each source's acceptance counts as its rounds left them, to keep for the pair's next run."""
@@ -439,39 +477,3 @@ class Adaptive:
             spec_disabled_reason=self.spec_disabled_reason,
             off={s: e.reason for s, e in self.src.items() if not e.on and e.reason},
             label=label, k_now=max(k.values(), default=0))
-
-
-def k_range(sources: Sequence[str], *, k: int | None = None, k_min: int = K_MIN, k_max: int = K_MAX,
-            k_max_lookup: int = K_MAX_LOOKUP) -> tuple[int, int]:
-    """(k_min, k_max) of γ for a drafter with these sources. An explicit k pins γ; a drafter with prompt lookup
-    reaches `k_max_lookup` when k_max was left at its default, because a verbatim copy pays at long γ."""
-    if k is not None:
-        return k, k
-    hi = max(k_min, k_max)
-    if k_max == K_MAX and any(family(s) == LOOKUP for s in sources):
-        hi = max(hi, k_max_lookup)
-    return k_min, hi
-
-
-def family(source: str) -> str:
-    """"lookup" for "lookup:long": the drafter a bucketed source belongs to."""
-    return source.split(":", 1)[0]
-
-
-def off_reason(source: str, alpha: float, c: float, v: float, k: int, rate: float, *, measured: bool = True,
-               full: float = 2.0) -> str:
-    """Why a source is off, in words first (what a user can act on), the model's numbers after. The acceptance
-    is said to be measured only when rounds measured it; `full` is the best rate if every draft were accepted."""
-    if full < 1:
-        verdict = f"it would be {100 * (1 - full):.0f} % slower here even if every draft were accepted"
-    elif not measured:
-        verdict = (f"not tried yet: its prior promises {100 * (rate - 1):+.0f} %, too little to start" if rate >= 1
-                   else f"not tried yet: by its prior it would be {100 * (1 - rate):.0f} % slower here")
-    else:
-        verdict = (f"it would be {100 * (1 - rate):.0f} % slower here" if rate < 1
-                   else f"it would gain only {100 * (rate - 1):.0f} %, too little to be sure")
-    cost = f"verifying {k + 1} tokens costs {v:.1f}× a normal step"
-    if c >= 0.05:
-        cost += f", each drafted token {c:.2f}×"
-    accepted = f"drafts accepted {100 * alpha:.0f} %" if measured else f"prior acceptance {100 * alpha:.0f} %"
-    return f"{source}: {verdict} — {accepted}, {cost} (α {alpha:.2f}, c {c:.2f}, v({k}) {v:.2f})"

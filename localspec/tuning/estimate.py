@@ -38,6 +38,11 @@ class SourceEstimate:
     trial_loss: float = 0.0  # target steps the trial's rounds cost beyond the tokens they gave (net)
     undecided: bool = False  # the trial ran out of budget inside the credible band: the next request tries again
     retries: int = 0  # ... with half the budget of the try before
+    # target steps per context token the drafter decodes to catch up before it drafts (a model drafter's prefill of
+    # what it has not seen: after a new prompt, or rounds it did not draft); None until a round has shown it
+    catch_up: float | None = None
+    c1: float | None = None  # a one-token draft's timed cost in target steps (controller `_v_of`); None: not timed
+    seen_to: int = 0  # the context's length when this source last drafted in this request (0: not yet)
     # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
     # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
     _alphas: dict[tuple[int, float], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
