@@ -19,7 +19,7 @@ from localspec.server.protocols.anthropic.convert import (
     openai_messages,
     openai_tools,
 )
-from localspec.server.protocols.responses import ResponsesRequest, input_messages
+from localspec.server.protocols.responses_request import ResponsesRequest, input_messages
 
 TEMPLATES = Path(__file__).parent / "templates"
 CAPTURES = Path(__file__).parent / "captures"

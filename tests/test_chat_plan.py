@@ -20,7 +20,7 @@ from localspec.engine.tools import plan_tools, template_context, tool_messages
 from localspec.server.protocols.anthropic.convert import MessagesRequest
 from localspec.server.protocols.anthropic.routes import prepare
 from localspec.server.protocols.llamacpp import chat_request_prompt
-from localspec.server.protocols.responses import ResponsesRequest, setup
+from localspec.server.protocols.responses_request import ResponsesRequest, setup
 from localspec.server.request import chat as chat_module
 from localspec.server.request.chat import chat_prompt, ollama_plan, openai_plan
 from localspec.server.request.schemas import OAIChatRequest, OllamaChatRequest

@@ -12,6 +12,7 @@ import pytest
 from fakes import FakeModel
 
 from localspec.engine.engine import Engine
+from localspec.server.protocols import responses_request
 from localspec.server.protocols.anthropic import routes as anthropic
 from localspec.server.protocols.anthropic.convert import MessagesRequest
 from localspec.server.request.chat import chat_prompt, chat_text, openai_plan, prefill_text
@@ -78,3 +79,23 @@ def test_an_anthropic_prefill_of_text_blocks_is_joined_the_same_way():
         {"role": "user", "content": "What is the best book"},
         {"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]})
     assert anthropic.prepare(state, req).prompt.endswith(TURN + "Wh\n\nill")
+
+
+def test_a_responses_input_that_ends_with_the_assistants_text_is_continued():
+    """/v1/responses: a final assistant message item is continued, as llama-server continues it once it has made
+    the input a chat request; its output_text parts, and those of assistant items right before it (one message
+    there), join by a blank line. An input that ends with a call or its output opens a new turn."""
+    e = Engine(Target(lambda c: 1), name="fake", chat_template=LLAMA_31)
+    state: Any = SimpleNamespace(engine=e, config=SimpleNamespace(reasoning_format="auto"))
+
+    def text(*items: dict[str, Any]) -> str:
+        body = {"model": "m", "instructions": "Book",
+                "input": [{"role": "user", "content": "What is the best book"}, *items]}
+        return responses_request.setup(state, responses_request.ResponsesRequest.model_validate(body))[1]
+
+    said = [{"type": "output_text", "text": "Wh"}, {"type": "output_text", "text": "ill"}]
+    assert text({"type": "message", "role": "assistant", "content": said}).endswith(TURN + "Wh\n\nill")
+    assert text({"type": "message", "role": "assistant", "content": said[:1]},
+                {"type": "message", "role": "assistant", "content": said[1:]}).endswith(TURN + "Wh\n\nill")
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    assert not text({"type": "message", "role": "assistant", "content": said}, call).endswith("ill")

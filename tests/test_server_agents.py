@@ -28,7 +28,7 @@ from servers import ServerProcess
 
 from localspec.engine.chatplan import plan_chat
 from localspec.engine.template import render_chat
-from localspec.server.protocols.responses import ResponsesRequest, chat_choice, function_tools, input_messages
+from localspec.server.protocols.responses_request import ResponsesRequest, chat_choice, function_tools, input_messages
 
 pytestmark = pytest.mark.slow
 

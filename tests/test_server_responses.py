@@ -15,7 +15,7 @@ import pytest
 from servers import ServerProcess
 
 from localspec.server.http import ApiError
-from localspec.server.protocols.responses import (
+from localspec.server.protocols.responses_request import (
     ResponsesRequest,
     chat_choice,
     function_tools,

@@ -310,10 +310,16 @@ def test_an_undecided_trial_tries_again_at_most_trial_retries_times():
 def test_a_drafting_model_follows_a_new_texts_acceptance():
     """A model drafter's acceptance depends on the text (SmolLM2-135M's Q4_0 copy: 0.95 on edits, 0.6 on chat).
     At a new request the counts of one that is drafting weigh half, so a text it drafts badly turns it off within
-    a few dozen rounds, not after the whole answer."""
+    a few dozen rounds, not after the whole answer; and the next text tries it again (a trial, within the session's
+    TRIAL_RETRIES), where before a pair that pays 1.08× stayed off for the rest of the run and the next."""
     ctl = controller()
     for request in range(3):
         simulate(ctl, 0.95, 0.5, F32_V, 128, seed=request)
     assert ctl.src["model"].on
     _, _, ks = simulate(ctl, 0.3, 0.5, F32_V, 128, seed=7)
-    assert not ctl.src["model"].on and not any(ks[60:])
+    est = ctl.src["model"]
+    assert not est.on and not any(ks[60:])
+    # turned off by a text, not by its trial: no judgement of the pair, and the next text tries it again
+    assert est.switched_off and not ctl.measurements()["model"].judged
+    _, _, ks = simulate(ctl, 0.95, 0.5, F32_V, 128, seed=8)
+    assert est.on and sum(1 for k in ks if k) > 100 and est.retries == 1

@@ -229,8 +229,12 @@ class Adaptive:
             if est.rounds and est.c < _C_FREE:
                 est.fade(self.REQUEST_FADE)
                 self._decide(name)
-            elif est.undecided:  # its trial spent its budget before the band decided: a new budget, one a request
-                est.trial, est.trial_loss, est.retries = True, 0.0, est.retries + 1
+            elif est.undecided or (est.switched_off and est.retries < TRIAL_RETRIES):
+                # its trial spent its budget before the band decided, or it drafted and then turned itself off
+                # (another text): a new trial, with half the budget of the try before, one a request
+                if est.switched_off:
+                    est.fade(self.REQUEST_FADE)
+                est.trial, est.trial_loss, est.retries, est.switched_off = True, 0.0, est.retries + 1, False
                 self._decide(name)
             elif est.rounds and est.on and not est.trial:  # drafting: the new text's rounds soon outweigh the last
                 est.fade(self.REQUEST_FADE)
@@ -395,10 +399,11 @@ class Adaptive:
                 or (est.on and est.c >= _C_FREE and self._may_pay(est, KEEP_Z)):
             if not est.on:
                 est.probe_every = self.probe_every
-            est.on, est.reason = True, None
+            est.on, est.reason, est.switched_off = True, None, False
         else:
             if est.on:
                 est.since_probe, est.probe_every = 0, self.probe_every
+                est.switched_off = est.c >= _C_FREE
             est.on = False
             est.reason = off_reason(source, est.alphas(k)[0], est.c, v_at(v, k), k, rate, measured=est.measured,
                                     full=best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1])
@@ -448,7 +453,8 @@ class Adaptive:
     def measurements(self) -> dict[str, Kept]:
         """Each source's acceptance counts as its rounds left them, to keep for the pair's next run."""
         now = time.time()
-        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not (e.trial or e.undecided), on=e.on)
+        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not (e.trial or e.undecided or e.switched_off),
+                        on=e.on)
                 for s, e in self.src.items() if e.measured}
 
     # -- reporting --

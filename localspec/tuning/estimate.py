@@ -38,6 +38,9 @@ class SourceEstimate:
     trial_loss: float = 0.0  # target steps the trial's rounds cost beyond the tokens they gave (net)
     undecided: bool = False  # the trial ran out of budget inside the credible band: the next request tries again
     retries: int = 0  # ... with half the budget of the try before
+    # a drafter with a cost that turned itself off after drafting, its trial long over: its text may have changed
+    # (controller `_new_request` tries it again at the next request, and the next run does)
+    switched_off: bool = False
     # target steps per context token the drafter decodes to catch up before it drafts (a model drafter's prefill of
     # what it has not seen: after a new prompt, or rounds it did not draft); None until a round has shown it
     catch_up: float | None = None

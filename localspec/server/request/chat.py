@@ -3,7 +3,7 @@ prompt on `/v1/chat/completions`, `/api/chat`, `/v1/messages`, `/v1/responses`, 
 count routes.
 
 Each protocol first puts its messages in OpenAI's terms (`chat_messages` here; Ollama's in chat_tools.py,
-Anthropic's in protocols/anthropic/convert.py, the Responses API's in protocols/responses.py); `chat_plan` then
+Anthropic's in protocols/anthropic/convert.py, the Responses API's in protocols/responses_request.py); `chat_plan` then
 checks the tools and plans them once, with the messages and template variables the template reads.
 
 Assistant prefill: when the last message is the assistant's, the template is applied to the messages before it
