@@ -323,3 +323,20 @@ def test_a_drafting_model_follows_a_new_texts_acceptance():
     assert est.switched_off and not ctl.measurements()["model"].judged
     _, _, ks = simulate(ctl, 0.95, 0.5, F32_V, 128, seed=8)
     assert est.on and sum(1 for k in ks if k) > 100 and est.retries == 1
+
+
+def test_a_position_past_gamma_seen_a_few_times_is_explored_more_often():
+    """A deep position seen a few times stays where one unlucky rejection put it unless it is drafted again: a model
+    drafter explores γ+1 every explore_every/2 rounds until that position has EXPLORE_N observations, then every
+    explore_every; a free source (lookup) always every explore_every."""
+    from localspec.tuning.controller import EXPLORE_N
+
+    ctl = controller(explore_every=16)
+    est = ctl.src["model"]
+    est.trial, est.on, est.k = False, True, 2
+    est.n, est.a = [40.0, 36.0, 3.0], [36.0, 32.0, 1.0]
+    assert ctl._explore_every(est) == 8
+    est.n[2] = float(EXPLORE_N)
+    assert ctl._explore_every(est) == 16
+    est.n[2], est.c = 3.0, 0.0
+    assert ctl._explore_every(est) == 16
