@@ -11,8 +11,9 @@ import pytest
 
 from localspec.speculative.types import Step
 from localspec.tuning.acceptance import KEEP_N, AcceptanceStore, Kept, kept_for
-from localspec.tuning.controller import PROBE_SHARE, TRIAL_BUDGET, Adaptive
+from localspec.tuning.controller import PROBE_SHARE, Adaptive
 from localspec.tuning.rate import v_at
+from localspec.tuning.trial import TRIAL_BUDGET
 
 # Gemma-3-270M F32 on 2 cores (the pair where a fixed k pays): a verify row costs ~0.14 of a step
 F32_V = [1.0, 1.14, 1.26, 1.37, 1.49, 1.62, 1.75, 1.88, 2.0]
@@ -292,7 +293,7 @@ def test_a_catch_up_is_priced_apart_and_makes_a_probe_wait():
 def test_an_undecided_trial_tries_again_at_most_trial_retries_times():
     """Each try of a model drafter first catches up on the prompt, a cost no budget halves: after TRIAL_RETRIES
     more tries the estimate as it stands judges, and that is kept as a judgement."""
-    from localspec.tuning.controller import TRIAL_RETRIES
+    from localspec.tuning.trial import TRIAL_RETRIES
 
     ctl = controller()
     est = ctl.src["model"]

@@ -40,7 +40,7 @@ class Kept:
     a: tuple[float, ...]
     rounds: int
     at: float  # when they were written (seconds since the epoch)
-    judged: bool = False  # the trial that measured them ended (controller._trial_over): no new trial is due
+    judged: bool = False  # the trial that measured them ended (trial.py): no new trial is due
     on: bool = False  # ... and whether the source was drafting when they were written: the next start resumes it
 
     def faded(self, now: float) -> "Kept":

@@ -17,24 +17,11 @@ from the prior its drafter declares (`Drafter.prior`), else from `alpha_prior`.
 A source switches off when its best rate falls below `off_below` and back on above `on_above` (hysteresis).
 Acceptance belongs to the text, so a request's first round weighs every free source's counts half (`_new_request`):
 a session's estimate from one request's answers leans less on the next request's.
-A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: until its rounds pin its
-acceptance down, it is on trial (`_trial_over`): it drafts at the γ its estimate prefers, and the trial ends as
-soon as the decision is the same at both ends of the acceptance's credible band (±`TRIAL_Z` standard deviations
-of each position's Beta posterior), or when the trial has cost `TRIAL_BUDGET` target steps more than it gave (its
-rounds as timed, `_round_cost`). A trial that budget ended with the decision still inside the band tries again at
-the next request with half the budget of the try before (so at most twice TRIAL_BUDGET a session, at most
-`TRIAL_RETRIES` tries more), and what it keeps is no judgement, so the next run tries too: one unlucky first answer
-settled pairs that pay 1.06-1.25× as off for good. Besides its budget, each try pays once for the drafter to catch
-up on the prompt (its prefill: ~5 % of a 128-token answer for SmolLM2-135M's Q4_0 copy). Its
-draft length grows with the evidence (at most one position past the deepest one observed), so an early failed
-round costs little; once on, such a drafter switches off only when its rate at the acceptance's upper band
-(`KEEP_Z`) no longer beats plain decoding. A model drafter's costs are timed in three parts: c a drafted token
-(from drafts of two or more), a one-token draft's cost (`c1`, added to v(1): `_v_of`), and a catch-up on context it
-has not seen, priced per token (`catch_up`), which makes a probe of a source that is off wait until it is within
-PROBE_SHARE.
-Only a drafter that could not pay even if every draft were accepted skips the trial. What the rounds measured is
-kept per pair of files (acceptance.py), so the next run starts from it. The measurements:
-docs/bench/adaptive.md#measured-before-judged.
+A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: it is on trial (trial.py) until its
+rounds, as timed (round_cost.py), pin its acceptance down, at a draft length that grows with the evidence. Once on,
+it switches off only when its rate at the acceptance's upper band (`KEEP_Z`) no longer beats plain decoding; if a
+text turns it off, the next request tries it again. What the rounds measured is kept per pair of files
+(acceptance.py), so the next run starts from it (docs/bench/adaptive.md#measured-before-judged).
 A free source (prompt lookup) that has not drafted yet starts only above `on_above` too: its prior is an average
 over tasks, and a failed first draft costs several steps. While off, a source is re-probed with a short draft,
 the interval doubling while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed
@@ -50,7 +37,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..speculative.types import ControllerState
 from .acceptance import Kept
@@ -58,6 +45,8 @@ from .estimate import SourceEstimate
 from .rate import best_k, v_at
 from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_one_token
 from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
+from .trial import TRIAL_RETRIES, trial_over
+from .verify_curve import VerifyCurve
 
 if TYPE_CHECKING:
     from ..speculative.types import Step
@@ -90,13 +79,6 @@ class FixedK:
 
 
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
-TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
-# a trial stops after costing this many target steps beyond what it gave: 3 % of a 128-token answer's plain time
-TRIAL_BUDGET = 0.03 * 128
-# an undecided trial tries again at most this many times, at a request's start: each try of a model drafter first
-# catches up on the prompt (6.5 target steps for SmolLM2-135M's Q4_0 copy on a 126-token prompt), which no budget
-# can halve; after the last one the estimate as it stands judges
-TRIAL_RETRIES = 2
 # a drafter with a cost forgets more slowly than a free one: its acceptance belongs to the pair more than to the
 # text, and γ chosen from ~20 decayed rounds flipped between neighbours on noise (3 % below the best fixed k in
 # simulation, 1.5 % at this decay: docs/bench/adaptive.md#measured-before-judged)
@@ -133,19 +115,14 @@ class Adaptive:
         self.alpha_prior = alpha_prior
         self._round_k: dict[str, int] = {}
         self.calibration: object | None = None  # the load-time Calibration, for reports
-        # t1: recent seconds of a plain round (fast EMA: follows the machine's load). v(d) = v_scale · vr[d]:
-        # vr[d] is the calibrated curve refined per d (decayed mean of t_verify(d) / t1, against the t1 of the
-        # moment, so a busier machine does not skew the ratio), v_scale what every round says of the whole
-        # curve (`_learn_v`)
+        # t1: recent seconds of a plain round (fast EMA: follows the machine's load); v: verify_curve.py
         self.t1 = t1 or 1e-3
         self._since_plain = T1_REFRESH  # drafted rounds since the last timed plain one (t1 is stale at the start)
         self.t1_weight = 0.3
         self.explore_every = explore_every
         self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
         seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
-        self.vr: list[float] = [v_at(seed, d) for d in range(k_max + 1)]
-        self.v_scale = self._decided_scale = 1.0  # ... and the factor every source was last decided at
-        self._v = self._curve()
+        self.curve = VerifyCurve(seed, k_max, cost_weight)
         c = dict(c or {})
         self.prior = dict(prior or {})  # source -> (α first, α later, …) a drafter declared (`Drafter.prior`)
         self.kept = dict(kept or {})  # source -> acceptance an earlier run of this pair measured (acceptance.py)
@@ -195,7 +172,7 @@ class Adaptive:
             self._since_plain = 0
             return
         self._since_plain += 1
-        moved = self._learn_v(d, step.t_verify / self.t1) if d <= self.k_max else False
+        moved = self.curve.learn(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         if caught_up(step, self.k_max):
             price = catch_up_price(step, est.c, self.t1)
@@ -241,31 +218,6 @@ class Adaptive:
                 est.fade(self.REQUEST_FADE)
                 self._decide(name)
 
-    SCALE_WEIGHT = 0.25  # how far one round moves the whole v curve towards it (in log terms)
-    SCALE_STEP = 1.5  # ... at most this factor a round before the weight: a one-off stall moves it ≤ 11 %
-    SCALE_REDECIDE = 0.02  # a change of the curve this large re-decides every source, not only the one observed
-
-    def _learn_v(self, d: int, r: float) -> bool:
-        """Learn from a verify round of d drafts that cost r plain rounds. The calibration is one moment's
-        measurement at one depth: taken while something else ran, it is off at every γ alike (a stale curve made
-        drafts that did not pay: docs/bench/lookup.md#source-probing). So every
-        round moves a shared factor (v_scale) and, slowly, its own γ's point; True when the curve moved
-        enough that every source's decision is due again."""
-        r = min(max(r, 1.0), 2 * self._v[d])  # one noisy round moves v(d) by at most a factor of 2; never < 1 row
-        f = min(max(r / self._v[d], 1 / self.SCALE_STEP), self.SCALE_STEP)
-        self.v_scale = min(max(self.v_scale * f ** self.SCALE_WEIGHT, 0.5), 2.0)
-        self.vr[d] = (1 - self.w) * self.vr[d] + self.w * r / self.v_scale
-        self._v = self._curve()
-        if abs(self.v_scale / self._decided_scale - 1) <= self.SCALE_REDECIDE:
-            return False
-        self._decided_scale = self.v_scale
-        return True
-
-    def _curve(self) -> tuple[float, ...]:
-        """v(0..k_max) with v(0) = 1, no γ cheaper than one row. Not made monotone: a batch that fills a kernel
-        tile costs less than one row fewer (costs.timed_gammas)."""
-        return (1.0, *(max(1.0, self.v_scale * x) for x in self.vr[1:]))
-
     def _learn_alpha(self, step: "Step", decide: bool = True) -> SourceEstimate:
         name = step.source or "draft"
         est = self._estimate(name)
@@ -281,7 +233,8 @@ class Adaptive:
 
     def _round_cost(self, step: "Step", est: SourceEstimate) -> float:
         """A drafted round's cost in target steps: as timed (round_cost.py) where costs are learnt, else as modelled.
-        Counted at c·γ, a trial of SmolLM2-135M's one-token drafts (0.72 of a step, c 0.47) ran on to 0.8× plain."""
+        Counted at c·γ + v(γ), with the prompt's catch-up and one-token drafts' extra cost left out, a trial of
+        SmolLM2-135M's Q4_0 copy ran its first prompt at 0.80-0.87× plain."""
         if not self.learn_costs:
             return step.drafted * est.c + v_at(self._v_of(est), step.drafted)
         return round_cost(step, est.c, self.t1, self._v_of(est), self.k_max)
@@ -317,7 +270,7 @@ class Adaptive:
         """A source's estimate before any round: the prior its drafter declared, else the controller's."""
         first, *later = self.prior.get(source, (self.alpha_prior,))
         # off until the prior clears on_above, and then off like a source that switched off: first probe after
-        # probe_every rounds; a drafter with a cost is on trial instead (`_trial_over`)
+        # probe_every rounds; a drafter with a cost is on trial instead (trial.py)
         est = SourceEstimate(alpha_prior=first, later=tuple(later), c=c, on=False, probe_every=self.probe_every,
                              trial=c >= _C_FREE, carries=c >= _C_FREE)
         if (k := self.kept.get(source)) is not None:
@@ -385,19 +338,19 @@ class Adaptive:
 
     @property
     def v(self) -> tuple[float, ...]:
-        """v(0..k_max) as the controller now believes it (`_curve`)."""
-        return self._v
+        """v(0..k_max) as the controller now believes it (verify_curve.py)."""
+        return self.curve.v
 
     def _v_of(self, est: SourceEstimate) -> tuple[float, ...]:
         """v(γ) as one source's rounds see it: a one-token draft's cost beyond c added to v(1) (round_cost.py)."""
-        return v_with_one_token(self._v, est.c, est.c1)
+        return v_with_one_token(self.curve.v, est.c, est.c1)
 
     def _decide(self, source: str) -> None:
         est = self.src[source]
         v = self._v_of(est)
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
-        if est.trial and not self._trial_over(est):
+        if est.trial and not trial_over(est, self._rate_at(est), self.k_max, self.off_below):
             # γ grows with the evidence: at most one position past the deepest one observed, so a failed early draft
             # costs little
             est.k = min(k, next((i for i, n in enumerate(est.n) if n < 0.5), len(est.n)) + 1)
@@ -426,26 +379,10 @@ class Adaptive:
         return best_k(est.alphas_band(self.k_max, z), est.c, self._v_of(est), self.k_min, self.k_max,
                       self.gammas)[1] >= self.off_below
 
-    def _trial_over(self, est: SourceEstimate) -> bool:
-        """Whether a source on trial is known well enough to judge; when it is, leave `est.on` as the trial
-        found it, for the ordinary decision (with its hysteresis) to take over. Known enough: the best rate is
-        on the same side of `off_below` at both ends of the acceptance's credible band, so more rounds would
-        not change the decision; or even full acceptance could not pay; or the trial has cost its budget, and
-        then the estimate as it stands decides."""
-        est.trial, est.undecided = False, False
+    def _rate_at(self, est: SourceEstimate) -> Callable[[Sequence[float]], float]:
+        """The best rate this source's costs give at a list of acceptances (trial.py asks it at the band's ends)."""
         v = self._v_of(est)
-        rate_at = lambda alphas: best_k(alphas, est.c, v, self.k_min, self.k_max, self.gammas)[1]  # noqa: E731
-        if rate_at([1.0]) < self.off_below:
-            est.on = False
-        elif rate_at(est.alphas_band(self.k_max, -TRIAL_Z)) >= self.off_below:
-            est.on = True
-        elif rate_at(est.alphas_band(self.k_max, TRIAL_Z)) < self.off_below:
-            est.on = False
-        elif est.trial_loss >= TRIAL_BUDGET * 0.5 ** est.retries:
-            est.on, est.undecided = est.rate >= self.off_below, est.retries < TRIAL_RETRIES
-        else:
-            est.trial = True
-        return not est.trial
+        return lambda alphas: best_k(alphas, est.c, v, self.k_min, self.k_max, self.gammas)[1]
 
     def _probe_could_turn_on(self, est: SourceEstimate) -> bool:
         """Whether one probe (`_probe_k`), every token accepted, would turn this source on. For a source that has not
