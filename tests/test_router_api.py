@@ -104,6 +104,9 @@ CRASH = [{"role": "user", "content": f"Repeat after me: {MARKER} {MARKER} {MARKE
 # -- listing --------------------------------------------------------------------------------------------------
 
 def test_every_protocol_lists_every_model(http, oai, oll, smol):
+    # a model no request has started is listed "unloaded"; in another test order one may have started it
+    assert http.post("/models/unload", json={"model": F16}).json() == {"success": True}
+    assert _wait_status(http, F16, {"unloaded"}) == "unloaded"
     listed = {m["id"]: m["status"]["value"] for m in http.get("/models").json()["data"]}
     assert {smol, F16} <= set(listed) and listed[F16] == "unloaded"
     assert {smol, F16} <= {m.id for m in oai.models.list().data}

@@ -205,6 +205,8 @@ def test_n_is_the_default_not_a_cap(http):
 
 def test_every_host_address_answers_and_metrics(http, server):
     assert httpx.get(server.url.replace("127.0.0.1", "127.0.0.2") + "/health", timeout=30).status_code == 200
+    # the generation rate needs an answer first (in another test order, none came before this test)
+    assert http.post("/completion", json={"prompt": "Hi", "n_predict": 4}).status_code == 200
     r = http.get("/metrics")
     assert int(r.headers["Process-Start-Time-Unix"]) > 1_600_000_000
     rate = [ln for ln in r.text.splitlines() if ln.startswith("llamacpp:predicted_tokens_seconds ")]
