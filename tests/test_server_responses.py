@@ -183,8 +183,9 @@ def test_a_stream_with_llama_servers_progress_and_timings(server):
     assert progress[-1]["processed"] == progress[-1]["total"] > 0
     assert any(e["type"] == "response.output_text.delta" and "predicted_per_second" in e.get("timings", {})
                for e in events)
-    last = events[-1]
-    assert last["type"] == "response.incomplete"  # the budget ran out: OpenAI's name (llama-server: completed)
+    last = events[-1]  # sampled at 0.8, the answer may end before its budget: OpenAI names each end apart
+    ran_out = last["response"]["usage"]["output_tokens"] >= 8
+    assert last["type"] == ("response.incomplete" if ran_out else "response.completed")  # llama-server: completed
     assert "usage" in last["response"] and "prompt_per_second" in last["timings"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     long = {**body, "input": "This is a test. " * 150}  # past one batch of 512 tokens
