@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from ..speculative.types import ControllerState
 from .acceptance import Kept
 from .estimate import SourceEstimate
+from .machine import OFF_T1_FRESH, shared_change
 from .rate import best_k, v_at
 from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_one_token
 from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
@@ -119,6 +120,8 @@ class Adaptive:
         self.t1 = t1 or 1e-3
         self._since_plain = T1_REFRESH  # drafted rounds since the last timed plain one (t1 is stale at the start)
         self.t1_weight = 0.3
+        self._scale_at_t1 = 1.0  # the v curve's scale when t1 was last measured (machine.py) ...
+        self._timed_since_t1 = 0  # ... and the drafted rounds timed against it since
         self.explore_every = explore_every
         self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
         seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
@@ -168,10 +171,11 @@ class Adaptive:
             return
         if d == 0:
             w = 1.0 if self._since_plain >= T1_REFRESH else self.t1_weight  # a stale t1 is replaced, not averaged
-            self.t1 = (1 - w) * self.t1 + w * step.t_verify
-            self._since_plain = 0
+            self._take_t1((1 - w) * self.t1 + w * step.t_verify)
+            self._since_plain = self._timed_since_t1 = 0
             return
         self._since_plain += 1
+        self._timed_since_t1 += 1
         moved = self.curve.learn(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         if caught_up(step, self.k_max):
@@ -190,6 +194,19 @@ class Adaptive:
         # γ 2-8; a trial's first rounds, at γ 1, raised c from 0.58 to 0.75 and judged a 1.1× pair off
         for source in self.src if moved else (step.source or "draft",):
             self._decide(source)
+
+    def _take_t1(self, t1: float) -> None:
+        """A plain round's t1. When the machine slowed (or sped up) as the verify rounds since the last plain round
+        showed too, what those rounds taught was timed against a t1 the machine has left: every cost is expressed
+        in the new one (machine.py), and every source decided again."""
+        g = shared_change(t1 / self.t1, self.curve.scale / self._scale_at_t1)
+        self.t1 = t1
+        if g != 1.0:
+            self.curve.rebase(g)
+            for name, est in self.src.items():
+                est.rebase(g)
+                self._decide(name)
+        self._scale_at_t1 = self.curve.scale
 
     REQUEST_FADE = 0.5  # what a session's acceptance counts weigh when a new request's content begins
 
@@ -350,7 +367,7 @@ class Adaptive:
         v = self._v_of(est)
         k, rate = best_k(est.alphas(self.k_max), est.c, v, self.k_min, self.k_max, self.gammas)
         est.k, est.rate = k, rate
-        if est.trial and not trial_over(est, self._rate_at(est), self.k_max, self.off_below):
+        if est.trial and not self._trial_over(est):
             # γ grows with the evidence: at most one position past the deepest one observed, so a failed early draft
             # costs little
             est.k = min(k, next((i for i, n in enumerate(est.n) if n < 0.5), len(est.n)) + 1)
@@ -363,6 +380,8 @@ class Adaptive:
                 est.probe_every = self.probe_every
             est.on, est.reason, est.switched_off = True, None, False
         else:
+            if est.on and self._t1_first(est):
+                return
             if est.on:
                 est.since_probe, est.probe_every = 0, self.probe_every
                 est.switched_off = est.c >= _C_FREE
@@ -371,6 +390,24 @@ class Adaptive:
                                     full=best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1])
             est.hopeless = (best_k([1.0], est.c, v, self.k_min, self.k_max, self.gammas)[1] < self.off_below
                             or (est.rounds == 0 and not self._probe_could_turn_on(est)))
+
+    def _trial_over(self, est: SourceEstimate) -> bool:
+        """Whether the trial has judged (trial.py): one that would judge a drafter off goes on until t1 is fresh."""
+        if not trial_over(est, self._rate_at(est), self.k_max, self.off_below):
+            return False
+        if not est.on and self._t1_first(est):
+            est.trial, est.undecided = True, False
+            return False
+        return True
+
+    def _t1_first(self, est: SourceEstimate) -> bool:
+        """Whether a drafter with a cost must wait for a plain round before it is switched off, and if so ask for
+        one: every cost is a ratio to t1, and a machine that slowed since t1 was timed inflates them all alike
+        (machine.py)."""
+        if est.c < _C_FREE or not self.learn_costs or self._timed_since_t1 < OFF_T1_FRESH:
+            return False
+        self._since_plain = T1_REFRESH
+        return True
 
     def _may_pay(self, est: SourceEstimate, z: float) -> bool:
         """Whether the best rate at acceptance z standard deviations above its estimate still beats plain decoding:

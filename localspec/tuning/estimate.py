@@ -98,6 +98,12 @@ class SourceEstimate:
         """The prior of draft position i ≥ 1: the value of `later` for its band (PRIOR_FROM), else the last one."""
         return self.later[min(bisect_right(PRIOR_FROM, i), len(self.later)) - 1]
 
+    def rebase(self, factor: float) -> None:
+        """Its timed costs against a t1 `factor` times the one they were timed against (machine.py)."""
+        self.c /= factor
+        self.c1 = None if self.c1 is None else self.c1 / factor
+        self.catch_up = None if self.catch_up is None else self.catch_up / factor
+
     def fade(self, weight: float) -> None:
         """Weigh every count `weight` of what it did: the estimate moves toward its prior, by that much of its
         distance, without forgetting which way the evidence pointed."""

@@ -39,6 +39,13 @@ class VerifyCurve:
         self._decided_scale = self.scale
         return True
 
+    def rebase(self, factor: float) -> None:
+        """Express the curve against a t1 `factor` times the one it was learnt against (machine.py): the rounds
+        since the last plain round were timed against a t1 the machine has since left."""
+        self.scale = min(max(self.scale / factor, 0.5), 2.0)
+        self._decided_scale = self.scale
+        self.v = self._curve()
+
     def _curve(self) -> tuple[float, ...]:
         """v(0..k_max) with v(0) = 1, no γ cheaper than one row. Not made monotone: a batch that fills a kernel
         tile costs less than one row fewer (costs.timed_gammas)."""
