@@ -323,7 +323,19 @@ def test_a_drafting_model_follows_a_new_texts_acceptance():
     # turned off by a text, not by its trial: no judgement of the pair, and the next text tries it again
     assert est.switched_off and not ctl.measurements()["model"].judged
     _, _, ks = simulate(ctl, 0.95, 0.5, F32_V, 128, seed=8)
-    assert est.on and sum(1 for k in ks if k) > 100 and est.retries == 1
+    assert est.on and sum(1 for k in ks if k) > 100 and est.retries == 0  # it paid: the tries count from none
+
+
+def test_texts_that_alternate_do_not_use_up_the_tries():
+    """Good and bad texts in turn (a session of edits and chat): the drafter is off within a few dozen rounds of
+    each bad text and drafts each good one, however many there were; only failures in a row use up the tries."""
+    ctl = controller()
+    simulate(ctl, 0.95, 0.5, F32_V, 128, seed=0)
+    for request in range(4):
+        _, _, bad = simulate(ctl, 0.3, 0.5, F32_V, 128, seed=10 + request)
+        assert not any(bad[60:]), request
+        _, _, good = simulate(ctl, 0.95, 0.5, F32_V, 128, seed=20 + request)
+        assert sum(1 for k in good if k) > 100, request
 
 
 def test_a_position_past_gamma_seen_a_few_times_is_explored_more_often():

@@ -46,7 +46,7 @@ from .machine import OFF_T1_FRESH, shared_change
 from .rate import best_k, v_at
 from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_one_token
 from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
-from .trial import TRIAL_RETRIES, trial_over
+from .trial import TRIAL_RETRIES, TRIAL_Z, trial_over
 from .verify_curve import VerifyCurve
 
 if TYPE_CHECKING:
@@ -392,12 +392,17 @@ class Adaptive:
                             or (est.rounds == 0 and not self._probe_could_turn_on(est)))
 
     def _trial_over(self, est: SourceEstimate) -> bool:
-        """Whether the trial has judged (trial.py): one that would judge a drafter off goes on until t1 is fresh."""
+        """Whether the trial has judged (trial.py): one that would judge a drafter off goes on until t1 is fresh.
+        A try that judges it on gives back the session's tries (`TRIAL_RETRIES` bounds failures in a row, each
+        paying a catch-up): Gemma-3-270M F16's copy went off on two break-even edit prompts and stayed off for
+        the chat and rag prompts after them, where k = 4 paid 1.2× and 1.1×."""
         if not trial_over(est, self._rate_at(est), self.k_max, self.off_below):
             return False
         if not est.on and self._t1_first(est):
             est.trial, est.undecided = True, False
             return False
+        if est.on and self._rate_at(est)(est.alphas_band(self.k_max, -TRIAL_Z)) >= self.off_below:
+            est.retries = 0  # it clearly paid on this text: the tries count again from none
         return True
 
     def _t1_first(self, est: SourceEstimate) -> bool:

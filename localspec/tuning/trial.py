@@ -19,9 +19,10 @@ from .estimate import SourceEstimate
 TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
 # a trial stops after costing this many target steps beyond what it gave: 3 % of a 128-token answer's plain time
 TRIAL_BUDGET = 0.03 * 128
-# an undecided trial tries again at most this many times, at a request's start: each try of a model drafter first
-# catches up on the prompt (6.5 target steps for SmolLM2-135M's Q4_0 copy on a 126-token prompt), which no budget
-# can halve; after the last one the estimate as it stands judges
+# an undecided trial tries again at most this many times in a row, at a request's start: each try of a model drafter
+# first catches up on the prompt (6.5 target steps for SmolLM2-135M's Q4_0 copy on a 126-token prompt), which no
+# budget can halve; after the last one the estimate as it stands judges. A try that clearly pays gives the tries back
+# (controller `_trial_over`)
 TRIAL_RETRIES = 2
 
 
