@@ -20,8 +20,9 @@ a session's estimate from one request's answers leans less on the next request's
 A drafter with a cost (a model, c ≥ `_C_FREE`) is measured before it is judged: it is on trial (trial.py) until its
 rounds, as timed (round_cost.py), pin its acceptance down, at a draft length that grows with the evidence. Once on,
 it switches off only when its rate at the acceptance's upper band (`KEEP_Z`) no longer beats plain decoding; if a
-text turns it off, the next request tries it again. What the rounds measured is kept per pair of files
-(acceptance.py), so the next run starts from it (docs/bench/adaptive.md#measured-before-judged).
+text turns it off, the next request tries it again; it is switched off only on a fresh t1, since a machine that
+slowed since t1 was timed makes every cost look larger alike (machine.py). What the rounds measured is kept per
+pair of files (acceptance.py), so the next run starts from it (docs/bench/adaptive.md#measured-before-judged).
 A free source (prompt lookup) that has not drafted yet starts only above `on_above` too: its prior is an average
 over tasks, and a failed first draft costs several steps. While off, a source is re-probed with a short draft,
 the interval doubling while probes fail and probes taking at most `PROBE_SHARE` of the time, because a failed
