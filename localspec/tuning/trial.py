@@ -3,11 +3,11 @@ rest). The trial ends when the best rate is on the same side of plain decoding a
 credible band (±TRIAL_Z standard deviations of each position's Beta posterior), when even full acceptance could not
 pay, or when its rounds have cost TRIAL_BUDGET target steps more than they gave; then the estimate as it stands
 decides, and a trial the budget ended inside the band is undecided: the next request tries again with half the
-budget of the try before (at most twice TRIAL_BUDGET a session, at most TRIAL_RETRIES tries more), and what it keeps
-is no judgement, so the next run tries too: one unlucky first answer settled pairs that pay 1.06-1.25× as off for
-good. Besides its budget, each try pays once for the drafter to catch up on the prompt (its prefill: ~5 % of a
-128-token answer for SmolLM2-135M's Q4_0 copy). Only a drafter that could not pay even if every draft were accepted
-skips the trial. The measurements: docs/bench/adaptive.md#measured-before-judged.
+budget of the try before (at most twice TRIAL_BUDGET for a drafter that never pays, at most TRIAL_RETRIES tries
+more in a row), and what it keeps is no judgement, so the next run tries too: one unlucky first answer settled
+pairs that pay 1.06-1.25× as off for good. Besides its budget, each try pays once for the drafter to catch up on
+the prompt (its prefill: ~5 % of a 128-token answer for SmolLM2-135M's Q4_0 copy). Only a drafter that could not
+pay even if every draft were accepted skips the trial. The measurements: docs/bench/adaptive.md#measured-before-judged.
 """
 
 from __future__ import annotations
