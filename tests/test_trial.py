@@ -353,19 +353,3 @@ def test_a_position_past_gamma_seen_a_few_times_is_explored_more_often():
     assert ctl._explore_every(est) == 16
     est.n[2], est.c = 3.0, 0.0
     assert ctl._explore_every(est) == 16
-
-
-def test_a_try_after_the_first_drafts_no_longer_than_its_budget_pays_for():
-    """A try after the first has half the budget; its γ is held to what that budget pays for if every draft is
-    rejected (SmolLM2-135M's Q4_0 copy, tried again on a new prompt, drafted 7 tokens at once and got 2). The first
-    trial is not held so."""
-    ctl = controller()
-    est = ctl.src["model"]
-    est.seed([3.0] * 6, [3.0] * 6, 3)  # three rounds of six drafts, every one accepted: a long γ, not yet judged
-    est.trial, est.retries, est.trial_loss = True, 1, 0.0
-    ctl._decide("model")
-    held = est.k
-    assert est.trial and held * 0.5 + v_at(F32_V, held) - 1 <= TRIAL_BUDGET / 2
-    est.retries = 0
-    ctl._decide("model")
-    assert est.k > held

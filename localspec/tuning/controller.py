@@ -47,7 +47,7 @@ from .machine import OFF_T1_FRESH, shared_change
 from .rate import best_k, v_at
 from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_one_token
 from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
-from .trial import TRIAL_RETRIES, TRIAL_Z, affordable_k, trial_over
+from .trial import TRIAL_RETRIES, TRIAL_Z, trial_over
 from .verify_curve import VerifyCurve
 
 if TYPE_CHECKING:
@@ -370,11 +370,8 @@ class Adaptive:
         est.k, est.rate = k, rate
         if est.trial and not self._trial_over(est):
             # γ grows with the evidence: at most one position past the deepest one observed, so a failed early draft
-            # costs little; a try after the first, on its halved budget, no longer than what is left of it pays for if
-            # every draft is rejected (a first trial held so decided a near pair off on a machine that slowed)
+            # costs little
             est.k = min(k, next((i for i, n in enumerate(est.n) if n < 0.5), len(est.n)) + 1)
-            if est.retries:
-                est.k = min(est.k, affordable_k(est, v, self.k_min, self.k_max))
             est.on, est.reason, est.hopeless = True, None, False
             return
         threshold = self.on_above if not est.on else self.off_below

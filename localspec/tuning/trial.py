@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .estimate import SourceEstimate
-from .rate import v_at
 
 TRIAL_Z = 2.0  # the credible band a trial must leave: the posterior mean ± this many standard deviations
 # a trial stops after costing this many target steps beyond what it gave: 3 % of a 128-token answer's plain time
@@ -46,12 +45,3 @@ def trial_over(est: SourceEstimate, rate_at: Callable[[Sequence[float]], float],
     else:
         est.trial = True
     return not est.trial
-
-
-def affordable_k(est: SourceEstimate, v: Sequence[float], k_min: int, k_max: int) -> int:
-    """The longest γ whose round, every draft rejected, costs no more than the trial has left of its budget (at least
-    k_min), so that no round overshoots the budget by much. A trial of SmolLM2-135M's Q4_0 copy grew to γ 7 on
-    four accepted rounds, and its last two rounds, every draft rejected, took its loss from 3.2 to 7.4 target steps
-    against a budget of 3.84."""
-    left = TRIAL_BUDGET * 0.5 ** est.retries - est.trial_loss
-    return max((g for g in range(k_min, k_max + 1) if g * est.c + v_at(v, g) - 1 <= left), default=k_min)
