@@ -75,3 +75,16 @@ def test_the_shared_change_is_what_both_rounds_show():
     assert shared_change(1.25, 1.2) == 1.2 and shared_change(1.1, 1.3) == 1.1
     assert shared_change(0.8, 0.9) == 0.9
     assert shared_change(1.2, 0.9) == 1.0 and shared_change(1.0, 1.3) == 1.0
+
+
+def test_a_plain_round_that_rebases_decides_on_the_fresh_t1_at_once():
+    """The plain round a deferred switch-off asked for: the decisions it makes again stand on a fresh t1, so a drafter
+    that still loses goes off then, not one drafted round later."""
+    ctl = controller()
+    est = ctl.src["model"]
+    est.seed([40.0], [12.0], 40)  # accepted 30 %: it loses at any γ
+    est.trial, est.on, est.k = False, True, 2
+    ctl.curve.scale = 1.3  # the verify rounds since t1 was timed were 30 % slower ...
+    ctl._timed_since_t1 = 20
+    ctl.observe(Step((1,), 0, 0, 0.0, 1.3 * T1))  # ... and so is this plain round
+    assert not est.on and ctl._since_plain == 0

@@ -172,8 +172,8 @@ class Adaptive:
             return
         if d == 0:
             w = 1.0 if self._since_plain >= T1_REFRESH else self.t1_weight  # a stale t1 is replaced, not averaged
+            self._since_plain = self._timed_since_t1 = 0  # t1 is fresh for the decisions `_take_t1` makes again
             self._take_t1((1 - w) * self.t1 + w * step.t_verify)
-            self._since_plain = self._timed_since_t1 = 0
             return
         self._since_plain += 1
         self._timed_since_t1 += 1
