@@ -20,8 +20,10 @@ F32_V = [1.0, 1.14, 1.26, 1.37, 1.49, 1.62, 1.75, 1.88, 2.0]
 T1 = 0.045  # seconds of one target step
 
 
-def simulate(ctl: Adaptive, alpha: float, c: float, v: list[float], rounds: int, seed: int = 0):
-    """Run `rounds` rounds of the pair; returns (steps spent, tokens made, k per round)."""
+def simulate(ctl: Adaptive, alpha: float, c: float, v: list[float], rounds: int, seed: int = 0,
+             later: float | None = None):
+    """Run `rounds` rounds of the pair, positions after the first accepted at `later` if given; returns (steps
+    spent, tokens made, k per round)."""
     rng = np.random.default_rng(seed)
     spent = made = 0.0
     ks = []
@@ -30,7 +32,7 @@ def simulate(ctl: Adaptive, alpha: float, c: float, v: list[float], rounds: int,
         k = ctl.k_for("model") if k else 0
         ks.append(k)
         accepted = 0
-        while accepted < k and rng.random() < alpha:
+        while accepted < k and rng.random() < (alpha if accepted == 0 or later is None else later):
             accepted += 1
         cost = k * c + v_at(v, k)
         spent, made = spent + cost, made + accepted + 1
@@ -353,3 +355,19 @@ def test_a_position_past_gamma_seen_a_few_times_is_explored_more_often():
     assert ctl._explore_every(est) == 16
     est.n[2], est.c = 3.0, 0.0
     assert ctl._explore_every(est) == 16
+
+
+def test_positions_past_gamma_age_while_whole_drafts_are_accepted():
+    """After a text whose drafts run short (each later position accepted 0.6: γ 2-3), one whose drafts run on
+    (0.97 at every position: γ 8 pays most). Rounds accepted whole at γ age the counts past it, so the new text's
+    γ reaches 7 within 11-35 rounds on these seeds; before, the old text's counts at positions 2-8 (seen only when
+    γ explored one further) took 18-64, and two of six seeds stayed at γ 1-3 through the whole 64-round answer."""
+    climbed = []
+    for seed in range(6):
+        ctl = controller()
+        for request in range(2):
+            simulate(ctl, 0.9, 0.5, F32_V, 64, seed=10 * seed + request, later=0.6)
+        assert ctl.src["model"].on and ctl.src["model"].k <= 4
+        _, _, ks = simulate(ctl, 0.97, 0.5, F32_V, 64, seed=10 * seed + 5)
+        climbed.append(next((i for i, k in enumerate(ks) if k >= 7), len(ks)))
+    assert max(climbed) <= 40, climbed

@@ -112,6 +112,11 @@ class SourceEstimate:
         self.a = [weight * x for x in self.a]
 
     def update(self, drafted: int, accepted: int, decay: float) -> None:
+        """Count one round: each draft position it reached, and whether that position was accepted. A model
+        drafter's round that was accepted whole also ages the counts past its draft (`carries`): the text went on
+        through them undrafted, so what they say is older by a round. Without it, positions past γ kept another
+        text's counts for good (seen only one round in 8-16, when γ explores one further): after edits, a chat
+        that pays at γ 8 stayed at γ 3-4 through a dozen whole accepted rounds (docs/bench/adaptive.md#stale-depth)."""
         self.rounds += 1
         self._alphas.clear()
         # position i is reached iff all before it were accepted: i <= accepted; accepted iff i < accepted
@@ -121,3 +126,7 @@ class SourceEstimate:
                 self.a.append(0.0)
             self.n[i] = decay * self.n[i] + 1.0
             self.a[i] = decay * self.a[i] + (1.0 if i < accepted else 0.0)
+        if self.carries and drafted and accepted == drafted:
+            for i in range(drafted, len(self.n)):
+                self.n[i] *= decay
+                self.a[i] *= decay
