@@ -371,3 +371,23 @@ def test_positions_past_gamma_age_while_whole_drafts_are_accepted():
         _, _, ks = simulate(ctl, 0.97, 0.5, F32_V, 64, seed=10 * seed + 5)
         climbed.append(next((i for i, k in enumerate(ks) if k >= 7), len(ks)))
     assert max(climbed) <= 40, climbed
+
+
+def test_a_pair_that_paid_on_some_texts_is_tried_again_by_the_next_run():
+    """A session drafts texts it pays on, then ends on texts it does not (SmolLM2-135M's copy: code and edits, then
+    chat and rag). What is kept says off, but not as the pair's judgement: the next run, whose first text may be
+    code again, tries it (a trial from the kept counts) and drafts that text; a pair never on stays off."""
+    ctl = controller()
+    for request in range(2):
+        simulate(ctl, 0.95, 0.5, F32_V, 128, seed=request)
+    for request in range(4):
+        simulate(ctl, 0.3, 0.5, F32_V, 128, seed=10 + request)
+    kept = ctl.measurements()["model"]
+    assert not ctl.src["model"].on and not kept.on and not kept.judged
+    again = controller(kept={"model": kept})
+    assert again.src["model"].trial
+    _, _, ks = simulate(again, 0.95, 0.5, F32_V, 128, seed=20)
+    assert sum(1 for k in ks if k) > 100 and again.src["model"].on
+    never = controller()
+    simulate(never, 0.3, 0.5, F32_V, 256, seed=0)  # its trial judged it off (not undecided: seed 0)
+    assert never.measurements()["model"].judged and not never.measurements()["model"].on

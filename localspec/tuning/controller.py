@@ -379,7 +379,7 @@ class Adaptive:
                 or (est.on and est.c >= _C_FREE and self._may_pay(est, KEEP_Z)):
             if not est.on:
                 est.probe_every = self.probe_every
-            est.on, est.reason, est.switched_off = True, None, False
+            est.on, est.reason, est.switched_off, est.paid = True, None, False, True
         else:
             if est.on and self._t1_first(est):
                 return
@@ -440,10 +440,14 @@ class Adaptive:
                       self.gammas)[1] >= self.on_above
 
     def measurements(self) -> dict[str, Kept]:
-        """Each source's acceptance counts as its rounds left them, to keep for the pair's next run."""
+        """Each source's acceptance counts as its rounds left them, to keep for the pair's next run. Off is kept as
+        a judgement only for a source that was never on this session: one that paid on some texts and ended off on
+        another is tried again by the next run, which may begin with a text it pays on. SmolLM2-135M F32's copy
+        drafted code and edits (1.01-1.11 of k = 2), ended off on chat and rag, and the next run, resuming off
+        just under `on_above`, drafted nothing: 0.95 of k = 2 (docs/bench/adaptive.md#stale-depth)."""
         now = time.time()
-        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now, judged=not (e.trial or e.undecided or e.switched_off),
-                        on=e.on)
+        return {s: Kept(tuple(e.n), tuple(e.a), e.rounds, now,
+                        judged=not (e.trial or e.undecided or e.switched_off or (e.paid and not e.on)), on=e.on)
                 for s, e in self.src.items() if e.measured}
 
     # -- reporting --

@@ -41,6 +41,9 @@ class SourceEstimate:
     # a drafter with a cost that turned itself off after drafting, its trial long over: its text may have changed
     # (controller `_new_request` tries it again at the next request, and the next run does)
     switched_off: bool = False
+    # it was on, its trial over, at some point of this session: an off it ends in is its last text's verdict, not the
+    # pair's (controller `measurements`), so the next run tries it again rather than resuming off
+    paid: bool = False
     # target steps per context token the drafter decodes to catch up before it drafts (a model drafter's prefill of
     # what it has not seen: after a new prompt, or rounds it did not draft); None until a round has shown it
     catch_up: float | None = None
