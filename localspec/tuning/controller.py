@@ -180,33 +180,21 @@ class Adaptive:
         moved = self.curve.learn(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         if caught_up(step, self.k_max):
-            price = catch_up_price(step, est.c, self.t1, est.f)
+            price = catch_up_price(step, est.c, self.t1)
             est.catch_up = price if est.catch_up is None else 0.5 * (est.catch_up + price)
-        elif est.c >= _C_FREE and self.k_max >= 2:
-            self._learn_draft_cost(est, d, step.t_draft / self.t1)
-        else:
+        elif d == 1 and est.c >= _C_FREE and self.k_max >= 2:
+            c1 = step.t_draft / self.t1  # priced apart: see `_v_of`
+            est.c1 = c1 if est.c1 is None else (1 - self.w) * est.c1 + self.w * min(c1, 2 * est.c1 + 0.1)
+        elif d >= 2 or est.c < _C_FREE or self.k_max < 2:
             c_obs = (step.t_draft / d) / self.t1
             # one round may carry a one-off cost (a model drafter catching up on a whole new prompt):
             # a single observation moves c by at most a factor of 2 (+0.1 so a 0 seed can grow)
             est.c = (1 - self.w) * est.c + self.w * min(c_obs, 2 * est.c + 0.1)
+        # a model's one-token draft is not timed for c: it carries the round's fixed cost (catching up on the
+        # accepted token, sampling) on one token. Gemma-3-270M F16's Q4_0 copy: 24 ms a token at γ 1, 19-20 at
+        # γ 2-8; a trial's first rounds, at γ 1, raised c from 0.58 to 0.75 and judged a 1.1× pair off
         for source in self.src if moved else (step.source or "draft",):
             self._decide(source)
-
-    def _learn_draft_cost(self, est: SourceEstimate, d: int, steps: float) -> None:
-        """A model drafter's f and c from a round that drafted d tokens in `steps` target steps (draft_cost.py). A
-        one-token draft also moves c1, and moves c only through the fit: it carries the round's fixed cost on one
-        token (Gemma-3-270M F16's Q4_0 copy: 24 ms a token at γ 1, 19-20 at γ 2-8), and a trial's first rounds, at
-        γ 1, counted per token raised c from 0.58 to 0.75 and judged a 1.1× pair off."""
-        # one round may carry a one-off cost (a catch-up on a whole new prompt): it counts at most twice what the
-        # costs so far say (+0.1 so a 0 seed can grow)
-        steps = min(steps, 2 * (est.f + d * est.c) + 0.1)
-        if d == 1:
-            est.c1 = steps if est.c1 is None else (1 - self.w) * est.c1 + self.w * steps
-        est.cost.add(d, steps)
-        if (fitted := est.cost.fit()) is not None:
-            est.f, est.c = fitted
-        elif d >= 2:
-            est.c = (1 - self.w) * est.c + self.w * max(steps - est.f, 0.0) / d
 
     def _take_t1(self, t1: float) -> None:
         """A plain round's t1. When the machine slowed (or sped up) as the verify rounds since the last plain round
@@ -267,7 +255,7 @@ class Adaptive:
         SmolLM2-135M's Q4_0 copy ran its first prompt at 0.80-0.87× plain."""
         if not self.learn_costs:
             return step.drafted * est.c + v_at(self._v_of(est), step.drafted)
-        return round_cost(step, est.c, self.t1, self._v_of(est), self.k_max, est.f)
+        return round_cost(step, est.c, self.t1, self._v_of(est), self.k_max)
 
     def _catch_up_cost(self, est: SourceEstimate) -> float:
         """Target steps a drafter with a cost spends catching up before its next draft: every context token since it
@@ -373,7 +361,7 @@ class Adaptive:
 
     def _v_of(self, est: SourceEstimate) -> tuple[float, ...]:
         """v(γ) as one source's rounds see it: a one-token draft's cost beyond c added to v(1) (round_cost.py)."""
-        return v_with_one_token(self.curve.v, est.c, est.c1, est.f)
+        return v_with_one_token(self.curve.v, est.c, est.c1)
 
     def _decide(self, source: str) -> None:
         est = self.src[source]

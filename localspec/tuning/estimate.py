@@ -9,8 +9,6 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .draft_cost import DraftCost
-
 # A prior's values after the first apply from these draft positions on: (first, 1-7, 8-15, 16-31, 32 on), a shorter
 # prior's last value to every position after it: a copy that has run on is likely to run on further
 # (docs/bench/lookup.md#lookup-prior), which one value for every later position cannot say.
@@ -50,8 +48,6 @@ class SourceEstimate:
     # what it has not seen: after a new prompt, or rounds it did not draft); None until a round has shown it
     catch_up: float | None = None
     c1: float | None = None  # a one-token draft's timed cost in target steps (controller `_v_of`); None: not timed
-    f: float = 0.0  # a model drafter's fixed cost a round in target steps, beyond c a token (draft_cost.py)
-    cost: DraftCost = field(default_factory=DraftCost, repr=False, compare=False)  # the rounds f and c are fitted on
     seen_to: int = 0  # the context's length when this source last drafted in this request (0: not yet)
     # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
     # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
@@ -108,8 +104,6 @@ class SourceEstimate:
     def rebase(self, factor: float) -> None:
         """Its timed costs against a t1 `factor` times the one they were timed against (machine.py)."""
         self.c /= factor
-        self.f /= factor
-        self.cost.rebase(factor)
         self.c1 = None if self.c1 is None else self.c1 / factor
         self.catch_up = None if self.catch_up is None else self.catch_up / factor
 

@@ -27,20 +27,20 @@ def caught_up(step: "Step", k_max: int) -> bool:
     return step.fed > k_max + 2
 
 
-def round_cost(step: "Step", c: float, t1: float, v: Sequence[float], k_max: int, f: float = 0.0) -> float:
-    """A drafted round's cost in target steps (t1 seconds each) as timed; a catch-up in it counts as f + c a drafted
-    token, since it is priced apart (`catch_up_price`). `v` holds f already where a verify is not timed."""
+def round_cost(step: "Step", c: float, t1: float, v: Sequence[float], k_max: int) -> float:
+    """A drafted round's cost in target steps (t1 seconds each) as timed; a catch-up in it counts as c a drafted
+    token, since it is priced apart (`catch_up_price`)."""
     d = step.drafted
     if step.t_verify <= 0:  # the pass evaluated the prompt's tail too: no verify timing of its own
         return d * c + v_at(v, d)
-    draft = f + d * c if caught_up(step, k_max) else step.t_draft / t1
+    draft = d * c if caught_up(step, k_max) else step.t_draft / t1
     return draft + step.t_verify / t1
 
 
-def catch_up_price(step: "Step", c: float, t1: float, f: float = 0.0) -> float:
-    """Target steps a context token cost to catch up on, from a round that caught up: its drafting time beyond the
-    round's fixed part f and c a drafted token, over the tokens it decoded first."""
-    return max(0.0, step.t_draft / t1 - f - step.drafted * c) / max(step.fed, 1)
+def catch_up_price(step: "Step", c: float, t1: float) -> float:
+    """Target steps a context token cost to catch up on, from a round that caught up: its drafting time beyond c
+    a drafted token, over the tokens it decoded first."""
+    return max(0.0, step.t_draft / t1 - step.drafted * c) / max(step.fed, 1)
 
 
 def catch_up_cost(price: float | None, c: float, unseen: int) -> float:
@@ -49,11 +49,9 @@ def catch_up_cost(price: float | None, c: float, unseen: int) -> float:
     return (price if price is not None else c * CATCH_UP_PRIOR) * max(0, unseen)
 
 
-def v_with_one_token(v: tuple[float, ...], c: float, c1: float | None, f: float = 0.0) -> tuple[float, ...]:
-    """v(γ) with what a drafted round costs beyond c a token: the drafter's fixed part f (draft_cost.py) on every
-    γ ≥ 1, and at γ 1 a one-token draft's timed cost beyond c (c1 - c) where larger: with c alone γ 1 looked
-    cheap, and a trial sat there (Gemma-3-270M F16 + its Q4_0 copy: 61 of 68 rounds at γ 1, 0.97× plain)."""
-    if len(v) < 2 or ((c1 is None or c1 <= c) and f <= 0):
+def v_with_one_token(v: tuple[float, ...], c: float, c1: float | None) -> tuple[float, ...]:
+    """v(γ) with a one-token draft's cost beyond c (c1 - c) added to v(1): with c alone γ 1 looked cheap, and a
+    trial sat there (Gemma-3-270M F16 + its Q4_0 copy: 61 of 68 rounds at γ 1, 0.97× plain)."""
+    if c1 is None or c1 <= c or len(v) < 2:
         return v
-    one = max(f, c1 - c) if c1 is not None else f
-    return (v[0], v[1] + one, *(x + f for x in v[2:]))
+    return (v[0], v[1] + c1 - c, *v[2:])
