@@ -57,6 +57,8 @@ def test_all_drafts_accepted_bonus_token_and_drafter_fed_last_draft():
     # tail [1, 2] shared that pass (MERGE_MAX), still with k+1 rows of logits
     assert target.calls[0] == ([1, 2, 3, 4, 5, 6, 7], 5)
     assert target.calls[1] == ([8, 9, 10, 11, 12], 5)
+    # the time to its first draft token is timed apart, inside the round's drafting time (tuning/round_cost.py)
+    assert all(0 < s.t_first <= s.t_draft for s in steps)
     assert steps[-1].finish == "length"
 
 

@@ -10,6 +10,7 @@ A new drafter is a new class, not a new branch in the loop.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
@@ -228,6 +229,7 @@ class ModelDrafter:
         qs: list[Warped] = []
         draw = "greedy" if params.greedy else self.draw
         u = peek(rng, k) if draw == "coupled" else []
+        first_at = 0.0
         for i in range(k):
             logits = constrain_row(params, logits, context, tokens)  # q constrained as p is (constrain.py)
             q = warp(logits, params, context, tokens)  # the history the target's verify row i will see
@@ -239,11 +241,14 @@ class ModelDrafter:
                 t = q.sample(rng)
                 qs.append(q)
             tokens.append(t)
+            if i == 0:
+                first_at = time.perf_counter()
             if i < k - 1:
                 logits = m.decode([t], 1)[0]
                 if self.p_min > 0 and _top_prob(logits) < self.p_min:
                     break  # the drafter is unsure of the next token: verify what we have
-        return Draft(tuple(tokens), stack(qs) if qs else None, self.name, fed=len(context) - keep)
+        return Draft(tuple(tokens), stack(qs) if qs else None, self.name, fed=len(context) - keep,
+                     first_at=first_at)
 
     def close(self) -> None:
         self.model.close()

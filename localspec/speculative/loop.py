@@ -98,7 +98,8 @@ def generate(target: Target, prompt: Sequence[int], *, drafter: Drafter | None =
                 finish = "context"
             step = Step(tokens=tuple(new), drafted=len(draft), accepted=n_acc, t_draft=t2 - t1,
                         t_verify=t_verify, source=draft.source, finish=finish, n_prompt=n_prompt,
-                        n_cached=n_cached, t_prompt=t_prompt, logprobs=logprobs, fed=draft.fed)
+                        n_cached=n_cached, t_prompt=t_prompt, logprobs=logprobs, fed=draft.fed,
+                        t_first=max(0.0, draft.first_at - t1) if draft.first_at else 0.0)
             n_prompt = n_cached = 0
             t_prompt = 0.0
             if controller is not None:

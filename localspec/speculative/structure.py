@@ -34,6 +34,7 @@ Rules this keeps:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -304,7 +305,7 @@ class StructureDrafter:
         if state is None or draft.probs is not None or not draft.tokens:
             return draft  # a model drafter's draft is constrained already (constrain_row)
         kept = allowed_prefix(state, draft.tokens, self.is_eog)
-        return Draft(tuple(kept), None, draft.source) if kept else EMPTY
+        return replace(draft, tokens=tuple(kept)) if kept else EMPTY
 
     def _structure(self, c: Constraint, state: GrammarState, context: Sequence[int], k: int) -> list[int]:
         """Up to k tokens of forced text after `context`: spelled by the target's tokenizer when the constraint

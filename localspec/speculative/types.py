@@ -43,6 +43,7 @@ class Step:
     n_cached: int = 0  # ... and reused from the cache
     t_prompt: float = 0.0  # ... and prefill seconds
     fed: int = 0  # context tokens the drafter decoded before drafting (`Draft.fed`), inside t_draft
+    t_first: float = 0.0  # seconds of t_draft until the first draft token was picked (0: not timed; `Draft.first_at`)
     logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when `params.logprobs` asks (logprobs.py)
 
 
@@ -58,6 +59,10 @@ class Draft:
     # context tokens the drafter decoded before its first draft token: normally the last round's accepted tail;
     # after rounds it did not draft, everything since (a model drafter's catch-up, priced apart: controller.py)
     fed: int = 0
+    # time.perf_counter() when the first draft token was picked (0: not timed): a model drafter's round splits into
+    # what comes before it (catching up on the accepted tail, restoring its cache) and a step a further token
+    # (tuning/round_cost.py); timed apart, neither is inferred from the other
+    first_at: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -45,7 +45,7 @@ from .acceptance import Kept
 from .estimate import SourceEstimate
 from .machine import OFF_T1_FRESH, shared_change
 from .rate import best_k, v_at
-from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_one_token
+from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_fixed
 from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
 from .trial import TRIAL_RETRIES, TRIAL_Z, trial_over
 from .verify_curve import VerifyCurve
@@ -180,21 +180,38 @@ class Adaptive:
         moved = self.curve.learn(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         if caught_up(step, self.k_max):
-            price = catch_up_price(step, est.c, self.t1)
+            price = catch_up_price(step, est.c, self.t1, est.f or 0.0)
             est.catch_up = price if est.catch_up is None else 0.5 * (est.catch_up + price)
-        elif d == 1 and est.c >= _C_FREE and self.k_max >= 2:
-            c1 = step.t_draft / self.t1  # priced apart: see `_v_of`
-            est.c1 = c1 if est.c1 is None else (1 - self.w) * est.c1 + self.w * min(c1, 2 * est.c1 + 0.1)
-        elif d >= 2 or est.c < _C_FREE or self.k_max < 2:
-            c_obs = (step.t_draft / d) / self.t1
-            # one round may carry a one-off cost (a model drafter catching up on a whole new prompt):
-            # a single observation moves c by at most a factor of 2 (+0.1 so a 0 seed can grow)
-            est.c = (1 - self.w) * est.c + self.w * min(c_obs, 2 * est.c + 0.1)
-        # a model's one-token draft is not timed for c: it carries the round's fixed cost (catching up on the
-        # accepted token, sampling) on one token. Gemma-3-270M F16's Q4_0 copy: 24 ms a token at γ 1, 19-20 at
-        # γ 2-8; a trial's first rounds, at γ 1, raised c from 0.58 to 0.75 and judged a 1.1× pair off
+        elif est.c >= _C_FREE and self.k_max >= 2:
+            self._learn_draft_cost(est, step)
+        else:
+            self._learn_c(est, (step.t_draft / d) / self.t1)
         for source in self.src if moved else (step.source or "draft",):
             self._decide(source)
+
+    def _learn_c(self, est: SourceEstimate, c_obs: float) -> None:
+        """Move c toward one round's drafting time a token, in target steps. One round may carry a one-off cost (a
+        model drafter catching up on a whole new prompt): it moves c by at most a factor of 2 (+0.1 so a 0 seed can
+        grow)."""
+        est.c = (1 - self.w) * est.c + self.w * min(max(c_obs, 0.0), 2 * est.c + 0.1)
+
+    def _learn_draft_cost(self, est: SourceEstimate, step: "Step") -> None:
+        """A model drafter's round, split into its fixed part f and c a drafted token (round_cost.py). Timed apart
+        (`Step.t_first`), the tokens after the first give c and the time to the first gives f + c. Otherwise a
+        one-token draft gives f + c and a longer one f + γ·c; either way each estimate is taken net of the other,
+        which leaves both at their true values once both kinds of round have been seen."""
+        d, t1 = step.drafted, self.t1
+        if step.t_first > 0:
+            if d >= 2:
+                self._learn_c(est, (step.t_draft - step.t_first) / ((d - 1) * t1))
+            f_obs = step.t_first / t1 - est.c
+        elif d == 1:
+            f_obs = step.t_draft / t1 - est.c
+        else:
+            self._learn_c(est, (step.t_draft / t1 - (est.f or 0.0)) / d)
+            return
+        f_obs = max(0.0, f_obs)
+        est.f = f_obs if est.f is None else (1 - self.w) * est.f + self.w * min(f_obs, 2 * est.f + 0.1)
 
     def _take_t1(self, t1: float) -> None:
         """A plain round's t1. When the machine slowed (or sped up) as the verify rounds since the last plain round
@@ -255,7 +272,7 @@ class Adaptive:
         SmolLM2-135M's Q4_0 copy ran its first prompt at 0.80-0.87× plain."""
         if not self.learn_costs:
             return step.drafted * est.c + v_at(self._v_of(est), step.drafted)
-        return round_cost(step, est.c, self.t1, self._v_of(est), self.k_max)
+        return round_cost(step, est.c, self.t1, self._v_of(est), self.k_max, est.f or 0.0)
 
     def _catch_up_cost(self, est: SourceEstimate) -> float:
         """Target steps a drafter with a cost spends catching up before its next draft: every context token since it
@@ -360,8 +377,8 @@ class Adaptive:
         return self.curve.v
 
     def _v_of(self, est: SourceEstimate) -> tuple[float, ...]:
-        """v(γ) as one source's rounds see it: a one-token draft's cost beyond c added to v(1) (round_cost.py)."""
-        return v_with_one_token(self.curve.v, est.c, est.c1)
+        """v(γ) as one source's rounds see it: its drafter's fixed cost a round added to every γ ≥ 1 (round_cost.py)."""
+        return v_with_fixed(self.curve.v, est.f)
 
     def _decide(self, source: str) -> None:
         est = self.src[source]

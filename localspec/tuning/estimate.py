@@ -47,7 +47,8 @@ class SourceEstimate:
     # target steps per context token the drafter decodes to catch up before it drafts (a model drafter's prefill of
     # what it has not seen: after a new prompt, or rounds it did not draft); None until a round has shown it
     catch_up: float | None = None
-    c1: float | None = None  # a one-token draft's timed cost in target steps (controller `_v_of`); None: not timed
+    # a model drafter's fixed cost a round beyond c a drafted token, in target steps (round_cost.py); None: not timed
+    f: float | None = None
     seen_to: int = 0  # the context's length when this source last drafted in this request (0: not yet)
     # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
     # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
@@ -104,7 +105,7 @@ class SourceEstimate:
     def rebase(self, factor: float) -> None:
         """Its timed costs against a t1 `factor` times the one they were timed against (machine.py)."""
         self.c /= factor
-        self.c1 = None if self.c1 is None else self.c1 / factor
+        self.f = None if self.f is None else self.f / factor
         self.catch_up = None if self.catch_up is None else self.catch_up / factor
 
     def fade(self, weight: float) -> None:

@@ -1,11 +1,15 @@
 """What a drafted round cost, in target steps, as its timings show: the arithmetic behind a model drafter's trial
 and probes (controller.py).
 
-A model drafter's time splits three ways. Each drafted token costs c (learnt from drafts of two tokens or more). A
-one-token draft costs more than c, because the round's fixed cost (decoding the accepted token, sampling) falls on
-one token: SmolLM2-135M's Q4_0 copy, in one trial, 0.56 of a target step a one-token draft against c 0.47. And
-before its first draft token it decodes the context it has not seen (a new prompt, or every token since it last
-drafted), a prefill priced per token: the same copy took 209 ms for 127 tokens, 6.5 target steps.
+A model drafter's time splits three ways. Each drafted token costs c. Each round costs a fixed part f besides:
+before its first draft token the drafter decodes the round's accepted tail and the target's token, restores its
+cache and samples, whatever γ is. Priced per token alone (c = drafting time ÷ γ), f is spread over γ, so c depends
+on the γ it was timed at, and a session that drafts short makes longer drafts look dearer than they are:
+SmolLM2-135M F32's Q4_0 copy took 16 ms at γ 1, 25-27 at γ 2, 36-37 at 3, 48-54 at 5 against a 25 ms step, about
+8.5 ms + 8.5 ms a token (f 0.34, c 0.34), where c timed at γ 2 was 0.5 and priced a draft of 8 a step too dear. So
+the drafter times its first token apart (`Draft.first_at`) and the controller learns f and c from the two parts.
+And after rounds it did not draft (or a new prompt) it first decodes the context it has not seen, a prefill priced
+per token: the same copy took 209 ms for 127 tokens, 6.5 target steps.
 """
 
 from __future__ import annotations
@@ -27,20 +31,21 @@ def caught_up(step: "Step", k_max: int) -> bool:
     return step.fed > k_max + 2
 
 
-def round_cost(step: "Step", c: float, t1: float, v: Sequence[float], k_max: int) -> float:
-    """A drafted round's cost in target steps (t1 seconds each) as timed; a catch-up in it counts as c a drafted
-    token, since it is priced apart (`catch_up_price`)."""
+def round_cost(step: "Step", c: float, t1: float, v: Sequence[float], k_max: int, f: float = 0.0) -> float:
+    """A drafted round's cost in target steps (t1 seconds each) as timed; a round that caught up counts f + c a
+    drafted token, since its catch-up is priced apart (`catch_up_price`). Where the verify is not timed, `v` holds f
+    already (`v_with_fixed`)."""
     d = step.drafted
     if step.t_verify <= 0:  # the pass evaluated the prompt's tail too: no verify timing of its own
         return d * c + v_at(v, d)
-    draft = d * c if caught_up(step, k_max) else step.t_draft / t1
+    draft = f + d * c if caught_up(step, k_max) else step.t_draft / t1
     return draft + step.t_verify / t1
 
 
-def catch_up_price(step: "Step", c: float, t1: float) -> float:
-    """Target steps a context token cost to catch up on, from a round that caught up: its drafting time beyond c
-    a drafted token, over the tokens it decoded first."""
-    return max(0.0, step.t_draft / t1 - step.drafted * c) / max(step.fed, 1)
+def catch_up_price(step: "Step", c: float, t1: float, f: float = 0.0) -> float:
+    """Target steps a context token cost to catch up on, from a round that caught up: its drafting time beyond the
+    fixed part f and c a drafted token, over the tokens it decoded first."""
+    return max(0.0, step.t_draft / t1 - f - step.drafted * c) / max(step.fed, 1)
 
 
 def catch_up_cost(price: float | None, c: float, unseen: int) -> float:
@@ -49,9 +54,10 @@ def catch_up_cost(price: float | None, c: float, unseen: int) -> float:
     return (price if price is not None else c * CATCH_UP_PRIOR) * max(0, unseen)
 
 
-def v_with_one_token(v: tuple[float, ...], c: float, c1: float | None) -> tuple[float, ...]:
-    """v(γ) with a one-token draft's cost beyond c (c1 - c) added to v(1): with c alone γ 1 looked cheap, and a
-    trial sat there (Gemma-3-270M F16 + its Q4_0 copy: 61 of 68 rounds at γ 1, 0.97× plain)."""
-    if c1 is None or c1 <= c or len(v) < 2:
+def v_with_fixed(v: tuple[float, ...], f: float | None) -> tuple[float, ...]:
+    """v(γ) with a drafter's fixed cost a round (f, None: not timed) added to every γ ≥ 1. With c alone γ 1 looked
+    cheap, and a trial sat there (Gemma-3-270M F16 + its Q4_0 copy: 61 of 68 rounds at γ 1, 0.97× plain); with f
+    on γ 1 alone, as before, long drafts looked dear (the module's docstring)."""
+    if not f or f <= 0 or len(v) < 2:
         return v
-    return (v[0], v[1] + c1 - c, *v[2:])
+    return (v[0], *(x + f for x in v[1:]))
