@@ -9,7 +9,7 @@ import numpy as np
 from localspec.backend import Model
 from localspec.sampling.params import SamplingParams
 from localspec.speculative.loop import generate
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 NEAR_TIE = 1e-3  # batched and one-row decodes differ by ~1e-4 in these logits; a wrong state by ~0.1
 

@@ -18,7 +18,7 @@ import pytest
 from localspec.backend import Model
 from localspec.speculative.loop import generate
 from localspec.speculative.types import Draft, Drafter
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 BINARY = os.environ.get("LOCALSPEC_LLAMA_SPECULATIVE", "")
 PROMPT = "Write a short story about a robot who learns to paint."

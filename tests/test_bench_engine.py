@@ -10,7 +10,8 @@ from localspec.engine.engine import Engine
 from localspec.engine.loader import EngineConfig, load_engine
 from localspec.models import LOOKUP
 from localspec.speculative.drafters import PromptLookup
-from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.fixed import FixedK
 
 pytestmark = pytest.mark.slow
 

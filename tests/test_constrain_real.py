@@ -15,7 +15,7 @@ from localspec.sampling.constrain import build_constraint
 from localspec.sampling.params import SamplingParams
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
           "properties": {"name": {"enum": ["alpha", "beta", "gamma"]}, "ok": {"type": "boolean"}}}

@@ -10,8 +10,9 @@ import pytest
 
 from localspec.speculative.drafters import HybridDrafter
 from localspec.speculative.types import EMPTY, Draft, Step
-from localspec.tuning.controller import PROBE_SHARE, Adaptive, FixedK
+from localspec.tuning.controller import PROBE_SHARE, Adaptive
 from localspec.tuning.estimate import SourceEstimate
+from localspec.tuning.fixed import FixedK
 from localspec.tuning.rate import best_k, expected_tokens, round_rate, v_at
 
 # SmolLM2 Q4_1 on 2 cores (an earlier quiet-machine measurement: v(3) ≈ 2.4)

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from localspec.cli import main
 from localspec.commands.bench import bench_targets
 from localspec.commands.options import engine_options
-from localspec.engine.loader import EngineConfig, warn_if_too_large
+from localspec.engine.drafter_choice import warn_if_too_large
+from localspec.engine.loader import EngineConfig
 from localspec.errors import IncompatibleDrafter
 from localspec.tuning.predict import rank
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.engine.loader import EngineConfig, choose_drafter
+from localspec.engine.drafter_choice import choose_drafter
+from localspec.engine.loader import EngineConfig
 from localspec.models import LOOKUP
 from localspec.models.candidates import matches, mismatch, tokenizer_print
 

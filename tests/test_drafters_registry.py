@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from fake_hub import CHUNK, COMMIT, FakeHub, block_sockets, write_gguf
 
 from localspec.cli import main
-from localspec.engine.loader import EngineConfig, choose_drafter
+from localspec.engine.drafter_choice import choose_drafter
+from localspec.engine.loader import EngineConfig
 from localspec.models.candidates import family, registry_offers, size_from_text
 from localspec.tuning.predict import predict_self_copy, rank_registry
 

@@ -10,7 +10,7 @@ from localspec.engine.engine import Engine
 from localspec.sampling.params import SamplingParams
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 from localspec.tuning.threads import ThreadControl
 
 pytestmark = pytest.mark.slow

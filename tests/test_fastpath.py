@@ -16,7 +16,7 @@ import pytest
 from faults import probe
 from faults.probe import FAULT_ENV
 
-from localspec.backend import LoadOptions, Model, fastpath
+from localspec.backend import LoadOptions, Model, fastpath, fastpath_cache
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def test_a_hung_test_load_times_out(verdicts, smollm2_path, monkeypatch):
 def test_a_new_llama_cpp_build_is_tested_again(verdicts, smollm2_path, monkeypatch):
     assert fastpath.choose(smollm2_path).source == "probe"
     assert fastpath.choose(smollm2_path).source == "cache"
-    monkeypatch.setattr(fastpath, "build_info", lambda: "llama-cpp-python 9.9.9; CPU : AMX_INT8 = 1 |")
+    monkeypatch.setattr(fastpath_cache, "build_info", lambda: "llama-cpp-python 9.9.9; CPU : AMX_INT8 = 1 |")
     assert fastpath.choose(smollm2_path).source == "probe"
 
 

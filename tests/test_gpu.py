@@ -247,12 +247,12 @@ def test_too_large_warning_on_two_devices_uses_measured_costs(smollm2_path, smol
     calibration made with that placement judges before the load, else the load's own calibration after it."""
     from types import SimpleNamespace
 
-    from localspec.engine import loader
+    from localspec.engine import drafter_choice
 
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", str(tmp_path))
-    monkeypatch.setattr(loader, "split_devices", lambda ngl, ngl_draft: bool(ngl) != bool(ngl_draft))
+    monkeypatch.setattr(drafter_choice, "split_devices", lambda ngl, ngl_draft: bool(ngl) != bool(ngl_draft))
     said: list[str] = []
-    warn = loader.warn_if_too_large
+    warn = drafter_choice.warn_if_too_large
     assert warn(smollm2_path, smollm2_f16_path, "F16", log=said.append, ngl=-1, ngl_draft=0) is False and not said
     assert warn(smollm2_path, smollm2_f16_path, "F16", log=said.append, ngl=-1, ngl_draft=-1) is True
     assert len(said) == 1 and "from file sizes" in said[0]  # one device: the sizes judge
@@ -273,7 +273,7 @@ def test_too_large_warning_on_two_devices_uses_measured_costs(smollm2_path, smol
         state = SimpleNamespace(c={"model": c}, v=(1.0, 1.1, 1.2, 1.3, 1.4))
         engine = SimpleNamespace(controller=SimpleNamespace(state=lambda state=state: state),
                                  target=SimpleNamespace(path=smollm2_path))
-        loader.warn_if_measured_too_large(engine, "F16", log=said.append)
+        drafter_choice.warn_if_measured_too_large(engine, "F16", log=said.append)
         assert bool(said) == warned
     assert "c 1.50 measured" in said[0] and "different devices" in said[0]
 
@@ -362,7 +362,7 @@ def test_speculation_across_devices_is_placed_as_asked_and_lossless(smollm2_path
     to plain decoding's on the same target."""
     from localspec.engine.engine import Engine
     from localspec.speculative.drafters import ModelDrafter
-    from localspec.tuning.controller import FixedK
+    from localspec.tuning.fixed import FixedK
 
     target = _load(smollm2_path, n_gpu_layers=ngl, verbose=True)
     draft = _load(tiny_model, n_gpu_layers=ngl_draft, verbose=True)

@@ -21,7 +21,8 @@ from localspec.speculative.types import (
     LOOKUP_VERBATIM,
     Step,
 )
-from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.fixed import FixedK
 
 CPU_V = [1.0, 1.45, 1.9, 2.4, 2.8, 3.3, 3.7, 4.2, 4.6]
 P, RNG = SamplingParams(), np.random.default_rng(0)

@@ -17,7 +17,8 @@ from localspec.speculative.loop import generate
 from localspec.speculative.reindent import Indents
 from localspec.speculative.suffix import SuffixCache
 from localspec.speculative.types import LOOKUP_CACHE, LOOKUP_LOOP, LOOKUP_REINDENT
-from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.fixed import FixedK
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from localspec.sampling.params import SamplingParams
 from localspec.speculative.drafters import ModelDrafter
 from localspec.speculative.loop import MERGE_MAX, generate
 from localspec.speculative.types import Draft
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 
 class Scripted:

@@ -85,6 +85,6 @@ def test_a_plain_round_that_rebases_decides_on_the_fresh_t1_at_once():
     est.seed([40.0], [12.0], 40)  # accepted 30 %: it loses at any γ
     est.trial, est.on, est.k = False, True, 2
     ctl.curve.scale = 1.3  # the verify rounds since t1 was timed were 30 % slower ...
-    ctl._timed_since_t1 = 20
+    ctl.clock.timed_since = 20
     ctl.observe(Step((1,), 0, 0, 0.0, 1.3 * T1))  # ... and so is this plain round
-    assert not est.on and ctl._since_plain == 0
+    assert not est.on and ctl.clock.since_plain == 0

@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.cli import main
-from localspec.engine.loader import EngineConfig, choose_drafter
+from localspec.engine.drafter_choice import choose_drafter
+from localspec.engine.loader import EngineConfig
 from localspec.models.candidates import self_drafter_path
 from localspec.tuning.predict import rank
 

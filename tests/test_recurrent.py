@@ -24,7 +24,7 @@ from localspec.server.request.structured import json_schema_grammar
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
 from localspec.speculative.structure import StructureDrafter
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 KIND = {"mamba": "recurrent", "lfm2": "hybrid", "granitehybrid": "hybrid"}
 NEAR_TIE = 1e-3  # batched and one-row decodes differ by ~1e-4 in these models' logits; a wrong state by ~0.1

@@ -16,7 +16,7 @@ from localspec.sampling.params import SamplingParams
 from localspec.sampling.warp import warp
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 pytestmark = pytest.mark.slow
 

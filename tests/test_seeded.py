@@ -28,7 +28,7 @@ from localspec.sampling.params import SamplingParams
 from localspec.speculative.drafters import ModelDrafter, PromptLookup
 from localspec.speculative.loop import generate
 from localspec.speculative.types import Step
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from servers import ServerProcess
 
 from localspec.engine.engine import Engine
 from localspec.speculative.drafters import PromptLookup
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 pytestmark = pytest.mark.slow
 

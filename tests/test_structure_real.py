@@ -19,7 +19,7 @@ from localspec.sampling.warp import warp
 from localspec.speculative.drafters import PromptLookup
 from localspec.speculative.loop import generate
 from localspec.speculative.structure import STRUCTURE, StructureDrafter
-from localspec.tuning.controller import FixedK
+from localspec.tuning.fixed import FixedK
 
 TOOLS = [{"name": "get_weather", "description": "Current weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"},

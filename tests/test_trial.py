@@ -230,7 +230,7 @@ def test_a_drafting_session_measures_a_plain_step_now_and_then():
     """Every cost is a ratio to t1, the plain step, which only a plain round measures: while a drafter with a cost
     drafts every round, the controller takes a plain round at a request's start and at least every T1_REFRESH
     rounds, and that round replaces a stale t1 (a calibration's, at another depth)."""
-    from localspec.tuning.controller import T1_REFRESH
+    from localspec.tuning.machine import T1_REFRESH
 
     ctl = Adaptive(sources=("model",), v=F32_V, t1=0.040, c={"model": 0.5})
     ks = []

@@ -19,7 +19,8 @@ from localspec.tui.screens.loading import LoadingScreen
 from localspec.tui.widgets.chat_message import AssistantMessage, UserMessage
 from localspec.tui.widgets.conversation_list import ConversationList
 from localspec.tui.widgets.stats_panel import StatsPanel
-from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.fixed import FixedK
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,8 @@ from localspec.tui.widgets.chat_message import ACCEPTED_STYLE, AssistantMessage
 from localspec.tui.widgets.conversation_list import ConversationList
 from localspec.tui.widgets.prompt_input import PromptInput
 from localspec.tui.widgets.stats_panel import StatsPanel, lines
-from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.fixed import FixedK
 from localspec.tuning.threads import ThreadChange, ThreadState
 
 STATS = Stats(n_prompt=30, n_cached=10, prompt_ms=100.0, ttft_ms=42.0, n_generated=100, gen_ms=500.0, rounds=40,

@@ -17,15 +17,14 @@ by signal, an abort, a time-out or a mismatch sends the parent to the next mode:
   none    no extra buffer type (llama.cpp's --no-repack)
 
 The verdict is cached beside the calibrations, per model layout (architecture, every tensor's name, type and
-shape: two files of one model share it), CPU, cores and llama.cpp build, so a warm start reads one small file.
+shape: two files of one model share it), CPU, cores and llama.cpp build, so a warm start reads one small file
+(fastpath_cache.py).
 What the trial costs: docs/bench/fastpath.md#what-the-trial-costs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import re
 import signal
@@ -35,19 +34,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import llama_cpp
 
 from ..errors import LocalspecError
 from ..models.gguf_header import read_header
-from ..models.paths import calibration_dir
-from .ggml import build_info, extra_buffer_types, supports_gpu_offload, system_info
-from .machine import cpu_count, cpu_model
+from .fastpath_cache import cache_key, read_verdict, write_verdict
+from .ggml import extra_buffer_types, supports_gpu_offload, system_info
+from .machine import cpu_count
 
 ALL, REPACK, NONE = "all", "repack", "none"
 MODES = (ALL, REPACK, NONE)
-SCHEMA = 2  # 2: verdicts compare logits with the reference path and are keyed by tensor shapes
 TOLERANCE = 0.25  # the largest total variation from the reference's next-token distributions (fastpath_trial)
 REPEAT_TOLERANCE = 1e-3  # the largest logit difference between two runs, in standard deviations of its row
 TIMEOUT_ENV = "LOCALSPEC_PROBE_TIMEOUT"  # seconds a trial may take (default: by file size)
@@ -176,85 +174,6 @@ def thread_counts(n_threads: int | None) -> list[int]:
     return sorted({1, min(2, n), n})
 
 
-def _layout(path: Path) -> dict:
-    """The file's weight types, and a digest of its architecture and every tensor's name, type and shape: what
-    decides which kernels a decode runs. Remembered per file (path, size, mtime): parsing a header with a
-    262k-token vocabulary takes 20-40 ms, which a warm start should not pay."""
-    st = path.stat()
-    file_id = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    index = calibration_dir() / "layouts.json"
-    try:
-        known = json.loads(index.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known, dict) and isinstance(known.get(file_id), dict):
-        return known[file_id]
-    layout = _header_layout(path)
-    others = [(k, v) for k, v in (known.items() if isinstance(known, dict) else ())
-              if k.rsplit(":", 2)[0] != str(path.resolve())]  # an older copy of this file is gone
-    _write_json(index, dict(others[-255:] + [(file_id, layout)]))
-    return layout
-
-
-def _header_layout(path: Path) -> dict:
-    import gguf
-
-    header = read_header(path, tokens=False)
-    types, tensors = set(), []
-    for name, dims, t in header.tensors:
-        try:
-            type_name = gguf.GGMLQuantizationType(t).name
-        except ValueError:
-            type_name = str(t)
-        tensors.append([name, type_name, list(dims)])
-        if len(dims) >= 2:
-            types.add(type_name)
-    arch = header.kv.get("general.architecture", "")
-    digest = hashlib.sha256(json.dumps([arch, sorted(tensors)]).encode()).hexdigest()[:20]
-    return {"types": sorted(types), "tensors": digest}
-
-
-def _library_id() -> dict:
-    """The llama.cpp library file itself: a rebuild with other flags is another build."""
-    lib = Path(llama_cpp.__file__).parent / "lib"
-    files = sorted(lib.glob("libllama*")) + sorted(lib.glob("libggml-cpu*"))
-    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()}
-
-
-def cache_key(path: Path, counts: Sequence[int]) -> dict:
-    return {"schema": SCHEMA, **_layout(path), "cpu": cpu_model(), "cores": cpu_count(),
-            "counts": list(counts), "build": build_info(), "library": _library_id()}
-
-
-def _cache_file(key: Mapping) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return calibration_dir() / f"fastpath-{digest}.json"
-
-
-def _read(key: Mapping) -> dict | None:
-    try:
-        d = json.loads(_cache_file(key).read_text())
-        return d if d.get("key") == key and d.get("mode") in MODES else None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _write(key: Mapping, plan: FastPath) -> None:
-    _write_json(_cache_file(key), {"key": key, "mode": plan.mode, "failures": [list(f) for f in plan.failures],
-                                   "distance": plan.distance, "tolerance": TOLERANCE,
-                                   "seconds": round(plan.seconds, 3)})
-
-
-def _write_json(p: Path, data: object) -> None:
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(p)
-    except OSError:
-        pass  # a read-only cache only costs the next start its trial
-
-
 def _timeout(path: Path) -> float:
     """Seconds a trial may take: one load of the model and a short decode at each thread count, and once more."""
     env = os.environ.get(TIMEOUT_ENV)
@@ -365,7 +284,8 @@ class Choice:
             failures.append((m, how))
         plan = FastPath(chosen, "probe", tuple(failures), self.guess.extras, time.perf_counter() - trial.t0,
                         _repacked(self.path, chosen), distance)
-        _write(self.key, plan)
+        write_verdict(self.key, {"mode": plan.mode, "failures": [list(f) for f in plan.failures],
+                                 "distance": plan.distance, "tolerance": TOLERANCE, "seconds": round(plan.seconds, 3)})
         return plan
 
 
@@ -380,8 +300,8 @@ def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, 
         return Choice(FastPath(ALL, "default", extras=extras))  # nothing optional on the CPU to test
     counts = thread_counts(n_threads)
     key = cache_key(path, counts)
-    cached = _read(key)
-    if cached is not None:
+    cached = read_verdict(key)
+    if cached is not None and cached.get("mode") in MODES:
         m = cached["mode"]
         return Choice(FastPath(m, "cache", tuple(tuple(f) for f in cached.get("failures", ())), extras,
                                repacked=_repacked(path, m), distance=cached.get("distance")))

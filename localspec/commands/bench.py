@@ -195,9 +195,9 @@ def _progress(bar, total: int):
 
 
 def _auto_drafters(specs: dict[str, dict], kind: str, dirs: tuple[str, ...]) -> None:
-    """--draft auto|self: each target's own drafter, chosen and said as `run` does (loader.auto_drafter); auto
+    """--draft auto|self: each target's own drafter, chosen and said as `run` does (drafter_choice.auto_drafter); auto
     finding none gives that target a prompt-lookup row instead."""
-    from ..engine.loader import SELF, auto_drafter
+    from ..engine.drafter_choice import SELF, auto_drafter
     from ..models import LOOKUP
     from ..models.resolve import resolve_model
 
@@ -233,7 +233,7 @@ def bench_targets(models, drafts, pairs, lookup: bool = False, all_drafters: boo
     """The bench's TargetSpecs from its options: each target with the drafters it can use (--draft auto|self
     resolved per target, as run resolves them), no model loaded."""
     from ..bench.runner import TargetSpec
-    from ..engine.loader import AUTO, SELF
+    from ..engine.drafter_choice import AUTO, SELF
     from ..models.registry import load_registry
     from ..models.resolve import resolve_model
     from ..speculative.mtp import MTP

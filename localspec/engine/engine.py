@@ -21,7 +21,9 @@ from ..sampling.params import SamplingParams
 from ..speculative.loop import Progress, generate
 from ..speculative.types import NO_DRAFTER, Controller, ControllerState, Drafter, Step
 from ..tuning.acceptance import AcceptanceStore
-from ..tuning.controller import DEFAULT_K, Adaptive, FixedK
+from ..tuning.controller import Adaptive
+from ..tuning.fixed import FixedK
+from ..tuning.sources import DEFAULT_K
 from ..tuning.threads import ThreadControl
 from .chatplan import ChatPlan
 from .outcome import Outcome, outcome

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..speculative.types import NO_DRAFTER, ControllerState
-from ..tuning.controller import DEFAULT_K, FixedK
+from ..tuning.fixed import FixedK
+from ..tuning.sources import DEFAULT_K
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine

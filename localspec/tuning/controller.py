@@ -1,7 +1,7 @@
 """Choosing the draft length γ (k) each round, and switching speculation off when it does not pay.
 
 The loop asks `choose_k()` before drafting (0 = decode plainly this round) and reports every round to
-`observe(step)`. `FixedK` is the plain policy. `Adaptive` keeps online estimates and picks the γ that
+`observe(step)`. `FixedK` (fixed.py) is the plain policy. `Adaptive` keeps online estimates and picks the γ that
 maximises expected tokens per unit of target time, rate(γ) = E(γ) / (γ·c + v(γ)) (the closed form: rate.py).
 
 α_j is the acceptance at draft position j given positions < j were accepted (Beta counts with decay, so
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from ..speculative.types import ControllerState
 from .acceptance import Kept
 from .estimate import SourceEstimate
-from .machine import OFF_T1_FRESH, shared_change
+from .machine import OFF_T1_FRESH, StepClock
 from .rate import best_k, v_at
-from .round_cost import catch_up_cost, catch_up_price, caught_up, round_cost, v_with_fixed
-from .sources import DEFAULT_K, K_MAX, K_MIN, family, off_reason
+from .round_cost import catch_up_cost, catch_up_price, caught_up, learn_c, learn_draft_cost, round_cost, v_with_fixed
+from .sources import K_MAX, K_MIN, family, off_reason
 from .trial import TRIAL_RETRIES, TRIAL_Z, trial_over
 from .verify_curve import VerifyCurve
 
@@ -54,38 +54,11 @@ if TYPE_CHECKING:
     from ..speculative.types import Step
 
 
-class FixedK:
-    """Always the same draft length, for every source: for measurements and for `-k N --no-adaptive`."""
-
-    def __init__(self, k: int = DEFAULT_K) -> None:
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-        self.k = k
-        self.k_hist: Counter[int] = Counter()
-
-    def choose_k(self) -> int:
-        self.k_hist[self.k] += 1
-        return self.k
-
-    def k_for(self, source: str) -> int:
-        return self.k
-
-    def observe(self, step: "Step") -> None:
-        pass
-
-    def state(self) -> "ControllerState":
-        return ControllerState(False, dict(self.k_hist), {}, (), {}, {}, {}, None, label=str(self.k), k_now=self.k)
-
-    def policy(self) -> tuple[str, int]:
-        return str(self.k), self.k
-
-
 PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source that is off (if every probe fails)
 # a drafter with a cost forgets more slowly than a free one: its acceptance belongs to the pair more than to the
 # text, and γ chosen from ~20 decayed rounds flipped between neighbours on noise (3 % below the best fixed k in
 # simulation, 1.5 % at this decay: docs/bench/adaptive.md#measured-before-judged)
 DECAY_COSTLY = 0.98
-T1_REFRESH = 32  # a plain round at least this often while a drafter with a cost drafts (and at a request's start)
 EXPLORE_N = 8  # a drafter with a cost explores past γ twice as often while that position has fewer observations
 KEEP_Z = 1.0  # a drafter with a cost that is on switches off once its rate at α + KEEP_Z sd falls below off_below
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
@@ -117,12 +90,7 @@ class Adaptive:
         self.alpha_prior = alpha_prior
         self._round_k: dict[str, int] = {}
         self.calibration: object | None = None  # the load-time Calibration, for reports
-        # t1: recent seconds of a plain round (fast EMA: follows the machine's load); v: verify_curve.py
-        self.t1 = t1 or 1e-3
-        self._since_plain = T1_REFRESH  # drafted rounds since the last timed plain one (t1 is stale at the start)
-        self.t1_weight = 0.3
-        self._scale_at_t1 = 1.0  # the v curve's scale when t1 was last measured (machine.py) ...
-        self._timed_since_t1 = 0  # ... and the drafted rounds timed against it since
+        self.clock = StepClock(t1)  # t1, the plain step every cost is a ratio to (machine.py); v: verify_curve.py
         self.explore_every = explore_every
         self.learn_costs = learn_costs  # False: keep the given v and c (tests, or a machine measured offline)
         seed = list(v) or [1.0 + 0.25 * d for d in range(k_max + 1)]  # a guess until measured
@@ -148,19 +116,19 @@ class Adaptive:
         self.k_hist[k] += 1
         return k
 
+    @property
+    def t1(self) -> float:
+        """Seconds of a plain round, recently (machine.py)."""
+        return self.clock.t1
+
     def _t1_due(self) -> bool:
-        """Whether t1 is stale while a drafter with a cost drafts every round: t1 is the calibration's (another
-        depth, another moment) or T1_REFRESH drafted rounds old. A stale t1 makes every cost a ratio to the wrong
-        step: Gemma-3-270M F32's plain step was 55 ms at a request's depth against 44 ms calibrated, so its
-        drafter seemed to cost 0.55 of a step and a verify of 2 rows 1.5, and a drafter that pays 1.2× seemed
-        to lose."""
-        return (self.learn_costs and self._since_plain >= T1_REFRESH
-                and any(e.on and e.c >= _C_FREE for e in self.src.values()))
+        """Whether a plain round is due while a drafter with a cost drafts every round: only plain rounds time t1."""
+        return self.learn_costs and self.clock.stale and any(e.on and e.c >= _C_FREE for e in self.src.values())
 
     def observe(self, step: "Step") -> None:
         if step.n_prompt:  # a request's first round: its content is new, and its depth another
             self._new_request()
-            self._since_plain = T1_REFRESH
+            self.clock.expire()
             self.ctx = step.n_prompt + step.n_cached
         d = step.drafted
         if d and (seen := self.src.get(step.source or "draft")) is not None:
@@ -171,60 +139,32 @@ class Adaptive:
                 self._learn_alpha(step)
             return
         if d == 0:
-            w = 1.0 if self._since_plain >= T1_REFRESH else self.t1_weight  # a stale t1 is replaced, not averaged
-            self._since_plain = self._timed_since_t1 = 0  # t1 is fresh for the decisions `_take_t1` makes again
-            self._take_t1((1 - w) * self.t1 + w * step.t_verify)
+            self._take_t1(step.t_verify)
             return
-        self._since_plain += 1
-        self._timed_since_t1 += 1
+        self.clock.drafted()
         moved = self.curve.learn(d, step.t_verify / self.t1) if d <= self.k_max else False
         est = self._learn_alpha(step, decide=False)
         if caught_up(step, self.k_max):
             price = catch_up_price(step, est.c, self.t1, est.f or 0.0)
             est.catch_up = price if est.catch_up is None else 0.5 * (est.catch_up + price)
         elif est.c >= _C_FREE and self.k_max >= 2:
-            self._learn_draft_cost(est, step)
+            learn_draft_cost(est, step, self.t1, self.w)
         else:
-            self._learn_c(est, (step.t_draft / d) / self.t1)
+            learn_c(est, (step.t_draft / d) / self.t1, self.w)
         for source in self.src if moved else (step.source or "draft",):
             self._decide(source)
 
-    def _learn_c(self, est: SourceEstimate, c_obs: float) -> None:
-        """Move c toward one round's drafting time a token, in target steps. One round may carry a one-off cost (a
-        model drafter catching up on a whole new prompt): it moves c by at most a factor of 2 (+0.1 so a 0 seed can
-        grow)."""
-        est.c = (1 - self.w) * est.c + self.w * min(max(c_obs, 0.0), 2 * est.c + 0.1)
-
-    def _learn_draft_cost(self, est: SourceEstimate, step: "Step") -> None:
-        """A model drafter's round, split into its fixed part f and c a drafted token (round_cost.py). Timed apart
-        (`Step.t_first`), the tokens after the first give c and the time to the first gives f + c. Otherwise a
-        one-token draft gives f + c and a longer one f + γ·c; either way each estimate is taken net of the other,
-        which leaves both at their true values once both kinds of round have been seen."""
-        d, t1 = step.drafted, self.t1
-        if step.t_first > 0:
-            if d >= 2:
-                self._learn_c(est, (step.t_draft - step.t_first) / ((d - 1) * t1))
-            f_obs = step.t_first / t1 - est.c
-        elif d == 1:
-            f_obs = step.t_draft / t1 - est.c
-        else:
-            self._learn_c(est, (step.t_draft / t1 - (est.f or 0.0)) / d)
-            return
-        f_obs = max(0.0, f_obs)
-        est.f = f_obs if est.f is None else (1 - self.w) * est.f + self.w * min(f_obs, 2 * est.f + 0.1)
-
-    def _take_t1(self, t1: float) -> None:
-        """A plain round's t1. When the machine slowed (or sped up) as the verify rounds since the last plain round
+    def _take_t1(self, seconds: float) -> None:
+        """A plain round's time. When the machine slowed (or sped up) as the verify rounds since the last plain round
         showed too, what those rounds taught was timed against a t1 the machine has left: every cost is expressed
         in the new one (machine.py), and every source decided again."""
-        g = shared_change(t1 / self.t1, self.curve.scale / self._scale_at_t1)
-        self.t1 = t1
+        g = self.clock.plain(seconds, self.curve.scale)
         if g != 1.0:
             self.curve.rebase(g)
             for name, est in self.src.items():
                 est.rebase(g)
                 self._decide(name)
-        self._scale_at_t1 = self.curve.scale
+        self.clock.scale_at_t1 = self.curve.scale
 
     REQUEST_FADE = 0.5  # what a session's acceptance counts weigh when a new request's content begins
 
@@ -427,9 +367,9 @@ class Adaptive:
         """Whether a drafter with a cost must wait for a plain round before it is switched off, and if so ask for
         one: every cost is a ratio to t1, and a machine that slowed since t1 was timed inflates them all alike
         (machine.py)."""
-        if est.c < _C_FREE or not self.learn_costs or self._timed_since_t1 < OFF_T1_FRESH:
+        if est.c < _C_FREE or not self.learn_costs or self.clock.timed_since < OFF_T1_FRESH:
             return False
-        self._since_plain = T1_REFRESH
+        self.clock.expire()
         return True
 
     def _may_pay(self, est: SourceEstimate, z: float) -> bool:

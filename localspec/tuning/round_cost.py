@@ -20,6 +20,7 @@ from .rate import v_at
 
 if TYPE_CHECKING:
     from ..speculative.types import Step
+    from .estimate import SourceEstimate
 
 CATCH_UP_PRIOR = 1 / 8  # a catch-up token's price ÷ c before one is timed: a small model prefills a token for
 # 1/8-1/14 of a decode step (SmolLM2-135M's and Gemma-3-270M's Q4_0 copies, 2-core CPU)
@@ -52,6 +53,32 @@ def catch_up_cost(price: float | None, c: float, unseen: int) -> float:
     """Target steps to catch up on `unseen` context tokens at `price` a token (None: not timed yet, c ×
     CATCH_UP_PRIOR)."""
     return (price if price is not None else c * CATCH_UP_PRIOR) * max(0, unseen)
+
+
+def learn_c(est: "SourceEstimate", c_obs: float, w: float) -> None:
+    """Move c toward one round's drafting time a token (target steps), with weight w. One round may carry a one-off
+    cost (a model drafter catching up on a whole new prompt): it moves c by at most a factor of 2 (+0.1 so a 0 seed
+    can grow)."""
+    est.c = (1 - w) * est.c + w * min(max(c_obs, 0.0), 2 * est.c + 0.1)
+
+
+def learn_draft_cost(est: "SourceEstimate", step: "Step", t1: float, w: float) -> None:
+    """A model drafter's round, split into its fixed part f and c a drafted token. Timed apart (`Step.t_first`), the
+    tokens after the first give c and the time to the first gives f + c. Otherwise a one-token draft gives f + c
+    and a longer one f + γ·c; either way each estimate is taken net of the other, which leaves both at their true
+    values once both kinds of round have been seen."""
+    d = step.drafted
+    if step.t_first > 0:
+        if d >= 2:
+            learn_c(est, (step.t_draft - step.t_first) / ((d - 1) * t1), w)
+        f_obs = step.t_first / t1 - est.c
+    elif d == 1:
+        f_obs = step.t_draft / t1 - est.c
+    else:
+        learn_c(est, (step.t_draft / t1 - (est.f or 0.0)) / d, w)
+        return
+    f_obs = max(0.0, f_obs)
+    est.f = f_obs if est.f is None else (1 - w) * est.f + w * min(f_obs, 2 * est.f + 0.1)
 
 
 def v_with_fixed(v: tuple[float, ...], f: float | None) -> tuple[float, ...]:

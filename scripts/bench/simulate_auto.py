@@ -18,7 +18,8 @@ import sys
 import numpy as np
 
 from localspec.speculative.types import Step
-from localspec.tuning.controller import Adaptive, FixedK
+from localspec.tuning.controller import Adaptive
+from localspec.tuning.fixed import FixedK
 from localspec.tuning.rate import v_at
 
 T1 = 0.04  # seconds of a target step: only ratios matter
