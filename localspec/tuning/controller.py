@@ -60,6 +60,7 @@ PROBE_SHARE = 0.015  # at most this share of the time goes to probing a source t
 # simulation, 1.5 % at this decay: docs/bench/adaptive.md#measured-before-judged)
 DECAY_COSTLY = 0.98
 EXPLORE_N = 8  # a drafter with a cost explores past γ twice as often while that position has fewer observations
+SURPRISE_Z = 3.0  # a model drafter's counts fade when its rounds stray this many sd from what they predicted
 KEEP_Z = 1.0  # a drafter with a cost that is on switches off once its rate at α + KEEP_Z sd falls below off_below
 _C_UNKNOWN = 0.5  # a drafter cost nobody declared or measured: assume a drafted token costs half a target step
 _C_FREE = 0.05  # a drafter this cheap (lookup) costs a probe nothing but its verify
@@ -179,6 +180,7 @@ class Adaptive:
         it back to its prior, which alone keeps it off (docs/bench/adaptive.md#measured-before-judged)."""
         for name, est in self.src.items():
             est.seen_to = 0
+            est.surprise = est.spread = 0.0
             if est.rounds and est.c < _C_FREE:
                 est.fade(self.REQUEST_FADE)
                 self._decide(name)
@@ -202,6 +204,8 @@ class Adaptive:
             est.probe_due = False
             est.probe_every = min(2 * est.probe_every, self.probe_max)
         est.update(step.drafted, step.accepted, self.decay if est.c < _C_FREE else max(self.decay, DECAY_COSTLY))
+        if est.surprised(SURPRISE_Z):  # another text than the counts came from: they weigh less (estimate.py)
+            est.fade(self.REQUEST_FADE)
         if decide:
             self._decide(name)
         return est

@@ -50,6 +50,10 @@ class SourceEstimate:
     # a model drafter's fixed cost a round beyond c a drafted token, in target steps (round_cost.py); None: not timed
     f: float | None = None
     seen_to: int = 0  # the context's length when this source last drafted in this request (0: not yet)
+    # a model drafter's rounds against what its counts predicted, since its text began or its counts last faded:
+    # Σ (accepted − α) over the draft positions reached, and Σ α(1 − α), that sum's variance (`surprised`)
+    surprise: float = 0.0
+    spread: float = 0.0
     # alphas(k) as last computed, until `update` changes the counts: reports read every source's α_1..α_32
     # per request (`state()`, ~0.1 ms for a prompt-lookup drafter) while most rounds update no source
     _alphas: dict[tuple[int, float], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
@@ -114,6 +118,15 @@ class SourceEstimate:
         self._alphas.clear()
         self.n = [weight * x for x in self.n]
         self.a = [weight * x for x in self.a]
+        self.surprise = self.spread = 0.0
+
+    def surprised(self, z: float, least: float = 1.0) -> bool:
+        """Whether the rounds since the text began (or the counts last faded) were accepted more, or less, than the
+        counts predicted by over z standard deviations, once that sum's variance is `least` or more (about 20 draft
+        positions at α 0.95): the text is not the one the counts came from. SmolLM2-135M's Q4_0 copy, after edits it
+        drafted at α 0.99, drafted a chat answer whose second positions it got 0.3 of the time for all its 67 rounds,
+        the edits' counts halved (`fade`) and decayed 2 % a round keeping the estimate up (0.77× plain)."""
+        return self.spread >= least and abs(self.surprise) > z * math.sqrt(self.spread)
 
     def update(self, drafted: int, accepted: int, decay: float) -> None:
         """Count one round: each draft position it reached, and whether that position was accepted. A model
@@ -122,6 +135,10 @@ class SourceEstimate:
         text's counts for good (seen only one round in 8-16, when γ explores one further): after edits, a chat
         that pays at γ 8 stayed at γ 3-4 through a dozen whole accepted rounds (docs/bench/adaptive.md#stale-depth)."""
         self.rounds += 1
+        if self.carries:
+            for i, p in enumerate(self.alphas(min(drafted, accepted + 1))):
+                self.surprise += (1.0 if i < accepted else 0.0) - p
+                self.spread += p * (1 - p)
         self._alphas.clear()
         # position i is reached iff all before it were accepted: i <= accepted; accepted iff i < accepted
         for i in range(min(drafted, accepted + 1)):
