@@ -5,7 +5,8 @@ The loop asks `choose_k()` before drafting (0 = decode plainly this round) and r
 maximises expected tokens per unit of target time, rate(γ) = E(γ) / (γ·c + v(γ)) (the closed form: rate.py).
 
 α_j is the acceptance at draft position j given positions < j were accepted (Beta counts with decay, so
-it follows a change of content); c is drafter time per drafted token ÷ target single-token time; v(γ)
+it follows a change of content); c is drafter time per drafted token ÷ target single-token time (a model
+drafter's fixed cost a round, f, is priced with v: round_cost.py); v(γ)
 is target time for γ+1 rows ÷ one row (calibrated at load, refined from `Step.t_verify`: every round moves a
 factor shared by the whole curve and, slowly, its own γ's point, so a calibration timed on a busy moment is
 corrected at every γ within a few rounds).
