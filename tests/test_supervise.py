@@ -37,12 +37,40 @@ def test_exit_codes_pass_through():
     assert _watched("    pass").wait(timeout=60) == 0
 
 
+def _signal_state(pid: int) -> str:
+    """What the kernel says of a process's signals and state, and of its children's (Linux), for a failure."""
+    out = []
+    for q in [pid, *_children(pid)]:
+        try:
+            lines = open(f"/proc/{q}/status").read().splitlines()
+        except OSError:
+            out.append(f"{q}: gone")
+            continue
+        keep = [ln for ln in lines if ln.split(":")[0] in ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")]
+        out.append(f"{q}: " + "; ".join(ln.replace("\t", " ") for ln in keep))
+    return "\n".join(out)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
 def test_signals_from_other_processes_reach_the_child():
     p = _watched("    signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n    print('ready', flush=True)\n"
                  "    time.sleep(60)")
     assert p.stdout.readline() == "ready\n"
     p.terminate()
-    assert p.wait(timeout=30) == 7
+    try:
+        rc = p.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # seen once in a full run, never alone: say where the signal stopped
+        state = _signal_state(p.pid)
+        p.kill()
+        p.wait(timeout=30)
+        pytest.fail(f"not ended 30 s after SIGTERM; parent and child:\n{state}\nstderr: {p.stderr.read()!r}")
+    assert rc == 7, p.stderr.read()
 
 
 def test_a_killed_parent_takes_the_child_with_it(tmp_path):
