@@ -14,8 +14,6 @@ whose flash attention the user chose (`--flash-attn on|off`), is not tested. Mea
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -26,8 +24,8 @@ from typing import Callable, Mapping, Sequence
 
 import llama_cpp
 
-from ..models.paths import calibration_dir
 from .ggml import build_info, devices, supports_gpu_offload
+from .verdicts import read_verdict, write_verdict
 
 SCHEMA = 1
 TIMEOUT_ENV = "LOCALSPEC_FA_PROBE_TIMEOUT"  # seconds the test may take (default: by file size)
@@ -88,30 +86,6 @@ def cache_key(device: str, shape: Mapping | None = None) -> dict:
             "library": _library_id()}
 
 
-def _cache_file(key: Mapping) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return calibration_dir() / f"devicefa-{digest}.json"
-
-
-def _read(key: Mapping) -> dict | None:
-    try:
-        d = json.loads(_cache_file(key).read_text())
-        return d if d.get("key") == key and isinstance(d.get("ok"), bool) else None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _write(key: Mapping, ok: bool, how: str, seconds: float) -> None:
-    p = _cache_file(key)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "ok": ok, "how": how, "seconds": round(seconds, 3)}, indent=1))
-        tmp.replace(p)
-    except OSError:
-        pass  # a read-only cache only costs the next start its test
-
-
 def _timeout(path: Path) -> float:
     env = os.environ.get(TIMEOUT_ENV)
     return float(env) if env else 60.0 + 20.0 * path.stat().st_size / 1e9
@@ -142,12 +116,12 @@ def check(model) -> Verdict | None:
         return None
     device = _describe(devs)
     key = cache_key(device, attention_shape(model))
-    cached = _read(key)
-    if cached is not None:
+    cached = read_verdict("devicefa", key)
+    if cached is not None and isinstance(cached.get("ok"), bool):
         return Verdict(device, cached["ok"], cached.get("how", ""), "cache")
     t0 = time.perf_counter()
     how = run_test(model.path, model.options.n_gpu_layers, model.fast_path.mode, _timeout(model.path))
-    _write(key, how is None, how or "", time.perf_counter() - t0)
+    write_verdict("devicefa", key, {"ok": how is None, "how": how or "", "seconds": round(time.perf_counter() - t0, 3)})
     return Verdict(device, how is None, how or "")
 
 

@@ -18,7 +18,7 @@ by signal, an abort, a time-out or a mismatch sends the parent to the next mode:
 
 The verdict is cached beside the calibrations, per model layout (architecture, every tensor's name, type and
 shape: two files of one model share it), CPU, cores and llama.cpp build, so a warm start reads one small file
-(fastpath_cache.py).
+(fastpath_cache.py, verdicts.py).
 What the trial costs: docs/bench/fastpath.md#what-the-trial-costs.
 """
 
@@ -40,9 +40,10 @@ import llama_cpp
 
 from ..errors import LocalspecError
 from ..models.gguf_header import read_header
-from .fastpath_cache import cache_key, read_verdict, write_verdict
+from .fastpath_cache import cache_key
 from .ggml import extra_buffer_types, supports_gpu_offload, system_info
 from .machine import cpu_count
+from .verdicts import read_verdict, write_verdict
 
 ALL, REPACK, NONE = "all", "repack", "none"
 MODES = (ALL, REPACK, NONE)
@@ -284,7 +285,7 @@ class Choice:
             failures.append((m, how))
         plan = FastPath(chosen, "probe", tuple(failures), self.guess.extras, time.perf_counter() - trial.t0,
                         _repacked(self.path, chosen), distance)
-        write_verdict(self.key, {"mode": plan.mode, "failures": [list(f) for f in plan.failures],
+        write_verdict("fastpath", self.key, {"mode": plan.mode, "failures": [list(f) for f in plan.failures],
                                  "distance": plan.distance, "tolerance": TOLERANCE, "seconds": round(plan.seconds, 3)})
         return plan
 
@@ -300,7 +301,7 @@ def begin(path: Path, *, mode: str | None = None, n_threads: int | None = None, 
         return Choice(FastPath(ALL, "default", extras=extras))  # nothing optional on the CPU to test
     counts = thread_counts(n_threads)
     key = cache_key(path, counts)
-    cached = read_verdict(key)
+    cached = read_verdict("fastpath", key)
     if cached is not None and cached.get("mode") in MODES:
         m = cached["mode"]
         return Choice(FastPath(m, "cache", tuple(tuple(f) for f in cached.get("failures", ())), extras,

@@ -1,15 +1,14 @@
-"""The fast-path verdicts kept beside the calibrations (fastpath.py): per model layout (architecture, every tensor's
-name, type and shape: two files of one model share it), CPU, cores, thread counts and llama.cpp build, so a warm
-start reads one small file instead of running a trial.
+"""What a fast-path verdict (fastpath.py) is kept under (verdicts.py): the model's layout (architecture, every
+tensor's name, type and shape: two files of one model share it), CPU, cores, thread counts and llama.cpp build, so a
+warm start reads one small file instead of running a trial.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import llama_cpp
 
@@ -17,6 +16,7 @@ from ..models.gguf_header import read_header
 from ..models.paths import calibration_dir
 from .ggml import build_info
 from .machine import cpu_count, cpu_model
+from .verdicts import write_json
 
 SCHEMA = 2  # 2: verdicts compare logits with the reference path and are keyed by tensor shapes
 
@@ -37,7 +37,7 @@ def _layout(path: Path) -> dict:
     layout = _header_layout(path)
     others = [(k, v) for k, v in (known.items() if isinstance(known, dict) else ())
               if k.rsplit(":", 2)[0] != str(path.resolve())]  # an older copy of this file is gone
-    _write_json(index, dict(others[-255:] + [(file_id, layout)]))
+    write_json(index, dict(others[-255:] + [(file_id, layout)]))
     return layout
 
 
@@ -70,32 +70,3 @@ def cache_key(path: Path, counts: Sequence[int]) -> dict:
     """What a verdict holds for: the model's layout, the CPU, its cores, the thread counts tried, the build."""
     return {"schema": SCHEMA, **_layout(path), "cpu": cpu_model(), "cores": cpu_count(),
             "counts": list(counts), "build": build_info(), "library": _library_id()}
-
-
-def _cache_file(key: Mapping) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return calibration_dir() / f"fastpath-{digest}.json"
-
-
-def read_verdict(key: Mapping) -> dict | None:
-    """The verdict kept for `key`, or None (none kept, another key, unreadable)."""
-    try:
-        d = json.loads(_cache_file(key).read_text())
-        return d if isinstance(d, dict) and d.get("key") == key else None
-    except (OSError, ValueError):
-        return None
-
-
-def write_verdict(key: Mapping, verdict: Mapping) -> None:
-    """Keep a verdict for `key` (a read-only cache only costs the next start its trial)."""
-    _write_json(_cache_file(key), {"key": dict(key), **verdict})
-
-
-def _write_json(p: Path, data: object) -> None:
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(p)
-    except OSError:
-        pass  # a read-only cache only costs the next start its trial

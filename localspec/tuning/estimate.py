@@ -124,7 +124,7 @@ class SourceEstimate:
         """Whether the rounds since the text began (or the counts last faded) were accepted more, or less, than the
         counts predicted by over z standard deviations, once that sum's variance is `least` or more (about 20 draft
         positions at α 0.95): the text is not the one the counts came from. SmolLM2-135M's Q4_0 copy, after edits it
-        drafted at α 0.99, drafted a chat answer whose second positions it got 0.3 of the time for all its 67 rounds,
+        drafted at α 0.99, drafted a chat answer whose second positions it got a quarter of the time in its 67 rounds,
         the edits' counts halved (`fade`) and decayed 2 % a round keeping the estimate up (0.77× plain)."""
         return self.spread >= least and abs(self.surprise) > z * math.sqrt(self.spread)
 
